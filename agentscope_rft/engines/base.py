@@ -1,0 +1,141 @@
+"""The engine contract shared by the embedded (transformers) and vLLM engines.
+
+An engine serves one policy. The gateway talks to it at the chat level (`chat` yields events:
+content deltas while generating, then one `ChoiceDone` per choice with the exact sampled token ids
+and log-probs); trainers and tools can also use the token level (`generate`). `load_weights`
+swaps in new weights and bumps `policy_version`; every finished choice carries the version that
+produced it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from agentscope_rft.types import JSON, SamplingParams, ToolCall
+
+if TYPE_CHECKING:
+    import torch
+
+
+class EngineError(Exception):
+    """A request the engine cannot serve. `status` is the HTTP status the gateway returns."""
+
+    def __init__(self, message: str, *, status: int = 400, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+
+
+class ContextWindowError(EngineError):
+    """The prompt does not fit the model's context window."""
+
+
+@dataclass(slots=True)
+class GenerationOutput:
+    """One sampled continuation of a prompt."""
+
+    completion_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    """`stop` (end-of-sequence token or stop string) or `length` (max_tokens / context window)."""
+    policy_version: int
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    stop_string: str | None = None
+    """The stop string that ended generation (its tokens are in `completion_ids`)."""
+
+
+@dataclass(slots=True)
+class ChatRequest:
+    """A validated chat request as the gateway hands it to an engine."""
+
+    messages: list[JSON]
+    sampling: SamplingParams
+    tools: list[JSON] | None = None
+    tool_choice: str | JSON | None = None
+    rollout_id: str | None = None
+    agent_name: str | None = None
+    request_id: str = ""
+    stream: bool = False
+    """Whether the caller wants `ContentDelta` events (they cost a decode per token)."""
+
+
+@dataclass(slots=True)
+class ChoiceResult:
+    index: int
+    completion_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    """OpenAI finish reason: `stop`, `length` or `tool_calls`."""
+    policy_version: int
+    text: str
+    """The generated text (without the end-of-sequence token and stop string)."""
+    content: str | None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+
+
+@dataclass(slots=True)
+class PromptReady:
+    """First event of a chat: the exact prompt token ids."""
+
+    prompt_ids: list[int]
+    reused_tokens: int = 0
+
+
+@dataclass(slots=True)
+class ContentDelta:
+    """Content text that is final and may be streamed to the client now."""
+
+    index: int
+    text: str
+
+
+@dataclass(slots=True)
+class ChoiceDone:
+    choice: ChoiceResult
+
+
+ChatEvent = PromptReady | ContentDelta | ChoiceDone
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the gateway, explorer and weight sync need from an inference engine.
+
+    Example:
+        >>> async for event in engine.chat(request):  # doctest: +SKIP
+        ...     if isinstance(event, ChoiceDone):
+        ...         print(event.choice.completion_ids)
+    """
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def policy_version(self) -> int: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def chat(self, request: ChatRequest) -> AsyncIterator[ChatEvent]: ...
+
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams
+    ) -> list[GenerationOutput]: ...
+
+    async def load_weights(
+        self, weights: Mapping[str, torch.Tensor] | Path, version: int
+    ) -> float:
+        """Swap in new weights (a state dict, or a checkpoint folder) as `version`.
+
+        Requests in flight finish on the old weights; later ones use the new. Returns the seconds
+        the swap took (the pause included).
+        """
+        ...

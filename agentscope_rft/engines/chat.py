@@ -1,0 +1,204 @@
+"""The chat layer of a tokenizer-owning engine: prompts in, parsed choices out.
+
+`PromptBuilder` renders a request with the chat template. When the request continues an earlier
+call of the same rollout and agent (same history, plus the assistant message that call returned),
+it reuses that call's exact prompt and completion token ids and renders only the new turns, so
+the model sees the tokens it actually sampled and consecutive calls of an episode share an exact
+token prefix (trajectories then merge into one sample). `TextStream` and `assemble_choice` turn
+sampled token ids into streamed content deltas and the final message.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+from agentscope_rft.chat.template import ChatRenderer, normalize_messages, normalize_tools
+from agentscope_rft.chat.tools import StreamingToolParser, parse_tool_calls
+from agentscope_rft.engines.base import ChatRequest, ChoiceResult, GenerationOutput
+from agentscope_rft.types import JSON, ToolCall
+
+
+def _assistant_key(content: str | None, tool_calls: Sequence[ToolCall] | Sequence[JSON]) -> tuple:
+    calls = []
+    for call in tool_calls:
+        if isinstance(call, ToolCall):
+            calls.append((call.name, call.arguments))
+        else:
+            calls.append((call["function"]["name"], call["function"]["arguments"]))
+    return (content or "", tuple(calls))
+
+
+@dataclass(slots=True)
+class _Turn:
+    messages: list[JSON]
+    tools: list[JSON] | None
+    full_ids: dict[tuple, list[int]]
+    """assistant-message key -> prompt ids + completion ids of the choice that produced it"""
+
+
+class PromptBuilder:
+    """Renders requests to prompt token ids, reusing sampled tokens of earlier calls.
+
+    Example:
+        >>> builder = PromptBuilder(renderer)  # doctest: +SKIP
+        >>> prompt_ids, reused = builder.build(request)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self, renderer: ChatRenderer, *, reuse: bool = True, max_conversations: int = 4096
+    ) -> None:
+        self.renderer = renderer
+        self.reuse = reuse
+        tokenizer = renderer.tokenizer
+        self._eos_id = tokenizer.eos_token_id
+        self._eos_text = tokenizer.eos_token
+        self._turns: collections.OrderedDict[tuple[str, str | None], list[_Turn]] = (
+            collections.OrderedDict()
+        )
+        self._max = max_conversations
+
+    def build(self, request: ChatRequest) -> tuple[list[int], int]:
+        """Return (prompt ids, number of leading ids reused from an earlier call)."""
+        messages = normalize_messages(request.messages)
+        tools = normalize_tools(request.tools)
+        if self.reuse and request.rollout_id is not None:
+            key = (request.rollout_id, request.agent_name)
+            for turn in reversed(self._turns.get(key, [])):
+                ids = self._continue(turn, messages, tools)
+                if ids is not None:
+                    return ids
+        return self.renderer.render_ids(messages, tools), 0
+
+    def _continue(
+        self, turn: _Turn, messages: list[JSON], tools: list[JSON] | None
+    ) -> tuple[list[int], int] | None:
+        k = len(turn.messages)
+        if len(messages) <= k or tools != turn.tools or messages[:k] != turn.messages:
+            return None
+        reply = messages[k]
+        if reply["role"] != "assistant":
+            return None
+        full_ids = turn.full_ids.get(_assistant_key(reply["content"], reply.get("tool_calls", [])))
+        if full_ids is None:
+            return None
+        rendered_upto = self.renderer.render_text(messages[: k + 1], tools, False)
+        cut = rendered_upto.rfind(self._eos_text)
+        if cut < 0:
+            return None
+        cut += len(self._eos_text)
+        rendered = self.renderer.render_text(messages, tools, True)
+        if not rendered.startswith(rendered_upto[:cut]):
+            return None  # the template is not append-only here
+        return full_ids + self.renderer.encode(rendered[cut:]), len(full_ids)
+
+    def remember(
+        self, request: ChatRequest, prompt_ids: list[int], choices: Sequence[ChoiceResult]
+    ) -> None:
+        if not self.reuse or request.rollout_id is None:
+            return
+        full_ids = {}
+        for choice in choices:
+            ends_with_eos = choice.completion_ids[-1:] == [self._eos_id]
+            if ends_with_eos and choice.finish_reason in ("stop", "tool_calls"):
+                full_ids[_assistant_key(choice.content, choice.tool_calls)] = (
+                    prompt_ids + choice.completion_ids
+                )
+        if not full_ids:
+            return
+        key = (request.rollout_id, request.agent_name)
+        turns = self._turns.setdefault(key, [])
+        self._turns.move_to_end(key)
+        turns.append(
+            _Turn(normalize_messages(request.messages), normalize_tools(request.tools), full_ids)
+        )
+        del turns[:-4]
+        while len(self._turns) > self._max:
+            self._turns.popitem(last=False)
+
+    def forget(self, rollout_id: str) -> None:
+        for key in [k for k in self._turns if k[0] == rollout_id]:
+            del self._turns[key]
+
+
+class TextStream:
+    """Turns one choice's tokens into content deltas that never need taking back."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: Sequence[str], parse_tools: bool):
+        self._tokenizer = tokenizer
+        self._ids: list[int] = []
+        self._fed = ""
+        self._hold = max((len(s) for s in stops), default=1) - 1
+        self._stops = stops
+        self._parser = StreamingToolParser() if parse_tools else None
+
+    def _feed_text(self, text: str) -> str:
+        if self._parser is None:
+            return text
+        return self._parser.feed(text)
+
+    def push(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        text = self._tokenizer.decode(
+            self._ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )
+        for stop in self._stops:
+            at = text.find(stop)
+            if at >= 0:
+                text = text[:at]
+        stable = len(text) - self._hold if self._stops else len(text)
+        while stable > 0 and text[stable - 1] == "\ufffd":  # an incomplete UTF-8 character
+            stable -= 1
+        if stable <= len(self._fed):
+            return ""
+        new = text[len(self._fed) : stable]
+        self._fed = text[:stable]
+        return self._feed_text(new)
+
+    def finish(self, final_text: str) -> str:
+        """The rest of the content, given the choice's final text."""
+        rest = final_text[len(self._fed) :] if final_text.startswith(self._fed) else ""
+        out = self._feed_text(rest)
+        if self._parser is not None:
+            tail, _ = self._parser.finish()
+            out += tail
+        return out
+
+
+def assemble_choice(
+    index: int,
+    output: GenerationOutput,
+    tokenizer: PreTrainedTokenizerBase,
+    stop_ids: set[int],
+    parse_tools: bool,
+    id_prefix: str,
+) -> ChoiceResult:
+    """Decode a choice's tokens into text, content and tool calls."""
+    ids = output.completion_ids
+    if ids and ids[-1] in stop_ids and output.stop_string is None:
+        ids = ids[:-1]
+    text = tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    if output.stop_string is not None:
+        text = text[: text.find(output.stop_string)] if output.stop_string in text else text
+    content: str | None = text
+    tool_calls: list[ToolCall] = []
+    finish = output.finish_reason
+    if parse_tools:
+        parsed = parse_tool_calls(text, id_prefix=f"{id_prefix}_{index}")
+        content, tool_calls = parsed.content, parsed.tool_calls
+        if tool_calls and finish == "stop":
+            finish = "tool_calls"
+    return ChoiceResult(
+        index=index,
+        completion_ids=output.completion_ids,
+        logprobs=output.logprobs,
+        finish_reason=finish,
+        policy_version=output.policy_version,
+        text=text,
+        content=content,
+        tool_calls=tool_calls,
+        top_logprobs=output.top_logprobs,
+    )

