@@ -183,6 +183,9 @@ class Rollout:
         return data
 
 
+SAMPLE_KINDS = ("rl", "sft", "dpo_chosen", "dpo_rejected")
+
+
 @dataclass(frozen=True, slots=True)
 class Sample:
     """One flat training sequence.
@@ -213,9 +216,15 @@ class Sample:
     token_rewards: Sequence[float] | None = None
     num_calls: int = 1
     sample_id: str = ""
+    kind: str = "rl"
+    """`rl` (sampled by the policy), `sft` (demonstration), `dpo_chosen` / `dpo_rejected`."""
+    pair_id: str | None = None
+    """Links the two samples of a DPO pair."""
     metrics: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.kind not in SAMPLE_KINDS:
+            raise ValueError(f"sample kind {self.kind!r} is not one of {SAMPLE_KINDS}")
         n = len(self.token_ids)
         if len(self.loss_mask) != n or len(self.logprobs) != n:
             raise ValueError(
