@@ -71,8 +71,8 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _build_once(target: Path, build: Any) -> Path:
-    """Run `build(tmp_dir)` once per target, atomically and safely across processes."""
+def build_once(target: Path, build: Any) -> Path:
+    """Run `build(tmp_dir)` once per target folder, atomically and safely across processes."""
     if (target / _MARKER).exists():
         return target
     with _file_lock(target.with_name(target.name + ".lock")):
@@ -89,6 +89,15 @@ def _build_once(target: Path, build: Any) -> Path:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _current_template(folder: Path) -> Path:
+    """Keep a cached model's chat template in step with the one this version ships."""
+    template_file = folder / "chat_template.jinja"
+    if not template_file.is_file() or template_file.read_text() != HERMES_CHATML_TEMPLATE:
+        with _file_lock(folder.with_name(folder.name + ".lock")):
+            template_file.write_text(HERMES_CHATML_TEMPLATE)
+    return folder
 
 
 def _fix_chatml_tokenizer(tokenizer: PreTrainedTokenizerBase) -> None:
@@ -119,7 +128,9 @@ def _convert_embedded(out_dir: Path) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
-def _build_tiny(out_dir: Path, *, num_layers: int = 2, hidden_size: int = 64, seed: int = 0) -> None:
+def _build_tiny(
+    out_dir: Path, *, num_layers: int = 2, hidden_size: int = 64, seed: int = 0
+) -> None:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -170,10 +181,9 @@ def resolve_model(name_or_path: str | Path) -> Path:
     """
     name = str(name_or_path)
     models = cache_root() / "models"
-    if name == EMBEDDED_MODEL:
-        return _build_once(models / EMBEDDED_MODEL, _convert_embedded)
-    if name == TINY_MODEL:
-        return _build_once(models / TINY_MODEL, _build_tiny)
+    if name in (EMBEDDED_MODEL, TINY_MODEL):
+        build = _convert_embedded if name == EMBEDDED_MODEL else _build_tiny
+        return _current_template(build_once(models / name, build))
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -202,4 +212,5 @@ def load_causal_lm(
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32)
-    return model.to(device).eval()
+    torch.nn.Module.to(model, torch.device(device))
+    return model.eval()

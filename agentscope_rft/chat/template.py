@@ -13,55 +13,30 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from agentscope_rft.types import JSON
 
-DEFAULT_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+HERMES_CHATML_TEMPLATE = (Path(__file__).parent / "hermes_chatml.jinja").read_text()
 
-HERMES_CHATML_TEMPLATE = (
-    "{%- set default_system = '" + DEFAULT_SYSTEM_PROMPT + "' -%}\n"
-    "{%- if messages and messages[0]['role'] == 'system' -%}\n"
-    "  {%- set system_text = messages[0]['content'] -%}\n"
-    "  {%- set rest = messages[1:] -%}\n"
-    "{%- else -%}\n"
-    "  {%- set system_text = default_system -%}\n"
-    "  {%- set rest = messages -%}\n"
-    "{%- endif -%}\n"
-    "{{- '<|im_start|>system\\n' + system_text -}}\n"
-    "{%- if tools -%}\n"
-    "  {{- '\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query."
-    "\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>' -}}\n"
-    "  {%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}\n"
-    "  {{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and "
-    "arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n"
-    '{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call>\' -}}\n'
-    "{%- endif -%}\n"
-    "{{- '<|im_end|>\\n' -}}\n"
-    "{%- for message in rest -%}\n"
-    "  {%- if message['role'] == 'tool' -%}\n"
-    "    {%- if loop.first or rest[loop.index0 - 1]['role'] != 'tool' -%}"
-    "{{- '<|im_start|>user' -}}{%- endif -%}\n"
-    "    {{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' -}}\n"
-    "    {%- if loop.last or rest[loop.index0 + 1]['role'] != 'tool' -%}"
-    "{{- '<|im_end|>\\n' -}}{%- endif -%}\n"
-    "  {%- elif message['role'] == 'assistant' -%}\n"
-    "    {{- '<|im_start|>assistant\\n' + (message['content'] or '') -}}\n"
-    "    {%- for call in message.get('tool_calls') or [] -%}\n"
-    "      {%- if loop.first and message['content'] -%}{{- '\\n' -}}{%- endif -%}\n"
-    "      {%- if not loop.first -%}{{- '\\n' -}}{%- endif -%}\n"
-    '      {{- \'<tool_call>\\n{"name": "\' + call[\'function\'][\'name\'] + \'", "arguments": \' '
-    "+ call['function']['arguments'] + '}\\n</tool_call>' -}}\n"
-    "    {%- endfor -%}\n"
-    "    {{- '<|im_end|>\\n' -}}\n"
-    "  {%- else -%}\n"
-    "    {{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}\n"
-    "  {%- endif -%}\n"
-    "{%- endfor -%}\n"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}\n"
-)
+
+def decode_text(tokenizer: PreTrainedTokenizerBase, token_ids: Sequence[int]) -> str:
+    """Text of `token_ids` without special tokens, exactly as sampled (no space clean-up)."""
+    text = tokenizer.decode(
+        list(token_ids), skip_special_tokens=True, clean_up_tokenization_spaces=False
+    )
+    assert isinstance(text, str)
+    return text
+
+
+def token_text(tokenizer: PreTrainedTokenizerBase, token_id: int) -> str:
+    """The text of one token on its own (special tokens included)."""
+    text = tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
+    assert isinstance(text, str)
+    return text
 
 
 class ChatFormatError(ValueError):
@@ -186,7 +161,7 @@ class ChatRenderer:
     ) -> str:
         text = self.tokenizer.apply_chat_template(
             normalize_messages(messages),
-            tools=normalize_tools(tools),
+            tools=normalize_tools(tools),  # type: ignore[arg-type]
             chat_template=self.chat_template,
             add_generation_prompt=add_generation_prompt,
             tokenize=False,
@@ -196,6 +171,43 @@ class ChatRenderer:
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def render_ids_with_mask(
+        self, messages: Sequence[JSON], tools: Sequence[JSON] | None = None
+    ) -> tuple[list[int], list[int]]:
+        """Token ids of a whole conversation and a mask: 1 on what the assistant generates.
+
+        Each assistant turn's span (its content/tool calls and the end-of-turn token) is tokenized
+        on its own, the rest in the pieces between, exactly as the engine sees a multi-turn
+        episode: a rendered prompt, the sampled completion, the rendered next turns, and so on.
+
+        Example:
+            >>> ids, mask = renderer.render_ids_with_mask(  # doctest: +SKIP
+            ...     [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])
+        """
+        eos = self.tokenizer.eos_token
+        ids: list[int] = []
+        mask: list[int] = []
+        done = 0  # characters of the full rendering already tokenized
+        full = self.render_text(messages, tools, add_generation_prompt=False)
+        for i, message in enumerate(messages):
+            if message.get("role") != "assistant":
+                continue
+            before = self.render_text(messages[:i], tools, add_generation_prompt=True)
+            upto = self.render_text(messages[: i + 1], tools, add_generation_prompt=False)
+            end = upto.rfind(eos) + len(eos)
+            if not full.startswith(upto[:end]) or not upto.startswith(before) or end < len(before):
+                raise ChatFormatError(
+                    f"messages[{i}]: the chat template is not append-only here, so assistant "
+                    "turns cannot be located in the rendered conversation"
+                )
+            for text, value in ((full[done : len(before)], 0), (full[len(before) : end], 1)):
+                piece = self.encode(text)
+                ids += piece
+                mask += [value] * len(piece)
+            done = end
+        rest = self.encode(full[done:])
+        return ids + rest, mask + [0] * len(rest)
 
     def render_ids(
         self,

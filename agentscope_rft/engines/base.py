@@ -9,7 +9,7 @@ produced it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -124,15 +124,17 @@ class Engine(Protocol):
 
     async def close(self) -> None: ...
 
+    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
+        """The text of each token on its own (for OpenAI `logprobs` content)."""
+        ...
+
     def chat(self, request: ChatRequest) -> AsyncIterator[ChatEvent]: ...
 
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams
     ) -> list[GenerationOutput]: ...
 
-    async def load_weights(
-        self, weights: Mapping[str, torch.Tensor] | Path, version: int
-    ) -> float:
+    async def load_weights(self, weights: Mapping[str, torch.Tensor] | Path, version: int) -> float:
         """Swap in new weights (a state dict, or a checkpoint folder) as `version`.
 
         Requests in flight finish on the old weights; later ones use the new. Returns the seconds

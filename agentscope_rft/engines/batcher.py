@@ -233,8 +233,12 @@ class ContinuousBatcher:
                 if job.sampling.seed is not None:
                     generator = torch.Generator().manual_seed(job.sampling.seed * 1_000_003 + index)
                 rows.append(
-                    _Row(job=job, index=index, generator=generator or self._rng,
-                         policy_version=self.policy_version)
+                    _Row(
+                        job=job,
+                        index=index,
+                        generator=generator or self._rng,
+                        policy_version=self.policy_version,
+                    )
                 )
         expand_t = torch.tensor(expand, device=self.device)
         if len(expand) != len(jobs):
@@ -249,8 +253,9 @@ class ContinuousBatcher:
             self._mask = mask[expand_t]
         self._cache.merge(cache)
         self._positions = torch.cat([self._positions, positions[expand_t, -1] + 1])
-        self._next_ids = torch.cat([self._next_ids, torch.zeros(len(rows), dtype=torch.long,
-                                                                device=self.device)])
+        self._next_ids = torch.cat(
+            [self._next_ids, torch.zeros(len(rows), dtype=torch.long, device=self.device)]
+        )
         start = len(self._rows)
         self._rows.extend(rows)
         self._accept(logits[expand_t], list(range(start, start + len(rows))))

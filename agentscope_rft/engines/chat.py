@@ -16,7 +16,12 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from agentscope_rft.chat.template import ChatRenderer, normalize_messages, normalize_tools
+from agentscope_rft.chat.template import (
+    ChatRenderer,
+    decode_text,
+    normalize_messages,
+    normalize_tools,
+)
 from agentscope_rft.chat.tools import StreamingToolParser, parse_tool_calls
 from agentscope_rft.engines.base import ChatRequest, ChoiceResult, GenerationOutput
 from agentscope_rft.types import JSON, ToolCall
@@ -142,9 +147,7 @@ class TextStream:
 
     def push(self, token_id: int) -> str:
         self._ids.append(token_id)
-        text = self._tokenizer.decode(
-            self._ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
-        )
+        text = decode_text(self._tokenizer, self._ids)
         for stop in self._stops:
             at = text.find(stop)
             if at >= 0:
@@ -180,7 +183,7 @@ def assemble_choice(
     ids = output.completion_ids
     if ids and ids[-1] in stop_ids and output.stop_string is None:
         ids = ids[:-1]
-    text = tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    text = decode_text(tokenizer, ids)
     if output.stop_string is not None:
         text = text[: text.find(output.stop_string)] if output.stop_string in text else text
     content: str | None = text

@@ -11,12 +11,12 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 import torch
 
-from agentscope_rft.chat.template import ChatFormatError, ChatRenderer
+from agentscope_rft.chat.template import ChatFormatError, ChatRenderer, token_text
 from agentscope_rft.engines.base import (
     ChatEvent,
     ChatRequest,
@@ -28,7 +28,12 @@ from agentscope_rft.engines.base import (
     GenerationOutput,
     PromptReady,
 )
-from agentscope_rft.engines.batcher import ContinuousBatcher, GenerationJob, _WeightSwap, copy_weights
+from agentscope_rft.engines.batcher import (
+    ContinuousBatcher,
+    GenerationJob,
+    _WeightSwap,
+    copy_weights,
+)
 from agentscope_rft.engines.chat import PromptBuilder, TextStream, assemble_choice
 from agentscope_rft.models import load_causal_lm, load_tokenizer, resolve_model
 from agentscope_rft.types import SamplingParams
@@ -172,6 +177,9 @@ class EmbeddedEngine:
             await asyncio.to_thread(self._batcher.stop)
             self._batcher = None
 
+    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
+        return [token_text(self.tokenizer, tid) for tid in token_ids]
+
     # ------------------------------------------------------------------ generation
     def _job(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerationJob:
         batcher = self._running()
@@ -212,41 +220,33 @@ class EmbeddedEngine:
         parse_tools = bool(request.tools) and request.tool_choice != "none"
         batcher = self._running()
         streams: list[TextStream] = []
-        deltas: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
+        deltas: asyncio.Queue[tuple[int, int] | None] = asyncio.Queue()
         if request.stream:
             streams = [
                 TextStream(self.tokenizer, request.sampling.stop, parse_tools)
                 for _ in range(request.sampling.n)
             ]
             job.on_token = lambda index, token: deltas.put_nowait((index, token))
+            # Resolved after every token callback ran (same FIFO), so None arrives last.
+            job.done.add_done_callback(lambda _: deltas.put_nowait(None))
         batcher.submit(job)
         try:
-            if request.stream:
-                waiter = asyncio.ensure_future(asyncio.shield(job.done))
-                while True:
-                    getter = asyncio.ensure_future(deltas.get())
-                    done, _ = await asyncio.wait(
-                        {getter, waiter}, return_when=asyncio.FIRST_COMPLETED
-                    )
-                    if getter not in done:
-                        getter.cancel()
-                        break
-                    index, token = getter.result()
-                    text = streams[index].push(token)
-                    if text:
-                        yield ContentDelta(index=index, text=text)
-                while not deltas.empty():
-                    index, token = deltas.get_nowait()
-                    text = streams[index].push(token)
-                    if text:
-                        yield ContentDelta(index=index, text=text)
+            while request.stream and (item := await deltas.get()) is not None:
+                index, token = item
+                text = streams[index].push(token)
+                if text:
+                    yield ContentDelta(index=index, text=text)
             outputs = await job.done
         finally:
             job.cancelled = True
         choices: list[ChoiceResult] = []
         for index, output in enumerate(outputs):
             choice = assemble_choice(
-                index, output, self.tokenizer, batcher.stop_token_ids, parse_tools,
+                index,
+                output,
+                self.tokenizer,
+                batcher.stop_token_ids,
+                parse_tools,
                 id_prefix=f"call_{request.request_id or uuid.uuid4().hex[:8]}",
             )
             choices.append(choice)
@@ -258,9 +258,7 @@ class EmbeddedEngine:
         self.prompts.remember(request, prompt_ids, choices)
 
     # ------------------------------------------------------------------ weights
-    async def load_weights(
-        self, weights: Mapping[str, torch.Tensor] | Path, version: int
-    ) -> float:
+    async def load_weights(self, weights: Mapping[str, torch.Tensor] | Path, version: int) -> float:
         batcher = self._running()
         state = load_weights_dir(weights) if isinstance(weights, Path) else weights
         loop = asyncio.get_running_loop()

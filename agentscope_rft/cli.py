@@ -1,0 +1,155 @@
+"""The `agentscope-rft` command line."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from typing import TYPE_CHECKING, Annotated, Literal
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from agentscope_rft.engines.base import Engine
+
+app = typer.Typer(
+    name="agentscope-rft",
+    help="Train existing AgentScope agent apps in place with reinforcement fine-tuning.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console(stderr=True)
+
+
+def setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(
+        level=level,
+        format="%(message)s",
+        datefmt="[%X]",
+        handlers=[RichHandler(console=console, show_path=False, rich_tracebacks=False)],
+        force=True,
+    )
+    for noisy in ("httpx", "httpcore", "uvicorn.access", "datasets", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def fail(message: str) -> typer.Exit:
+    console.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code=2)
+
+
+@app.command()
+def serve(
+    model: Annotated[str, typer.Option(help="Model name or local HF folder.")] = (
+        "smollm2-135m-instruct"
+    ),
+    host: Annotated[str, typer.Option(help="Interface to bind (loopback by default).")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    api_key: Annotated[
+        str | None, typer.Option(help="Require this key (Authorization: Bearer <key>).")
+    ] = None,
+    engine: Annotated[str, typer.Option(help="Inference engine: embedded or vllm.")] = "embedded",
+    dtype: Annotated[
+        Literal["auto", "float32", "bfloat16", "float16"], typer.Option(help="Weights dtype.")
+    ] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda[:N].")] = "auto",
+    max_batch_size: Annotated[int, typer.Option(help="Concurrent sequences per batch.")] = 32,
+    log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
+) -> None:
+    """Serve the policy as an OpenAI-compatible endpoint (try your app against it).
+
+    Calls to /rollouts/<id>/v1 are recorded under <id> (GET /rollouts/<id> returns them).
+    """
+    setup_logging(log_level)
+    from agentscope_rft.config import EmbeddedEngineConfig, ModelConfig
+    from agentscope_rft.engines.factory import build_engine
+
+    if engine != "embedded":
+        raise fail(f"unknown engine {engine!r}: use 'embedded'")
+    try:
+        built = build_engine(
+            ModelConfig(name_or_path=model),
+            EmbeddedEngineConfig(dtype=dtype, device=device, max_batch_size=max_batch_size),
+        )
+    except ValueError as exc:
+        raise fail(str(exc)) from exc
+    asyncio.run(_serve(built, host, port, api_key))
+
+
+async def _serve(engine: Engine, host: str, port: int, api_key: str | None) -> None:
+    from agentscope_rft.gateway.server import Gateway
+
+    await engine.start()
+    gateway = Gateway(engine, host=host, port=port, api_key=api_key)
+    try:
+        await gateway.start()
+    except (OSError, SystemExit) as exc:
+        await engine.close()
+        raise fail(f"cannot listen on {host}:{port}: {exc}") from exc
+    console.print(
+        f"[bold green]serving[/] {engine.model_name} at [bold]{gateway.base_url}[/]\n"
+        f"  recorded calls: {gateway.rollout_base_url('<rollout-id>')}  (GET "
+        f"http://{host}:{gateway.port}/rollouts/<rollout-id>)\n"
+        "  Ctrl+C to stop"
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    console.print("stopping...")
+    await gateway.stop()
+    await engine.close()
+
+
+@app.command()
+def doctor(
+    brief: Annotated[bool, typer.Option(help="One line per check.")] = False,
+) -> None:
+    """Report what is usable on this machine: engines, trainers, devices, optional packages."""
+    from agentscope_rft.doctor import run_checks
+
+    checks = run_checks()
+    if brief:
+        for check in checks:
+            mark = "ok " if check.ok else "-- "
+            console.print(
+                f"[doctor] {mark}{check.name}: {check.detail}", markup=False, highlight=False
+            )
+        return
+    table = Table(title="agentscope-rft doctor")
+    table.add_column("check")
+    table.add_column("status")
+    table.add_column("detail")
+    for check in checks:
+        table.add_row(
+            check.name, "[green]ok[/]" if check.ok else "[yellow]missing[/]", check.detail
+        )
+    Console().print(table)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:  # pragma: no cover
+        sys.exit(130)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,326 @@
+"""OpenAI chat-completions wire format: request validation and response/SSE chunk builders.
+
+Requests are validated strictly (unknown fields and wrong types are 400 errors that name the
+field) but accept every documented OpenAI parameter, ignoring the ones that do not change what is
+sampled (`user`, `metadata`, `parallel_tool_calls`, ...). Parameters that would change the sampling
+distribution in ways we do not implement (penalties, logit bias) are rejected rather than silently
+ignored, because training needs the exact distribution.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from agentscope_rft.engines.base import ChoiceResult
+from agentscope_rft.types import JSON, SamplingParams
+
+
+class RequestError(Exception):
+    """A client error with an OpenAI-style error body."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+        self.kind = kind
+        self.code = code
+
+    def body(self) -> JSON:
+        return {
+            "error": {
+                "message": str(self),
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+    include_obfuscation: bool | None = None
+
+
+class ChatCompletionRequest(BaseModel):
+    """The body of `POST .../v1/chat/completions`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(default=1, ge=1, le=64)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    return_token_ids: bool = False
+    # Accepted and ignored: they do not change what is sampled.
+    parallel_tool_calls: bool | None = None
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    reasoning_effort: str | None = None
+    response_format: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    verbosity: str | None = None
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, value: float) -> float:
+        if value != 0.0:
+            raise ValueError(
+                "penalties are not supported: they change the sampling distribution the "
+                "trainer must reproduce; send 0"
+            )
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value:
+            raise ValueError("logit_bias is not supported (it changes the sampling distribution)")
+        return value
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_only(cls, value: list[str] | None) -> list[str] | None:
+        if value and set(value) != {"text"}:
+            raise ValueError("only the 'text' modality is supported")
+        return value
+
+    def sampling(
+        self, defaults: JSON | None = None, overrides: JSON | None = None
+    ) -> SamplingParams:
+        """Sampling settings: request values, then `defaults` for unset ones, then `overrides`."""
+        values: JSON = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "max_tokens": self.max_completion_tokens or self.max_tokens,
+            "seed": self.seed,
+        }
+        values = {k: v for k, v in values.items() if v is not None}
+        for key, value in (defaults or {}).items():
+            values.setdefault(key, value)
+        values.update(overrides or {})
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        try:
+            return SamplingParams(
+                stop=tuple(stop),
+                n=self.n,
+                top_logprobs=(self.top_logprobs or 0) if self.logprobs else 0,
+                **values,
+            )
+        except ValueError as exc:
+            raise RequestError(str(exc)) from exc
+
+
+def parse_request(body: bytes) -> ChatCompletionRequest:
+    """Parse and validate a request body; raises `RequestError` naming the problem.
+
+    Example:
+        >>> parse_request(b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}').n
+        1
+    """
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(f"the request body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise RequestError("the request body must be a JSON object")
+    try:
+        return ChatCompletionRequest.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        first_param = None
+        for error in exc.errors():
+            where = ".".join(str(p) for p in error["loc"]) or "body"
+            first_param = first_param or where
+            message = error["msg"]
+            if error["type"] == "extra_forbidden":
+                message = "unknown field (not an OpenAI chat-completions parameter)"
+            elif error["type"] == "missing":
+                message = "required field is missing"
+            problems.append(f"{where}: {message}")
+        raise RequestError("invalid request: " + "; ".join(problems), param=first_param) from exc
+
+
+def _message(choice: ChoiceResult) -> JSON:
+    message: JSON = {"role": "assistant", "content": choice.content}
+    if choice.tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for call in choice.tool_calls
+        ]
+    return message
+
+
+def logprobs_content(
+    choice: ChoiceResult, token_texts: Sequence[str], top_texts: Sequence[Sequence[str]] | None
+) -> JSON:
+    """OpenAI `logprobs` object for the tokens the client sees (`token_texts` aligned)."""
+    content = []
+    for k, text in enumerate(token_texts):
+        entry: JSON = {
+            "token": text,
+            "logprob": choice.logprobs[k],
+            "bytes": list(text.encode("utf-8")),
+            "top_logprobs": [],
+        }
+        if choice.top_logprobs is not None and top_texts is not None:
+            entry["top_logprobs"] = [
+                {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))}
+                for t, (_, lp) in zip(top_texts[k], choice.top_logprobs[k], strict=True)
+            ]
+        content.append(entry)
+    return {"content": content, "refusal": None}
+
+
+def usage(prompt_tokens: int, choices: Sequence[ChoiceResult]) -> JSON:
+    completion = sum(len(c.completion_ids) for c in choices)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+    }
+
+
+def completion_body(
+    request_id: str,
+    model: str,
+    prompt_ids: list[int],
+    choices: Sequence[ChoiceResult],
+    logprobs: Sequence[JSON | None],
+    return_token_ids: bool,
+) -> JSON:
+    body: JSON = {
+        "id": request_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": choice.index,
+                "message": _message(choice),
+                "logprobs": logprobs[i],
+                "finish_reason": choice.finish_reason,
+                **({"token_ids": choice.completion_ids} if return_token_ids else {}),
+            }
+            for i, choice in enumerate(choices)
+        ],
+        "usage": usage(len(prompt_ids), choices),
+    }
+    if return_token_ids:
+        body["prompt_token_ids"] = prompt_ids
+    return body
+
+
+class ChunkWriter:
+    """Builds SSE `chat.completion.chunk` events for one streamed request."""
+
+    def __init__(self, request_id: str, model: str) -> None:
+        self._base: JSON = {
+            "id": request_id,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+        }
+
+    def event(
+        self,
+        index: int,
+        delta: JSON,
+        finish_reason: str | None = None,
+        logprobs: JSON | None = None,
+        extra: JSON | None = None,
+    ) -> str:
+        choice: JSON = {
+            "index": index,
+            "delta": delta,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+        }
+        if extra:
+            choice.update(extra)
+        return self._sse({**self._base, "choices": [choice]})
+
+    def role(self, index: int) -> str:
+        return self.event(index, {"role": "assistant", "content": ""})
+
+    def content(self, index: int, text: str) -> str:
+        return self.event(index, {"content": text})
+
+    def finish(self, choice: ChoiceResult, logprobs: JSON | None, return_token_ids: bool) -> str:
+        delta: JSON = {}
+        if choice.tool_calls:
+            delta["tool_calls"] = [
+                {
+                    "index": k,
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+                for k, call in enumerate(choice.tool_calls)
+            ]
+        extra = {"token_ids": choice.completion_ids} if return_token_ids else None
+        return self.event(choice.index, delta, choice.finish_reason, logprobs, extra)
+
+    def usage(self, body: JSON, prompt_ids: list[int] | None) -> str:
+        chunk: JSON = {**self._base, "choices": [], "usage": body}
+        if prompt_ids is not None:
+            chunk["prompt_token_ids"] = prompt_ids
+        return self._sse(chunk)
+
+    @staticmethod
+    def error(error: RequestError) -> str:
+        return ChunkWriter._sse(error.body())
+
+    @staticmethod
+    def _sse(data: JSON) -> str:
+        return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+    @staticmethod
+    def done() -> str:
+        return "data: [DONE]\n\n"
+
+
+def models_body(model: str, created: int) -> JSON:
+    return {
+        "object": "list",
+        "data": [
+            {"id": model, "object": "model", "created": created, "owned_by": "agentscope-rft"}
+        ],
+    }

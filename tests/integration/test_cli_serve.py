@@ -1,0 +1,73 @@
+"""`agentscope-rft serve` as a user runs it: a subprocess that answers the openai client."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_answers_openai_client_and_stops_cleanly(tiny_model_path):
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agentscope_rft.cli",
+            "serve",
+            "--model",
+            tiny_model_path,
+            "--port",
+            str(port),
+            "--api-key",
+            "k1",
+            "--dtype",
+            "float32",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k1")
+        model = client.models.list().data[0].id
+        r = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+        assert r.choices[0].message.role == "assistant"
+        assert r.usage.completion_tokens >= 1
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert "serving" in out
+
+
+def test_serve_unknown_model_is_a_clear_error():
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentscope_rft.cli", "serve", "--model", "no-such-model"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "unknown model 'no-such-model'" in proc.stderr

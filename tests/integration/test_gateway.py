@@ -1,0 +1,224 @@
+"""The gateway on loopback with the real openai client: formats, recording, and bad input."""
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+
+from agentscope_rft.engines.embedded import EmbeddedEngine
+from agentscope_rft.gateway.server import Gateway
+
+HI = [{"role": "user", "content": "Say hi"}]
+
+
+def client(gateway, rollout="r1", api_key="unused"):
+    return openai.AsyncOpenAI(
+        base_url=gateway.rollout_base_url(rollout), api_key=api_key, max_retries=0
+    )
+
+
+async def test_non_streaming_with_logprobs_and_token_ids(tiny_gateway):
+    r = await client(tiny_gateway).chat.completions.create(
+        model="anything",
+        messages=HI,
+        max_tokens=8,
+        seed=1,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"return_token_ids": True},
+    )
+    choice = r.choices[0]
+    [call] = tiny_gateway.recorder.calls("r1")
+    assert choice.token_ids == call.completion_ids  # type: ignore[attr-defined]
+    assert r.prompt_token_ids == call.prompt_ids  # type: ignore[attr-defined]
+    assert [t.logprob for t in choice.logprobs.content] == call.logprobs
+    assert all(len(t.top_logprobs) == 3 for t in choice.logprobs.content)
+    assert r.usage.completion_tokens == len(call.completion_ids)
+    assert r.usage.prompt_tokens == len(call.prompt_ids)
+    assert call.policy_version == 0 and call.rollout_id == "r1"
+
+
+async def test_client_gets_only_what_it_asked_for(tiny_gateway):
+    r = await client(tiny_gateway).chat.completions.create(model="m", messages=HI, max_tokens=4)
+    raw = r.model_dump()
+    assert raw["choices"][0]["logprobs"] is None
+    assert "token_ids" not in raw["choices"][0] and "prompt_token_ids" not in raw
+    # ...while the recorder has everything
+    [call] = tiny_gateway.recorder.calls("r1")
+    assert len(call.logprobs) == len(call.completion_ids) > 0
+
+
+async def test_streamed_and_non_streamed_records_agree(tiny_gateway):
+    kwargs = {"model": "m", "messages": HI, "max_tokens": 12, "seed": 7, "temperature": 1.0}
+    plain = await client(tiny_gateway, "a").chat.completions.create(**kwargs)
+    stream = await client(tiny_gateway, "b").chat.completions.create(
+        **kwargs, stream=True, stream_options={"include_usage": True}
+    )
+    text, usage, finish = "", None, None
+    async for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+    [a], [b] = tiny_gateway.recorder.calls("a"), tiny_gateway.recorder.calls("b")
+    assert (a.prompt_ids, a.completion_ids, a.logprobs) == (
+        b.prompt_ids,
+        b.completion_ids,
+        b.logprobs,
+    )
+    assert text == plain.choices[0].message.content
+    assert finish == plain.choices[0].finish_reason
+    assert usage.completion_tokens == plain.usage.completion_tokens
+
+
+async def test_n_choices_are_recorded_separately(tiny_gateway):
+    r = await client(tiny_gateway).chat.completions.create(
+        model="m", messages=HI, max_tokens=6, n=3, seed=3
+    )
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    calls = tiny_gateway.recorder.calls("r1")
+    assert [c.choice_index for c in calls] == [0, 1, 2]
+    assert len({c.request_id for c in calls}) == 1
+
+
+async def test_rollout_calls_over_http(tiny_gateway):
+    await client(tiny_gateway, "rx").chat.completions.create(model="m", messages=HI, max_tokens=3)
+    base = f"http://127.0.0.1:{tiny_gateway.port}"
+    async with httpx.AsyncClient() as http:
+        body = (await http.get(f"{base}/rollouts/rx")).json()
+        assert (
+            body["calls"][0]["completion_ids"]
+            == tiny_gateway.recorder.calls("rx")[0].completion_ids
+        )
+        models = (await http.get(f"{base}/v1/models")).json()
+        assert models["data"][0]["id"] == "tiny"
+        assert (await http.delete(f"{base}/rollouts/rx")).status_code == 200
+        assert (await http.get(f"{base}/rollouts/rx")).json()["calls"] == []
+
+
+def _body(**overrides):
+    body = {"model": "tiny", "messages": HI, "max_tokens": 2}
+    body.update(overrides)
+    return json.dumps(body)
+
+
+BAD_INPUTS = [
+    (
+        "malformed JSON",
+        "/v1/chat/completions",
+        '{"model": "tiny", "messages": [',
+        400,
+        "not valid JSON",
+    ),
+    ("not an object", "/v1/chat/completions", "[1, 2]", 400, "JSON object"),
+    (
+        "missing messages",
+        "/v1/chat/completions",
+        json.dumps({"model": "tiny"}),
+        400,
+        "messages: required field is missing",
+    ),
+    ("empty messages", "/v1/chat/completions", _body(messages=[]), 400, "messages"),
+    ("unknown model", "/v1/chat/completions", _body(model="gpt-9"), 404, "'gpt-9' does not exist"),
+    (
+        "unknown field",
+        "/v1/chat/completions",
+        _body(temprature=0.5),
+        400,
+        "temprature: unknown field",
+    ),
+    ("wrong type", "/v1/chat/completions", _body(temperature="hot"), 400, "temperature"),
+    ("temperature out of range", "/v1/chat/completions", _body(temperature=5), 400, "temperature"),
+    ("n out of range", "/v1/chat/completions", _body(n=0), 400, "n:"),
+    ("bad top_k", "/v1/chat/completions", _body(top_k=0), 400, "top_k"),
+    ("max_tokens zero", "/v1/chat/completions", _body(max_tokens=0), 400, "max_tokens"),
+    ("penalty", "/v1/chat/completions", _body(presence_penalty=1.0), 400, "penalties"),
+    (
+        "bad role",
+        "/v1/chat/completions",
+        _body(messages=[{"role": "robot", "content": "x"}]),
+        400,
+        "messages[0].role",
+    ),
+    (
+        "image part",
+        "/v1/chat/completions",
+        _body(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
+        400,
+        "text-only",
+    ),
+    (
+        "too long",
+        "/v1/chat/completions",
+        _body(messages=[{"role": "user", "content": "hi " * 600}]),
+        400,
+        "context window",
+    ),
+    (
+        "bad tool",
+        "/v1/chat/completions",
+        _body(tools=[{"type": "function", "function": {}}]),
+        400,
+        "tools[0]",
+    ),
+    ("bad rollout id", "/rollouts/bad%20id/v1/chat/completions", _body(), 400, "rollout id"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "path", "body", "status", "fragment"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS]
+)
+async def test_bad_input_gets_openai_style_4xx(tiny_gateway, name, path, body, status, fragment):
+    url = f"http://127.0.0.1:{tiny_gateway.port}{path}"
+    async with httpx.AsyncClient() as http:
+        response = await http.post(url, content=body, headers={"content-type": "application/json"})
+        assert response.status_code == status, response.text
+        error = response.json()["error"]
+        assert fragment in error["message"]
+        assert error["type"]
+        # the server keeps serving
+        ok = await http.post(
+            f"http://127.0.0.1:{tiny_gateway.port}/v1/chat/completions", content=_body()
+        )
+        assert ok.status_code == 200
+
+
+async def test_streaming_request_errors_are_4xx_not_broken_streams(tiny_gateway):
+    with pytest.raises(openai.BadRequestError, match="context window"):
+        await client(tiny_gateway).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x " * 900}], stream=True
+        )
+
+
+async def test_api_key_is_enforced(tiny_model_path):
+    engine = EmbeddedEngine(tiny_model_path, dtype="float32", device="cpu")
+    await engine.start()
+    async with Gateway(engine, api_key="sekret") as gateway:
+        with pytest.raises(openai.AuthenticationError):
+            await client(gateway, api_key="wrong").chat.completions.create(
+                model="m", messages=HI, max_tokens=2
+            )
+        async with httpx.AsyncClient() as http:
+            response = await http.get(f"http://127.0.0.1:{gateway.port}/rollouts/r1")
+            assert response.status_code == 401
+        r = await client(gateway, api_key="sekret").chat.completions.create(
+            model="m", messages=HI, max_tokens=2
+        )
+        assert r.choices[0].message.role == "assistant"
+    await engine.close()
+
+
+async def test_concurrent_rollouts_are_attributed_correctly(tiny_gateway):
+    async def one(i):
+        return await client(tiny_gateway, f"roll-{i}").chat.completions.create(
+            model="m", messages=[{"role": "user", "content": f"number {i}"}], max_tokens=5, seed=i
+        )
+
+    results = await asyncio.gather(*[one(i) for i in range(12)])
+    for i, r in enumerate(results):
+        [call] = tiny_gateway.recorder.calls(f"roll-{i}")
+        assert call.messages[0]["content"] == f"number {i}"
+        assert r.usage.completion_tokens == len(call.completion_ids)

@@ -1,0 +1,111 @@
+import pytest
+
+from agentscope_rft.chat.template import ChatFormatError, ChatRenderer, normalize_messages
+from agentscope_rft.models import load_tokenizer, resolve_model
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add.",
+            "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}},
+        },
+    }
+]
+CONVERSATION = [
+    {"role": "system", "name": "system", "content": [{"type": "text", "text": "Be brief."}]},
+    {"role": "user", "content": "2+3?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c0", "type": "function", "function": {"name": "add", "arguments": '{"a":2}'}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "c0", "content": "5"},
+    {"role": "tool", "tool_call_id": "c1", "content": "6"},
+    {"role": "assistant", "content": [{"type": "text", "text": "It is 5."}]},
+]
+
+
+@pytest.fixture(scope="module")
+def renderer():
+    return ChatRenderer(load_tokenizer(resolve_model("tiny-random")))
+
+
+def test_normalize_flattens_parts_and_canonicalizes_arguments():
+    out = normalize_messages(CONVERSATION)
+    assert out[0] == {"role": "system", "content": "Be brief."}
+    assert out[2]["tool_calls"][0]["function"]["arguments"] == '{"a": 2}'
+    assert out[2]["content"] == ""
+
+
+@pytest.mark.parametrize(
+    ("messages", "fragment"),
+    [
+        ([{"role": "wizard", "content": "x"}], "messages[0].role"),
+        (
+            [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}],
+            "messages[0].content[0]",
+        ),
+        (
+            [{"role": "assistant", "content": "", "tool_calls": [{"function": {}}]}],
+            "messages[0].tool_calls[0]",
+        ),
+        (["not a dict"], "messages[0]"),
+    ],
+)
+def test_bad_messages_name_the_field(messages, fragment):
+    with pytest.raises(ChatFormatError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
+        normalize_messages(messages)
+
+
+def test_render_matches_hermes_layout(renderer):
+    text = renderer.render_text(CONVERSATION, TOOLS, add_generation_prompt=False)
+    assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools")
+    assert '<tools>\n{"type": "function", "function": {"name": "add"' in text
+    assert (
+        '<|im_start|>assistant\n<tool_call>\n{"name": "add", "arguments": {"a": 2}}\n'
+        "</tool_call><|im_end|>\n"
+    ) in text
+    # consecutive tool results share one user turn
+    assert (
+        "<|im_start|>user\n<tool_response>\n5\n</tool_response>\n<tool_response>\n6\n"
+        "</tool_response><|im_end|>\n"
+    ) in text
+    assert text.endswith("<|im_start|>assistant\nIt is 5.<|im_end|>\n")
+
+
+def test_default_system_prompt_without_system_message(renderer):
+    text = renderer.render_text([{"role": "user", "content": "hi"}])
+    assert text == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+        "Hugging Face<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+
+
+def test_template_is_append_only(renderer):
+    # Every cut between turns is a prefix, except inside a run of tool results (they share one
+    # user turn; an agent always sends the whole run before the next model call).
+    for k in range(1, len(CONVERSATION)):
+        if CONVERSATION[k - 1]["role"] == "tool" and CONVERSATION[k]["role"] == "tool":
+            continue
+        prefix = renderer.render_text(CONVERSATION[:k], TOOLS, add_generation_prompt=False)
+        assert renderer.render_text(CONVERSATION, TOOLS, False).startswith(prefix)
+        if CONVERSATION[k]["role"] == "assistant":
+            prompt = renderer.render_text(CONVERSATION[:k], TOOLS, add_generation_prompt=True)
+            assert renderer.render_text(CONVERSATION, TOOLS, False).startswith(prompt)
+
+
+def test_assistant_mask_covers_exactly_the_assistant_turns(renderer):
+    ids, mask = renderer.render_ids_with_mask(CONVERSATION, TOOLS)
+    tok = renderer.tokenizer
+    trained = [t for t, m in zip(ids, mask, strict=True) if m]
+    decoded = tok.decode(trained)
+    assert decoded == (
+        '<tool_call>\n{"name": "add", "arguments": {"a": 2}}\n</tool_call>'
+        "<|im_end|>It is 5.<|im_end|>"
+    )
+    assert tok.decode(ids) == renderer.render_text(CONVERSATION, TOOLS, False)
