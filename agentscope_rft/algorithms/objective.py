@@ -317,7 +317,7 @@ def value_loss(
     clipped_frac = torch.zeros_like(losses)
     clip = cfg.critic.value_clip
     if clip is not None:
-        clipped_values = old_values + (values - old_values).clamp(-clip, clip)
+        clipped_values = torch.clamp(values, old_values - clip, old_values + clip)
         clipped_losses = (clipped_values - returns) ** 2
         clipped_frac = (clipped_losses > losses).float()
         losses = torch.maximum(losses, clipped_losses)

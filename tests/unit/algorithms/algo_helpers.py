@@ -32,7 +32,9 @@ class RLBatch:
     token_rewards: Tensor  # [N, T], on trained tokens
     values: Tensor  # [N, T]
 
-    def advantage_inputs(self, token_rewards: bool = False, values: bool = False) -> AdvantageInputs:
+    def advantage_inputs(
+        self, token_rewards: bool = False, values: bool = False
+    ) -> AdvantageInputs:
         return AdvantageInputs(
             rewards=self.rewards,
             group_ids=self.group_ids,

@@ -47,7 +47,8 @@ def test_grpo_normalizes_within_group_over_episodes() -> None:
 
 def test_dr_grpo_only_centers() -> None:
     out = compute_advantages(
-        AdvantageInputs(REWARDS, GROUPS, EPISODES, MASK), _cfg({"type": "grpo", "normalize_std": False})
+        AdvantageInputs(REWARDS, GROUPS, EPISODES, MASK),
+        _cfg({"type": "grpo", "normalize_std": False}),
     )
     expected = [2 / 3, 2 / 3, -1 / 3, -1 / 3, -1.0, 1.0, 0.0, 0.0]
     assert _per_sample(out.advantages) == pytest.approx(expected, abs=1e-6)
@@ -107,7 +108,9 @@ def test_token_level_estimators_treat_a_split_episode_as_one_sequence() -> None:
         episode_ids=torch.tensor([0, 1, 0]),
         loss_mask=torch.tensor([[0, 1, 1, 0, 0], [0, 1, 1, 1, 0], [0, 0, 0, 0, 1]]),
         token_rewards=torch.tensor([[0.0, 0.0, 0.5, 0.0, 0.0], [0.0] * 5, [0.0] * 5]),
-        values=torch.tensor([[9.0, 0.1, 0.2, 9.0, 9.0], [9.0, 0.4, 0.5, 0.6, 9.0], [9.0] * 4 + [0.3]]),
+        values=torch.tensor(
+            [[9.0, 0.1, 0.2, 9.0, 9.0], [9.0, 0.4, 0.5, 0.6, 9.0], [9.0] * 4 + [0.3]]
+        ),
     )
     for advantage in [
         {"type": "reinforce_plus_plus", "gamma": 0.9},
@@ -134,7 +137,9 @@ def test_gae_by_hand() -> None:
         loss_mask=torch.tensor([[1, 0, 1, 1]]),
         values=torch.tensor([[0.5, 100.0, 0.6, 0.7]]),
     )
-    out = compute_advantages(inputs, _cfg({"type": "gae", "gamma": 0.9, "lam": 0.8, "whiten": False}))
+    out = compute_advantages(
+        inputs, _cfg({"type": "gae", "gamma": 0.9, "lam": 0.8, "whiten": False})
+    )
     torch.testing.assert_close(
         out.advantages, torch.tensor([[0.21712, 0.0, 0.246, 0.3]]), atol=1e-6, rtol=0
     )
@@ -184,7 +189,9 @@ def test_config_says_when_to_drop_zero_variance_groups() -> None:
     assert _cfg("grpo").drops_zero_variance_groups()
     assert not _cfg("gae").drops_zero_variance_groups()
     assert not _cfg("reinforce_plus_plus").drops_zero_variance_groups()
-    off = AlgorithmConfig.model_validate({"advantage": "rloo", "filter_zero_variance_groups": False})
+    off = AlgorithmConfig.model_validate(
+        {"advantage": "rloo", "filter_zero_variance_groups": False}
+    )
     assert not off.drops_zero_variance_groups()
 
 
@@ -197,7 +204,11 @@ def test_bad_advantage_inputs_fail_clearly() -> None:
     with pytest.raises(ValueError, match="untrained tokens"):
         compute_advantages(
             AdvantageInputs(
-                REWARDS[:1], GROUPS[:1], EPISODES[:1], MASK[:1], token_rewards=torch.tensor([[1.0, 0]])
+                REWARDS[:1],
+                GROUPS[:1],
+                EPISODES[:1],
+                MASK[:1],
+                token_rewards=torch.tensor([[1.0, 0]]),
             ),
             _cfg("grpo"),
         )

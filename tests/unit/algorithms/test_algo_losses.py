@@ -243,7 +243,10 @@ def test_micro_batch_shares_add_up_to_the_mini_batch_loss(algorithm: dict[str, o
     weights = rollout_seq_weights(episodes)
     norms = loss_normalizers(full.loss_mask, cfg, weights)
     full = dataclasses.replace(
-        full, seq_weights=weights, global_num_tokens=norms.num_tokens, global_num_seqs=norms.num_seqs
+        full,
+        seq_weights=weights,
+        global_num_tokens=norms.num_tokens,
+        global_num_seqs=norms.num_seqs,
     )
     loss, metrics = policy_objective(full, cfg, step=0)
     (grad,) = torch.autograd.grad(loss, full.logprobs)
