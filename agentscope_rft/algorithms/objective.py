@@ -69,6 +69,8 @@ def _check_advantage_inputs(inputs: AdvantageInputs) -> None:
 def compute_advantages(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageOutputs:
     """Advantages [N, T] of a training batch with the configured estimator.
 
+    For `sft_rl_mix`, pass the RL samples only (SFT samples train without advantages).
+
     Example:
         >>> cfg = AlgorithmConfig.model_validate({"advantage": "grpo"})
         >>> out = compute_advantages(AdvantageInputs(

@@ -169,3 +169,14 @@ def test_custom_advantage_returning_the_wrong_type_fails_clearly() -> None:
     )
     with pytest.raises(TypeError, match="not AdvantageOutputs"):
         compute_advantages(inputs, cfg)
+
+
+def test_docs_list_every_algorithm() -> None:
+    from agentscope_rft.algorithms import AGGREGATIONS, KL_ESTIMATORS, OBJECTIVES
+
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "algorithms.md").read_text()
+    names = [*ADVANTAGE_ESTIMATORS, *POLICY_LOSSES, *OBJECTIVES, *AGGREGATIONS, *KL_ESTIMATORS]
+    missing = [name for name in names if f"`{name}`" not in docs and f": {name}" not in docs]
+    assert not missing, f"docs/algorithms.md does not mention {missing}"
+    for field_name in AlgorithmConfig.model_fields:
+        assert f"`{field_name}`" in docs, field_name

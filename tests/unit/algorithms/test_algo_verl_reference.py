@@ -329,3 +329,23 @@ def test_loss_inputs_are_not_mutated() -> None:
     before = dataclasses.replace(inputs)
     policy_objective(inputs, _cfg(), step=0)
     assert torch.equal(before.advantages, inputs.advantages)
+
+
+def test_groups_of_one_differ_from_verl_by_design() -> None:
+    # verl gives a task with a single sample its raw score as advantage (GRPO: score / (1 + eps),
+    # RLOO: score); with no other episode there is no baseline, so we give 0 (and count the group
+    # as zero-variance, which the trainer drops). Groups of two or more agree (tests above).
+    batch = random_rl_batch(0, group_sizes=(1, 3))
+    mask = batch.loss_mask.float()
+    single = batch.group_ids == 10
+    for name, verl_fn in [
+        ("grpo", core_algos.compute_grpo_outcome_advantage),
+        ("rloo", core_algos.compute_rloo_outcome_advantage),
+    ]:
+        ours = compute_advantages(batch.advantage_inputs(), _cfg(advantage=name))
+        verl, _ = verl_fn(batch.verl_token_level_rewards(), mask, _index(batch))
+        assert ours.advantages[single].abs().sum() == 0
+        assert verl[single].sum() == pytest.approx(
+            float(batch.rewards[single] * mask[single].sum()), rel=1e-4
+        )
+        _close(ours.advantages[~single], verl[~single])
