@@ -243,7 +243,8 @@ def stepwise_advantages(inputs: AdvantageInputs, cfg: StepwiseConfig) -> Advanta
     """Turn-level advantages: each turn k (a run of trained tokens, i.e. one model call) gets
     `(G_k - mean_g) / (std_g + eps)` with `G_k = r_k + gamma * G_{k+1}` over the episode's turns,
     `r_k` the turn's token rewards (+ the outcome reward on the last turn), and mean/std over the
-    group's episode returns `G_0`. With gamma=1 and outcome rewards only it equals GRPO.
+    group's episode returns `G_0`. With gamma=1 and outcome rewards only it equals GRPO. A
+    constant group gets 0 with std normalization; without it, differences between its turns stay.
 
     Related: multi-turn credit assignment with per-turn rewards, e.g. "Reinforcing Multi-Turn
     Reasoning in LLM Agents via Turn-Level Credit Assignment", https://arxiv.org/abs/2505.11821.
@@ -273,7 +274,8 @@ def stepwise_advantages(inputs: AdvantageInputs, cfg: StepwiseConfig) -> Advanta
     by_turn[turn_episode, turn_pos] = turn_reward
     turn_returns = discounted_returns(by_turn, cfg.gamma)  # [E, K]
 
-    episode_return = turn_returns[:, 0] if turn_returns.shape[1] else ep.reward.new_zeros(0)
+    num_episodes = ep.reward.numel()
+    episode_return = turn_returns[:, 0] if num_turns else ep.reward.new_zeros(num_episodes)
     stats = group_stats(episode_return, ep.group, ep.num_groups)
     centered = turn_returns - stats.mean.unsqueeze(-1)
     adv = centered / (stats.std + cfg.epsilon).unsqueeze(-1) if cfg.normalize_std else centered

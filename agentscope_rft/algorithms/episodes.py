@@ -107,10 +107,6 @@ class PackedTokens:
         out[self.rows, self.cols] = packed[self.episode, self.pos]
         return out
 
-    def last_index(self) -> Tensor:
-        """[E] packed position of each episode's last trained token (-1 when it has none)."""
-        return self.lengths - 1
-
 
 def pack_trained_tokens(episode_index: Tensor, loss_mask: Tensor) -> PackedTokens:
     """Pack each episode's trained tokens into one row, in call (batch) order."""
