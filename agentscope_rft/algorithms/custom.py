@@ -1,0 +1,211 @@
+"""User-defined advantage estimators and policy losses, referenced by import path in YAML.
+
+A custom function has the same contract as a built-in one, and its second parameter `cfg` is
+annotated with the user's own pydantic model, which validates `args` at config load::
+
+    # my_algos.py
+    class ShapedArgs(BaseModel):
+        scale: float = 1.0
+
+    def shaped_grpo(inputs: AdvantageInputs, cfg: ShapedArgs) -> AdvantageOutputs: ...
+
+    # config.yaml
+    algorithm:
+      advantage: {type: custom, path: "my_algos:shaped_grpo", args: {scale: 2.0}}
+
+A path that does not import, a function whose signature does not fit, or `args` that its model
+rejects fail when the config is loaded, with a message that names the path and the problem.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import typing
+from collections.abc import Callable
+from typing import Literal
+
+from pydantic import BaseModel, Field, JsonValue, PrivateAttr, ValidationError, model_validator
+from torch import Tensor
+
+from agentscope_rft.algorithms.base import AdvantageInputs, AdvantageOutputs, LossInputs
+from agentscope_rft.algorithms.spec import AdvantageConfigBase, PolicyLossConfigBase
+
+CustomFn = Callable[[object, BaseModel], object]
+
+
+def _import_path(path: str, what: str) -> object:
+    module_name, sep, attr_path = path.partition(":")
+    if not sep or not module_name or not attr_path:
+        raise ValueError(f"{what} path {path!r} must look like 'package.module:function'")
+    try:
+        target: object = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"{what} {path!r}: cannot import module {module_name!r} ({err})") from err
+    for name in attr_path.split("."):
+        if not hasattr(target, name):
+            raise ValueError(f"{what} {path!r}: {module_name!r} has no attribute {attr_path!r}")
+        target = getattr(target, name)
+    return target
+
+
+def resolve_custom(
+    path: str, what: str, inputs_type: type, output_check: Callable[[object], bool]
+) -> tuple[CustomFn, type[BaseModel]]:
+    """Import `path` and check that it is `fn(inputs: inputs_type, cfg: SomeModel)`.
+
+    Returns the function and its config model. `output_check` tests the return annotation when
+    there is one.
+
+    Raises:
+        ValueError: the path does not import, or the signature does not fit (says why).
+
+    Example:
+        >>> fn, args_model = resolve_custom(
+        ...     "my_algos:shaped_grpo", "custom advantage", AdvantageInputs, lambda t: True
+        ... )  # doctest: +SKIP
+    """
+    fn = _import_path(path, what)
+    if not callable(fn):
+        raise ValueError(f"{what} {path!r} is not callable")
+    usage = f"it must be `def fn(inputs: {inputs_type.__name__}, cfg: YourArgsModel)`"
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{what} {path!r}: cannot read its signature ({err}); {usage}") from err
+    positional = [
+        p
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    extra_required = [p.name for p in params if p.kind == p.KEYWORD_ONLY and p.default is p.empty]
+    if len(positional) != 2 or extra_required:
+        names = ", ".join(p.name for p in params) or "no parameters"
+        raise ValueError(f"{what} {path!r} takes ({names}); {usage}")
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception as err:  # any failure to evaluate annotations is reported, not swallowed
+        raise ValueError(f"{what} {path!r}: cannot resolve its type annotations ({err})") from err
+    inputs_hint = hints.get(positional[0].name)
+    if inputs_hint is not None and inputs_hint is not inputs_type:
+        raise ValueError(
+            f"{what} {path!r}: its first parameter {positional[0].name!r} is annotated "
+            f"{inputs_hint!r}; {usage}"
+        )
+    cfg_hint = hints.get(positional[1].name)
+    if not (isinstance(cfg_hint, type) and issubclass(cfg_hint, BaseModel)):
+        raise ValueError(
+            f"{what} {path!r}: its second parameter {positional[1].name!r} must be annotated with "
+            f"a pydantic BaseModel subclass that validates `args` (got {cfg_hint!r}); {usage}"
+        )
+    if "return" in hints and not output_check(hints["return"]):
+        raise ValueError(f"{what} {path!r}: its return annotation {hints['return']!r} does not fit")
+    return typing.cast(CustomFn, fn), cfg_hint
+
+
+def _validate_args(
+    args_model: type[BaseModel], args: dict[str, JsonValue], where: str
+) -> BaseModel:
+    try:
+        return args_model.model_validate(args)
+    except ValidationError as err:
+        raise ValueError(
+            f"{where}: args do not validate against {args_model.__name__}: {err}"
+        ) from err
+
+
+class CustomAdvantageConfig(AdvantageConfigBase):
+    """A user's advantage estimator `fn(inputs: AdvantageInputs, cfg: ArgsModel) ->
+    AdvantageOutputs`, by import path."""
+
+    type: Literal["custom"] = "custom"
+    path: str = Field(min_length=3)
+    """Import path of the function, `package.module:function`."""
+    args: dict[str, JsonValue] = Field(default_factory=dict)
+    """Arguments, validated by the model that annotates the function's `cfg` parameter."""
+    needs_critic: bool = False
+    """The estimator reads `AdvantageInputs.values`, so the trainer must run a critic."""
+    group_baseline: bool = False
+    """The estimator's baseline comes from the task group (zero-variance groups are dropped)."""
+
+    _fn: CustomFn = PrivateAttr()
+    _args: BaseModel = PrivateAttr()
+
+    @model_validator(mode="after")
+    def _resolve(self) -> CustomAdvantageConfig:
+        what = "custom advantage"
+        self._fn, args_model = resolve_custom(
+            self.path, what, AdvantageInputs, lambda hint: hint is AdvantageOutputs
+        )
+        self._args = _validate_args(args_model, self.args, f"{what} {self.path!r}")
+        return self
+
+    def uses_critic(self) -> bool:
+        return self.needs_critic
+
+    def uses_group_baseline(self) -> bool:
+        return self.group_baseline
+
+
+def custom_advantages(inputs: AdvantageInputs, cfg: CustomAdvantageConfig) -> AdvantageOutputs:
+    """Call the user's estimator with its validated args; checks what it returns."""
+    out = cfg._fn(inputs, cfg._args)
+    if not isinstance(out, AdvantageOutputs):
+        raise TypeError(
+            f"custom advantage {cfg.path!r} returned {type(out).__name__}, not AdvantageOutputs"
+        )
+    if out.advantages.shape != inputs.loss_mask.shape:
+        raise ValueError(
+            f"custom advantage {cfg.path!r} returned advantages of shape "
+            f"{tuple(out.advantages.shape)}; expected {tuple(inputs.loss_mask.shape)}"
+        )
+    return out
+
+
+def _is_loss_output(hint: object) -> bool:
+    return typing.get_origin(hint) is tuple
+
+
+class CustomPolicyLossConfig(PolicyLossConfigBase):
+    """A user's policy loss `fn(inputs: LossInputs, cfg: ArgsModel) -> (loss [B, T], metrics
+    {name: [B, T]})`, by import path."""
+
+    type: Literal["custom"] = "custom"
+    path: str = Field(min_length=3)
+    """Import path of the function, `package.module:function`."""
+    args: dict[str, JsonValue] = Field(default_factory=dict)
+    """Arguments, validated by the model that annotates the function's `cfg` parameter."""
+
+    _fn: CustomFn = PrivateAttr()
+    _args: BaseModel = PrivateAttr()
+
+    @model_validator(mode="after")
+    def _resolve(self) -> CustomPolicyLossConfig:
+        what = "custom policy loss"
+        self._fn, args_model = resolve_custom(self.path, what, LossInputs, _is_loss_output)
+        self._args = _validate_args(args_model, self.args, f"{what} {self.path!r}")
+        return self
+
+
+def custom_policy_loss(
+    inputs: LossInputs, cfg: CustomPolicyLossConfig
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Call the user's loss with its validated args; checks what it returns."""
+    out = cfg._fn(inputs, cfg._args)
+    if not (
+        isinstance(out, tuple)
+        and len(out) == 2
+        and isinstance(out[0], Tensor)
+        and isinstance(out[1], dict)
+    ):
+        raise TypeError(
+            f"custom policy loss {cfg.path!r} must return (loss [B, T], metrics dict), "
+            f"got {type(out).__name__}"
+        )
+    loss, metrics = out
+    if loss.shape != inputs.loss_mask.shape:
+        raise ValueError(
+            f"custom policy loss {cfg.path!r} returned a loss of shape {tuple(loss.shape)}; "
+            f"expected the per-token shape {tuple(inputs.loss_mask.shape)}"
+        )
+    return loss, metrics

@@ -1,0 +1,208 @@
+"""Offline training data from JSONL files: SFT conversations and DPO preference pairs.
+
+SFT lines are `{"messages": [...], "tools"?: [...]}` in OpenAI chat format; every assistant turn is
+trained (its text and its end-of-turn token), nothing else. DPO lines are `{"prompt": [messages],
+"chosen": <assistant message or string>, "rejected": ..., "tools"?: [...]}`; only the final
+assistant turn of each side is trained. Conversations are rendered with the model's chat template
+through `ChatRenderer`, so the tokens are exactly what the template produces; assistant spans are
+found from rendered prefixes, which relies on the template being append-only (it is checked).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from agentscope_rft.chat.template import ChatFormatError, ChatRenderer
+from agentscope_rft.types import JSON, Sample
+
+
+class OfflineDataError(ValueError):
+    """A bad line in an offline data file; the message names the file, line and field."""
+
+
+def _read_jsonl(path: Path) -> Iterator[tuple[int, JSON]]:
+    if not path.is_file():
+        raise OfflineDataError(f"{path}: no such file")
+    with path.open(encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise OfflineDataError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
+            if not isinstance(record, dict):
+                raise OfflineDataError(f"{path}:{lineno}: each line must be a JSON object")
+            yield lineno, record
+
+
+def _messages_field(record: JSON, field: str, where: str) -> list[JSON]:
+    messages = record.get(field)
+    if not isinstance(messages, list) or not messages:
+        raise OfflineDataError(f"{where}: field {field!r} must be a non-empty list of messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise OfflineDataError(f"{where}: field {field!r}[{i}] must be a message object")
+    return messages
+
+
+def _tools_field(record: JSON, where: str) -> list[JSON] | None:
+    tools = record.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise OfflineDataError(f"{where}: field 'tools' must be a list of tool schemas")
+    return tools or None
+
+
+def _assistant_span(
+    renderer: ChatRenderer, messages: Sequence[JSON], tools: list[JSON] | None, index: int
+) -> tuple[int, int]:
+    """Character span of assistant message `index` in the rendered conversation: from after the
+    generation prompt to the end of its end-of-turn token."""
+    before = renderer.render_text(messages[:index], tools, add_generation_prompt=True)
+    after = renderer.render_text(messages[: index + 1], tools, add_generation_prompt=False)
+    if not after.startswith(before):
+        raise ChatFormatError(
+            f"messages[{index}]: the chat template is not append-only here (the generation "
+            "prompt is not a prefix of the rendered assistant turn)"
+        )
+    eos = renderer.tokenizer.eos_token
+    end = after.rfind(eos) + len(eos) if isinstance(eos, str) and eos else -1
+    return len(before), end if end > len(before) else len(after)
+
+
+def render_with_assistant_mask(
+    renderer: ChatRenderer,
+    messages: Sequence[JSON],
+    tools: list[JSON] | None,
+    trained: Sequence[int],
+) -> tuple[list[int], list[int]]:
+    """Token ids of the rendered conversation and a mask that is 1 on the assistant messages at
+    positions `trained` (their text and end-of-turn token) and 0 elsewhere.
+
+    Example:
+        >>> chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+        >>> ids, mask = render_with_assistant_mask(renderer, chat, None, [1])  # doctest: +SKIP
+    """
+    text = renderer.render_text(messages, tools, add_generation_prompt=False)
+    spans = [_assistant_span(renderer, messages, tools, index) for index in trained]
+    for index, (_, end) in zip(trained, spans, strict=True):
+        prefix = renderer.render_text(messages[: index + 1], tools, add_generation_prompt=False)
+        if not text.startswith(prefix[:end]):
+            raise ChatFormatError(
+                f"messages[{index}]: the chat template is not append-only here (a later message "
+                "changes how this assistant turn is rendered)"
+            )
+    encoding = renderer.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    token_ids = list(encoding["input_ids"])
+    mask = [
+        int(any(start <= char_start < end for start, end in spans))
+        for char_start, _ in encoding["offset_mapping"]
+    ]
+    return token_ids, mask
+
+
+def load_sft_samples(path: str | Path, renderer: ChatRenderer) -> list[Sample]:
+    """Samples of kind `sft` from a chat JSONL file, trained on assistant turns only.
+
+    Raises:
+        OfflineDataError: a bad line (names the file, line number and field), or an empty file.
+
+    Example:
+        >>> samples = load_sft_samples("tests/data/sft_tiny.jsonl", renderer)  # doctest: +SKIP
+        >>> samples[0].kind
+        'sft'
+    """
+    path = Path(path)
+    samples: list[Sample] = []
+    for lineno, record in _read_jsonl(path):
+        where = f"{path}:{lineno}"
+        messages = _messages_field(record, "messages", where)
+        tools = _tools_field(record, where)
+        trained = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+        if not trained:
+            raise OfflineDataError(f"{where}: field 'messages' has no assistant turn to train on")
+        try:
+            token_ids, mask = render_with_assistant_mask(renderer, messages, tools, trained)
+        except ChatFormatError as err:
+            raise OfflineDataError(f"{where}: field 'messages': {err}") from err
+        sample_id = f"{path.name}:{lineno}"
+        samples.append(
+            Sample(
+                token_ids=token_ids,
+                loss_mask=mask,
+                logprobs=[0.0] * len(token_ids),
+                reward=0.0,
+                rollout_id=sample_id,
+                task_id=sample_id,
+                sample_id=sample_id,
+                kind="sft",
+                num_calls=len(trained),
+            )
+        )
+    if not samples:
+        raise OfflineDataError(f"{path}: no samples (the file is empty)")
+    return samples
+
+
+def _response_message(record: JSON, field: str, where: str) -> JSON:
+    value = record.get(field)
+    if isinstance(value, str):
+        return {"role": "assistant", "content": value}
+    if isinstance(value, dict) and value.get("role", "assistant") == "assistant":
+        return {"role": "assistant", **value}
+    raise OfflineDataError(
+        f"{where}: field {field!r} must be a string or an assistant message object"
+    )
+
+
+def load_dpo_samples(path: str | Path, renderer: ChatRenderer) -> list[Sample]:
+    """Two samples per line (kinds `dpo_chosen`, `dpo_rejected`, a shared `pair_id`) from a
+    preference JSONL file; each trains only its final assistant turn.
+
+    Raises:
+        OfflineDataError: a bad line (names the file, line number and field), or an empty file.
+
+    Example:
+        >>> chosen, rejected = load_dpo_samples("tests/data/dpo_tiny.jsonl", renderer)[:2]
+        ...  # doctest: +SKIP
+        >>> chosen.pair_id == rejected.pair_id
+        True
+    """
+    path = Path(path)
+    samples: list[Sample] = []
+    for lineno, record in _read_jsonl(path):
+        where = f"{path}:{lineno}"
+        prompt = _messages_field(record, "prompt", where)
+        if prompt[-1].get("role") == "assistant":
+            raise OfflineDataError(
+                f"{where}: field 'prompt' must not end with an assistant message (the responses "
+                "go in 'chosen' and 'rejected')"
+            )
+        tools = _tools_field(record, where)
+        pair_id = f"{path.name}:{lineno}"
+        for field, kind in (("chosen", "dpo_chosen"), ("rejected", "dpo_rejected")):
+            messages = [*prompt, _response_message(record, field, where)]
+            try:
+                token_ids, mask = render_with_assistant_mask(
+                    renderer, messages, tools, [len(prompt)]
+                )
+            except ChatFormatError as err:
+                raise OfflineDataError(f"{where}: field {field!r}: {err}") from err
+            samples.append(
+                Sample(
+                    token_ids=token_ids,
+                    loss_mask=mask,
+                    logprobs=[0.0] * len(token_ids),
+                    reward=0.0,
+                    rollout_id=f"{pair_id}:{field}",
+                    task_id=pair_id,
+                    sample_id=f"{pair_id}:{field}",
+                    kind=kind,
+                    pair_id=pair_id,
+                )
+            )
+    if not samples:
+        raise OfflineDataError(f"{path}: no samples (the file is empty)")
+    return samples

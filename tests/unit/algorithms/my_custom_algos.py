@@ -1,0 +1,59 @@
+"""Custom algorithms referenced by import path in the config tests (`my_custom_algos:...`)."""
+
+from __future__ import annotations
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import Tensor
+
+from agentscope_rft.algorithms import AdvantageInputs, AdvantageOutputs, LossInputs
+
+
+class ScaledRewardArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    scale: float = Field(default=1.0, gt=0.0)
+    """Multiplies each episode's reward."""
+
+
+def scaled_reward(inputs: AdvantageInputs, cfg: ScaledRewardArgs) -> AdvantageOutputs:
+    """Advantage = scale * reward on every trained token (no baseline)."""
+    advantages = cfg.scale * inputs.rewards.unsqueeze(-1) * inputs.loss_mask
+    return AdvantageOutputs(
+        advantages=advantages, returns=None, metrics={"custom/scale": cfg.scale}
+    )
+
+
+class ReinforceArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    coef: float = 1.0
+
+
+def vanilla_reinforce(inputs: LossInputs, cfg: ReinforceArgs) -> tuple[Tensor, dict[str, Tensor]]:
+    """On-policy REINFORCE: -coef * A * log pi."""
+    loss = -cfg.coef * inputs.advantages * inputs.logprobs
+    return loss, {"logprob": inputs.logprobs.detach()}
+
+
+def one_parameter(inputs: AdvantageInputs) -> AdvantageOutputs:
+    raise NotImplementedError
+
+
+def unannotated_cfg(inputs: AdvantageInputs, cfg) -> AdvantageOutputs:  # type: ignore[no-untyped-def]
+    raise NotImplementedError
+
+
+def wrong_inputs(inputs: LossInputs, cfg: ScaledRewardArgs) -> AdvantageOutputs:
+    raise NotImplementedError
+
+
+def wrong_return(inputs: AdvantageInputs, cfg: ScaledRewardArgs) -> Tensor:
+    raise NotImplementedError
+
+
+def returns_tensor(inputs: AdvantageInputs, cfg: ScaledRewardArgs):  # type: ignore[no-untyped-def]
+    return torch.zeros_like(inputs.loss_mask, dtype=torch.float32)
+
+
+NOT_CALLABLE = 3

@@ -1,0 +1,134 @@
+"""SFT and DPO samples from the small JSONL files shipped in tests/data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentscope_rft.buffer.offline import OfflineDataError, load_dpo_samples, load_sft_samples
+from agentscope_rft.chat.template import ChatRenderer
+from agentscope_rft.types import Sample
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+
+
+@pytest.fixture(scope="module")
+def renderer() -> ChatRenderer:
+    from agentscope_rft.models import load_tokenizer, resolve_model
+
+    return ChatRenderer(load_tokenizer(resolve_model("tiny-random")))
+
+
+def _trained_text(sample: Sample, renderer: ChatRenderer) -> list[str]:
+    """The decoded runs of trained tokens."""
+    runs: list[list[int]] = []
+    previous = 0
+    for token, flag in zip(sample.token_ids, sample.loss_mask, strict=True):
+        if flag and not previous:
+            runs.append([])
+        if flag:
+            runs[-1].append(token)
+        previous = flag
+    return [renderer.tokenizer.decode(run) for run in runs]
+
+
+def test_sft_samples_train_assistant_turns_only(renderer: ChatRenderer) -> None:
+    samples = load_sft_samples(DATA / "sft_tiny.jsonl", renderer)
+    lines = [json.loads(line) for line in (DATA / "sft_tiny.jsonl").read_text().splitlines()]
+    assert len(samples) == len(lines) == 4
+    for sample, line in zip(samples, lines, strict=True):
+        expected = renderer.render_ids(line["messages"], line.get("tools"), False)
+        assert list(sample.token_ids) == expected  # exactly the template's tokens
+        assert sample.kind == "sft" and set(sample.logprobs) == {0.0}
+    assert _trained_text(samples[0], renderer) == ["Paris.<|im_end|>"]
+    assert _trained_text(samples[1], renderer) == ["4<|im_end|>", "6<|im_end|>"]
+    assert _trained_text(samples[2], renderer) == [
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+        "</tool_call><|im_end|>",
+        "It is sunny and 21 C in Paris.<|im_end|>",
+    ]
+    assert samples[2].num_calls == 2
+    assert _trained_text(samples[3], renderer) == ["Hi!<|im_end|>"]
+    assert samples[0].sample_id == "sft_tiny.jsonl:1"
+
+
+def test_dpo_samples_come_in_pairs(renderer: ChatRenderer) -> None:
+    samples = load_dpo_samples(DATA / "dpo_tiny.jsonl", renderer)
+    assert len(samples) == 6
+    chosen, rejected = samples[0::2], samples[1::2]
+    assert [s.kind for s in chosen] == ["dpo_chosen"] * 3
+    assert [s.kind for s in rejected] == ["dpo_rejected"] * 3
+    assert [s.pair_id for s in chosen] == [s.pair_id for s in rejected]
+    assert len({s.pair_id for s in chosen}) == 3
+    assert _trained_text(chosen[0], renderer) == ["42<|im_end|>"]
+    assert _trained_text(rejected[1], renderer) == [
+        "Purple, which is a mix of red and blue.<|im_end|>"
+    ]
+    # Earlier assistant turns of the prompt are context, not trained.
+    assert _trained_text(chosen[2], renderer) == ["tac<|im_end|>"]
+    prompt_len = chosen[2].loss_mask.index(1)
+    assert chosen[2].token_ids[:prompt_len] == rejected[2].token_ids[:prompt_len]
+
+
+@pytest.mark.parametrize(
+    ("loader", "line", "message"),
+    [
+        ("sft", "{not json", ":2: not valid JSON"),
+        ("sft", "[1, 2]", ":2: each line must be a JSON object"),
+        ("sft", '{"msgs": []}', ":2: field 'messages' must be a non-empty list"),
+        ("sft", '{"messages": [{"role": "user", "content": "x"}]}', ":2: field 'messages' has no"),
+        (
+            "sft",
+            '{"messages": [{"role": "robot", "content": "x"}, '
+            '{"role": "assistant", "content": "y"}]}',
+            ":2: field 'messages': messages[0].role 'robot'",
+        ),
+        (
+            "sft",
+            '{"messages": [{"role": "assistant", "content": "y"}], "tools": {}}',
+            ":2: field 'tools' must be a list",
+        ),
+        (
+            "dpo",
+            '{"prompt": [{"role": "user", "content": "x"}], "chosen": "a"}',
+            "field 'rejected'",
+        ),
+        (
+            "dpo",
+            '{"prompt": [{"role": "assistant", "content": "x"}], "chosen": "a", "rejected": "b"}',
+            ":2: field 'prompt' must not end with an assistant message",
+        ),
+        (
+            "dpo",
+            '{"prompt": [{"role": "user", "content": "x"}], "chosen": {"role": "user"}, '
+            '"rejected": "b"}',
+            ":2: field 'chosen' must be a string or an assistant message",
+        ),
+    ],
+)
+def test_bad_lines_name_file_line_and_field(
+    renderer: ChatRenderer, tmp_path: Path, loader: str, line: str, message: str
+) -> None:
+    good = {
+        "sft": '{"messages": [{"role": "user", "content": "q"}, '
+        '{"role": "assistant", "content": "a"}]}',
+        "dpo": '{"prompt": [{"role": "user", "content": "q"}], "chosen": "a", "rejected": "b"}',
+    }[loader]
+    path = tmp_path / "data.jsonl"
+    path.write_text(good + "\n" + line + "\n")
+    load = load_sft_samples if loader == "sft" else load_dpo_samples
+    with pytest.raises(OfflineDataError) as excinfo:
+        load(path, renderer)
+    assert str(path) in str(excinfo.value)
+    assert message in str(excinfo.value)
+
+
+def test_empty_and_missing_files_fail(renderer: ChatRenderer, tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    with pytest.raises(OfflineDataError, match="no samples"):
+        load_sft_samples(empty, renderer)
+    with pytest.raises(OfflineDataError, match="no such file"):
+        load_dpo_samples(tmp_path / "missing.jsonl", renderer)
