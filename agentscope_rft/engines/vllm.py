@@ -38,7 +38,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
-from agentscope_rft.chat.template import ChatFormatError, ChatRenderer
+from agentscope_rft.chat.template import (
+    ChatFormatError,
+    ChatRenderer,
+    normalize_messages,
+    normalize_tools,
+)
 from agentscope_rft.engines import vllm_wire as wire
 from agentscope_rft.engines.base import (
     ChatEvent,
@@ -431,6 +436,11 @@ class VLLMEngine:
         self.prompts.remember(request, prompt_ids, choices)
 
     async def _chat_vllm(self, request: ChatRequest) -> AsyncIterator[ChatEvent]:
+        try:  # the same validation (and error messages) as the engine's own rendering
+            normalize_messages(request.messages)
+            normalize_tools(request.tools)
+        except ChatFormatError as exc:
+            raise EngineError(str(exc), param="messages") from exc
         sampling = request.sampling
         replica = self._pick(request.rollout_id)
         max_tokens = min(sampling.max_tokens or self.max_model_len, self.max_model_len)
@@ -533,6 +543,7 @@ class VLLMEngine:
                 {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}},
             )
             self._weights_path = folder
+            self._active_model = self._model_name  # full weights replace any adapter
 
         await self.sync(version, reload)
         self._drop_old_weights(keep=folder)
