@@ -380,7 +380,9 @@ class VLLMEngine:
             raise await replica.server.request_failed(exc) from exc
         if response.status_code >= 400:
             raise wire.api_error(response, replica.server.describe())
-        return response.json() if response.content else None
+        if "json" not in response.headers.get("content-type", ""):
+            return response.text  # e.g. /v1/load_lora_adapter answers in plain text
+        return response.json()
 
     def _room(self, prompt_len: int) -> int:
         room = self.max_model_len - prompt_len
