@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -54,6 +55,17 @@ def log_tail(path: Path | None, lines: int = LOG_TAIL_LINES) -> str:
         handle.seek(max(0, size - 64 * 1024))
         text = handle.read().decode("utf-8", errors="replace")
     return "\n".join(text.splitlines()[-lines:])
+
+
+_ERROR_LINE = re.compile(r"\b\w*(Error|Exception): ")
+
+
+def first_error(path: Path | None) -> str | None:
+    """The first exception line of a log (vLLM's root cause is often far above the tail)."""
+    for line in log_tail(path, lines=100_000).splitlines():
+        if " WARNING " not in line and _ERROR_LINE.search(line):
+            return line.strip()
+    return None
 
 
 OnRestart = Callable[["VLLMServer"], Awaitable[None]]
@@ -114,7 +126,12 @@ class VLLMServer:
 
     def _with_log(self, message: str) -> str:
         tail = log_tail(self.log_path)
-        return f"{message}\n--- last lines of {self.log_path} ---\n{tail}" if tail else message
+        if not tail:
+            return message
+        cause = first_error(self.log_path)
+        if cause and cause not in tail.splitlines()[-1]:
+            message += f"\nfirst error in the log: {cause}"
+        return f"{message}\n--- last lines of {self.log_path} ---\n{tail}"
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
