@@ -69,7 +69,7 @@ async def test_reload_under_concurrent_calls(
     # Calls admitted before the sync record the old version, calls after it the new one.
     assert {versions[i] for i in range(6)} <= {base_version, base_version + 1}
     assert versions[6] == versions[7] == base_version + 1
-    ids_after, lp_after, version = await fixed_logprobs(vllm_engine)
+    _, lp_after, version = await fixed_logprobs(vllm_engine)
     assert version == base_version + 1
     assert max(abs(a - b) for a, b in zip(lp_before, lp_after, strict=False)) > 1e-3
 
@@ -103,7 +103,7 @@ async def test_bad_checkpoint_folder_is_a_clear_error(
     vllm_engine: VLLMEngine, tmp_path: Path
 ) -> None:
     version = vllm_engine.policy_version
-    with pytest.raises(EngineError, match="no \\*.safetensors files"):
+    with pytest.raises(EngineError, match=r"no \*\.safetensors files"):
         await vllm_engine.load_weights(tmp_path, version + 1)
     assert vllm_engine.policy_version == version
 
@@ -134,7 +134,7 @@ async def test_lora_adapter_switches_outputs_for_its_name_only(
     assert adapter_name == f"{vllm_engine.model_name}-lora-v{version}"
 
     # The engine's calls now go to the adapter and record its version.
-    ids, lp, recorded = await fixed_logprobs(vllm_engine)
+    _, lp, recorded = await fixed_logprobs(vllm_engine)
     assert recorded == version
     assert lp != pytest.approx(base_lp, abs=1e-3)
 
