@@ -3,11 +3,11 @@
     python benchmarks/engines.py [--engines embedded,vllm] [--concurrency 1,8,32] [--tokens 64]
 
 For each engine: start-up seconds, then for each concurrency level N, N concurrent chat calls
-(distinct prompts, greedy, exactly `--tokens` new tokens: `stop` is never reached because the
-calls use `max_tokens` and count what they got) repeated for `--rounds`; completion tokens per
-second over the wall time and the p50 latency of one call. Last, the seconds of one weight sync
-(the same checkpoint folder reloaded as a new version). Prints a Markdown table for
-docs/benchmarks.md. vLLM needs its environment (scripts/install_vllm.sh).
+(distinct prompts asking for long answers, greedy, at most `--tokens` new tokens), repeated for
+`--rounds`; completion tokens per second over the wall time and the p50 latency of one call.
+Last, the seconds of one weight sync (the same checkpoint folder reloaded as a new version).
+Prints a Markdown table for docs/benchmarks.md. vLLM needs its environment
+(scripts/install_vllm.sh).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ async def bench(name: str, args: argparse.Namespace, model: Path) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| engine | concurrent calls | tokens/s | p50 latency (s) | start-up (s) | weight sync (s) |",
+        "| engine | concurrent calls | tokens/s | p50 latency (s) | start-up (s) | sync (s) |",
         "|---|---|---|---|---|---|",
     ]
     for r in rows:
