@@ -1,0 +1,308 @@
+"""Supervision of vLLM OpenAI servers: one child process per replica, or a URL to connect to.
+
+A managed replica is `python -m vllm.entrypoints.openai.api_server ...` started in its own process
+group with its output in a log file. Start-up waits for `/health`; a server that exits or times
+out raises `VLLMServerError` with the tail of its log. A watchdog notices a crash, reports it
+(log line + the error that requests in flight get), restarts the server a bounded number of times
+and lets the engine re-apply its current weights before traffic resumes. Shutdown terminates the
+whole process group (the API server, its engine core and workers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+import httpx
+
+from agentscope_rft.engines.base import EngineError
+from agentscope_rft.engines.vllm_env import INSTALL_HINT
+
+logger = logging.getLogger(__name__)
+
+LOG_TAIL_LINES = 40
+
+
+class VLLMServerError(EngineError):
+    """A vLLM server is not usable (failed to start, crashed, or unreachable)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, status=503)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def log_tail(path: Path | None, lines: int = LOG_TAIL_LINES) -> str:
+    """The last `lines` lines of a log file ('' when there is none)."""
+    if path is None or not path.exists():
+        return ""
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        size = handle.tell()
+        handle.seek(max(0, size - 64 * 1024))
+        text = handle.read().decode("utf-8", errors="replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+_ERROR_LINE = re.compile(r"\b\w*(Error|Exception): ")
+
+
+def first_error(path: Path | None) -> str | None:
+    """The first exception line of a log (vLLM's root cause is often far above the tail)."""
+    for line in log_tail(path, lines=100_000).splitlines():
+        if " WARNING " not in line and _ERROR_LINE.search(line):
+            return line.strip()
+    return None
+
+
+OnRestart = Callable[["VLLMServer"], Awaitable[None]]
+
+
+class VLLMServer:
+    """One replica: a managed child process (`command` given) or a remote server (`url` only).
+
+    Example:
+        >>> server = VLLMServer("replica-0", url="http://127.0.0.1:8000")  # doctest: +SKIP
+        >>> await server.start()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        url: str,
+        command: Sequence[str] | None = None,
+        env: dict[str, str] | None = None,
+        log_path: Path | None = None,
+        startup_timeout: float = 600.0,
+        max_restarts: int = 3,
+        on_restart: OnRestart | None = None,
+    ) -> None:
+        self.name = name
+        self.url = url.rstrip("/")
+        self.command = list(command) if command is not None else None
+        self.env = env
+        self.log_path = log_path
+        self.startup_timeout = startup_timeout
+        self.max_restarts = max_restarts
+        self.on_restart = on_restart
+        self.restarts = 0
+        self.crashes = 0
+        self.last_exit_code: int | None = None
+        self.startup_seconds: float | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pgid: int | None = None
+        self._ready = asyncio.Event()
+        self._failure: str | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._client = httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(10.0))
+
+    @property
+    def managed(self) -> bool:
+        return self.command is not None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def describe(self) -> str:
+        return f"vLLM server {self.name} at {self.url}" + (
+            f" (log: {self.log_path})" if self.log_path else ""
+        )
+
+    def _with_log(self, message: str) -> str:
+        tail = log_tail(self.log_path)
+        if not tail:
+            return message
+        cause = first_error(self.log_path)
+        if cause and cause not in tail.splitlines()[-1]:
+            message += f"\nfirst error in the log: {cause}"
+        return f"{message}\n--- last lines of {self.log_path} ---\n{tail}"
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        if self._ready.is_set():
+            return
+        self._stopping = False
+        if self.managed:
+            await self._spawn_and_wait()
+            self._watchdog = asyncio.create_task(self._watch(), name=f"vllm-watchdog-{self.name}")
+        else:
+            await self._wait_healthy(deadline=time.monotonic() + self.startup_timeout)
+        self._ready.set()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._ready.clear()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watchdog
+            self._watchdog = None
+        await asyncio.to_thread(self._terminate)
+        await self._client.aclose()
+        self._client = httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(10.0))
+
+    async def ready(self) -> None:
+        """Wait until the server serves (it may be restarting); raise if it is given up on."""
+        if self._failure is not None:
+            raise VLLMServerError(self._failure)
+        if not self._ready.is_set():
+            if self._stopping or (self._watchdog is None and self.managed):
+                raise VLLMServerError(f"{self.describe()} is not started")
+            await self._ready.wait()
+            if self._failure is not None:
+                raise VLLMServerError(self._failure)
+
+    def exited(self) -> int | None:
+        """The exit code when the managed process has exited, else None."""
+        return self._proc.poll() if self._proc is not None else None
+
+    async def request_failed(self, exc: BaseException) -> VLLMServerError:
+        """The error to raise for a request that failed at the transport level."""
+        code = self.exited()
+        for _ in range(10):  # a dropped connection can come just before the exit is visible
+            if code is not None or self._stopping or not self.managed:
+                break
+            await asyncio.sleep(0.2)
+            code = self.exited()
+        if code is None and not self._ready.is_set():
+            code = self.last_exit_code
+        if code is not None and not self._stopping:
+            return VLLMServerError(
+                self._with_log(
+                    f"{self.describe()} crashed (exit code {code}) while serving the request; "
+                    f"it is being restarted ({self.restarts}/{self.max_restarts} restarts used)"
+                )
+            )
+        return VLLMServerError(f"{self.describe()} did not answer: {type(exc).__name__}: {exc}")
+
+    # ------------------------------------------------------------------ internals
+    async def _spawn_and_wait(self) -> None:
+        assert self.command is not None
+        started = time.monotonic()
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.log_path, "a") as log:
+                log.write(
+                    f"\n===== agentscope-rft: starting {self.name}: {' '.join(self.command)}\n"
+                )
+        log_file = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        try:
+            self._proc = subprocess.Popen(
+                self.command,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                start_new_session=True,  # own process group: stop() ends workers too
+            )
+            self._pgid = self._proc.pid
+        except OSError as exc:
+            self._proc = None
+            raise VLLMServerError(
+                f"cannot start {self.describe()}: {exc} (command: {self.command[0]})"
+            ) from exc
+        finally:
+            if log_file is not subprocess.DEVNULL:
+                log_file.close()  # type: ignore[union-attr]  # the child holds its own copy
+        try:
+            await self._wait_healthy(deadline=started + self.startup_timeout)
+        except BaseException:
+            await asyncio.to_thread(self._terminate)
+            raise
+        self.startup_seconds = time.monotonic() - started
+        logger.info("%s ready in %.1f s (pid %s)", self.describe(), self.startup_seconds, self.pid)
+
+    async def _wait_healthy(self, deadline: float) -> None:
+        last_error = "no answer yet"
+        while True:
+            code = self.exited()
+            if code is not None:
+                hint = ""
+                if "No module named 'vllm'" in log_tail(self.log_path):
+                    hint = f"; the interpreter has no vLLM: {INSTALL_HINT}"
+                raise VLLMServerError(
+                    self._with_log(
+                        f"{self.describe()} exited with code {code} during start-up{hint}"
+                    )
+                )
+            try:
+                response = await self._client.get("/health", timeout=5.0)
+                if response.status_code == 200:
+                    return
+                last_error = f"/health answered {response.status_code}"
+            except httpx.HTTPError as exc:
+                last_error = f"{type(exc).__name__}"
+            if time.monotonic() > deadline:
+                raise VLLMServerError(
+                    self._with_log(
+                        f"{self.describe()} was not healthy within {self.startup_timeout:.0f} s "
+                        f"({last_error}); raise startup_timeout if the machine is slow"
+                    )
+                )
+            await asyncio.sleep(0.5)
+
+    async def _watch(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(0.5)
+            code = self.exited()
+            if code is None or self._stopping:
+                continue
+            self._ready.clear()
+            self.crashes += 1
+            self.last_exit_code = code
+            logger.error(self._with_log(f"{self.describe()} crashed with exit code {code}"))
+            await asyncio.to_thread(self._terminate)  # leftover workers of the group
+            if self.restarts >= self.max_restarts:
+                self._failure = self._with_log(
+                    f"{self.describe()} crashed (exit code {code}) and was not restarted: "
+                    f"max_restarts={self.max_restarts} reached"
+                )
+                self._ready.set()  # wake waiters so they see the failure
+                return
+            self.restarts += 1
+            logger.warning(
+                "restarting %s (restart %d of %d)", self.name, self.restarts, self.max_restarts
+            )
+            try:
+                await self._spawn_and_wait()
+                if self.on_restart is not None:
+                    await self.on_restart(self)
+            except Exception as exc:
+                self._failure = f"restarting {self.describe()} failed: {exc}"
+                self._ready.set()
+                return
+            self._ready.set()
+
+    def _terminate(self, grace: float = 15.0) -> None:
+        proc, pgid = self._proc, self._pgid
+        if proc is None:
+            return
+        if pgid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace)
+        if pgid is not None:
+            # Engine-core and worker processes may outlive the API server; end the group.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        self._proc = None
+        self._pgid = None

@@ -1,0 +1,76 @@
+"""Finding the vLLM interpreter, the server command line and replica choice (no server needed)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentscope_rft.engines import vllm_env
+from agentscope_rft.engines.vllm import VLLMEngine, _Replica
+from agentscope_rft.engines.vllm_server import VLLMServer, first_error, log_tail
+
+
+def test_find_vllm_python_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    configured = tmp_path / "a" / "python"
+    from_env = tmp_path / "b" / "python"
+    for path in (configured, from_env):
+        path.parent.mkdir()
+        path.touch()
+    monkeypatch.setenv(vllm_env.ENV_VAR, str(from_env))
+    assert vllm_env.find_vllm_python(configured) == configured
+    assert vllm_env.find_vllm_python() == from_env
+    monkeypatch.delenv(vllm_env.ENV_VAR)
+    monkeypatch.setattr(vllm_env, "REPO_ROOT", tmp_path / "repo")
+    with pytest.raises(vllm_env.VLLMNotFoundError, match=r"repo/\.venv-vllm/bin/python"):
+        vllm_env.find_vllm_python()
+
+
+def test_check_vllm_reports_an_interpreter_without_vllm() -> None:
+    ok, reason = vllm_env.check_vllm(sys.executable)
+    assert not ok
+    assert "cannot import vLLM" in reason
+    assert "install_vllm.sh" in reason
+
+
+def test_server_command_has_the_flags_token_capture_needs(tiny_model_path: str) -> None:
+    engine = VLLMEngine(
+        tiny_model_path, served_model_name="tiny", enforce_eager=True, max_model_len=512,
+        enable_lora=True, max_lora_rank=8, extra_args=["--max-num-seqs", "64"],
+    )  # fmt: skip
+    command = engine.server_command(Path("/venv/bin/python"), 8123)
+    line = " ".join(command)
+    assert command[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    for flag in (
+        "--served-model-name tiny", "--port 8123", "--logprobs-mode processed_logprobs",
+        "--generation-config vllm", "--enable-auto-tool-choice", "--tool-call-parser hermes",
+        "--max-model-len 512", "--enforce-eager", "--enable-lora", "--max-lora-rank 8",
+    ):  # fmt: skip
+        assert flag in line
+    assert command[-2:] == ["--max-num-seqs", "64"]
+    env = engine.server_env()
+    assert env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+
+
+def test_rollouts_stick_to_a_replica_and_spread(tiny_model_path: str) -> None:
+    engine = VLLMEngine(tiny_model_path, urls=["http://127.0.0.1:1", "http://127.0.0.1:2"])
+    engine.replicas = [_Replica(VLLMServer(f"r{i}", url=f"http://x{i}"), 10.0) for i in range(2)]
+    picks = {f"rollout-{i}": engine._pick(f"rollout-{i}") for i in range(40)}
+    assert all(engine._pick(rid) is replica for rid, replica in picks.items())
+    assert {id(r) for r in picks.values()} == {id(r) for r in engine.replicas}
+    engine.replicas[0].in_flight = 3
+    assert engine._pick(None) is engine.replicas[1]  # no rollout: the least busy replica
+
+
+def test_log_tail_and_first_error(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    lines = [f"line {i}" for i in range(100)]
+    lines[10] = "(Worker pid=1) ERROR [x.py:1] RuntimeError: Cannot find any model weights"
+    lines[20] = "(APIServer) WARNING [y.py:2] fd limit errors like `OSError: [Errno 24]`"
+    log.write_text("\n".join(lines))
+    assert log_tail(log, lines=3).splitlines() == ["line 97", "line 98", "line 99"]
+    assert first_error(log) == lines[10]
+    assert log_tail(tmp_path / "missing.log") == ""
