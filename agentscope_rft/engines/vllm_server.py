@@ -161,6 +161,8 @@ class VLLMServer:
         """Wait until the server serves (it may be restarting); raise if it is given up on."""
         if self._failure is not None:
             raise VLLMServerError(self._failure)
+        if self.managed and not self._stopping and self.exited() is not None:
+            self._ready.clear()  # it crashed and the watchdog has not noticed yet: wait for it
         if not self._ready.is_set():
             if self._stopping or (self._watchdog is None and self.managed):
                 raise VLLMServerError(f"{self.describe()} is not started")

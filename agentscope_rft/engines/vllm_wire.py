@@ -39,6 +39,8 @@ def sampling_body(sampling: SamplingParams, max_tokens: int) -> JSON:
         body["stop"] = list(sampling.stop)
     if sampling.seed is not None:
         body["seed"] = sampling.seed
+    if sampling.ignore_eos:
+        body["ignore_eos"] = True
     return body
 
 

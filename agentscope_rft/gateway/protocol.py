@@ -80,6 +80,7 @@ class ChatCompletionRequest(BaseModel):
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     return_token_ids: bool = False
+    ignore_eos: bool = False
     # Accepted and ignored: they do not change what is sampled.
     parallel_tool_calls: bool | None = None
     user: str | None = None
@@ -138,6 +139,7 @@ class ChatCompletionRequest(BaseModel):
                 stop=tuple(stop),
                 n=self.n,
                 top_logprobs=(self.top_logprobs or 0) if self.logprobs else 0,
+            ignore_eos=self.ignore_eos,
                 **values,
             )
         except ValueError as exc:

@@ -45,15 +45,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-# vLLM renders chat templates with tool-call arguments as dicts (it parses the OpenAI JSON text
-# first, as transformers recommends); this variant of the project's template accepts both forms.
-_ARGS = "call['function']['arguments']"
-VLLM_COMPATIBLE_TEMPLATE = HERMES_CHATML_TEMPLATE.replace(
-    f"+ {_ARGS} + '}}",
-    f"+ ({_ARGS} if {_ARGS} is string else {_ARGS} | tojson) + '}}",
-)
-assert VLLM_COMPATIBLE_TEMPLATE != HERMES_CHATML_TEMPLATE
-
 ADD_TOOL = {
     "type": "function",
     "function": {
@@ -107,7 +98,7 @@ async def vllm_engine(
         kv_cache_space_gib=1,
         enable_lora=True,
         max_lora_rank=8,
-        chat_template=VLLM_COMPATIBLE_TEMPLATE,
+        chat_template=HERMES_CHATML_TEMPLATE,
         log_dir=tmp_path_factory.mktemp("vllm-logs"),
     )
     await engine.start()
