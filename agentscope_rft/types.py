@@ -212,6 +212,9 @@ class Sample:
     rollout_id: str
     task_id: str
     policy_version: int = 0
+    group_id: str = ""
+    """The advantage group: samples of the same task explored in the same batch (a task explored
+    again later forms a new group). Empty means `task_id`."""
     agent_name: str | None = None
     stop_reason: str = "stop"
     temperature: float = 1.0
@@ -238,6 +241,10 @@ class Sample:
                 f"sample {self.sample_id or self.rollout_id}: token_rewards has "
                 f"{len(self.token_rewards)} entries for {n} tokens"
             )
+
+    @property
+    def group(self) -> str:
+        return self.group_id or self.task_id
 
     @property
     def num_trained_tokens(self) -> int:

