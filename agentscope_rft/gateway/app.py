@@ -14,6 +14,7 @@ The rollout id lives in the URL path, so any OpenAI client in any process is att
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import re
@@ -21,7 +22,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -70,6 +71,15 @@ class GatewayState:
     latencies: collections.deque[float] = field(
         default_factory=lambda: collections.deque(maxlen=4096)
     )
+    active: dict[str, set[asyncio.Task[Any]]] = field(default_factory=dict)
+    """Request-handling tasks per rollout, so an abandoned episode's calls can be aborted."""
+
+    def abort_rollout(self, rollout_id: str) -> int:
+        """Cancel the rollout's requests in flight (their generation stops); returns how many."""
+        tasks = self.active.pop(rollout_id, set())
+        for task in tasks:
+            task.cancel()
+        return len(tasks)
 
 
 def _error_response(error: RequestError) -> JSONResponse:
@@ -155,8 +165,11 @@ class _Exchange:
         self.prompt: PromptReady | None = None
         self.choices: list[ChoiceResult] = []
         self.events = cast(AsyncGenerator[ChatEvent, None], state.engine.chat(chat))
+        self._task = asyncio.current_task()
         if chat.rollout_id is not None:
             state.recorder.begin(chat.rollout_id)
+            if self._task is not None:
+                state.active.setdefault(chat.rollout_id, set()).add(self._task)
         self._closed = False
 
     async def next_event(self) -> ChatEvent | None:
@@ -186,6 +199,11 @@ class _Exchange:
         state.latencies.append(time.time() - self.started)
         if self.chat.rollout_id is not None:
             state.recorder.end(self.chat.rollout_id, calls)
+            tasks = state.active.get(self.chat.rollout_id)
+            if tasks is not None:
+                tasks.discard(self._task)
+                if not tasks:
+                    del state.active[self.chat.rollout_id]
 
     async def aclose(self) -> None:
         await self.events.aclose()

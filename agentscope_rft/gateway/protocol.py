@@ -139,7 +139,7 @@ class ChatCompletionRequest(BaseModel):
                 stop=tuple(stop),
                 n=self.n,
                 top_logprobs=(self.top_logprobs or 0) if self.logprobs else 0,
-            ignore_eos=self.ignore_eos,
+                ignore_eos=self.ignore_eos,
                 **values,
             )
         except ValueError as exc:

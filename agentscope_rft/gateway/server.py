@@ -81,6 +81,13 @@ class Gateway:
         """The OpenAI base URL whose calls are recorded under `rollout_id`."""
         return f"http://{self._host}:{self._port}/rollouts/{rollout_id}/v1"
 
+    async def abort_rollout(self, rollout_id: str) -> int:
+        """Stop generating for a rollout's requests in flight (e.g. its episode timed out)."""
+        aborted = self.state.abort_rollout(rollout_id)
+        if aborted:
+            await asyncio.sleep(0)  # let the cancelled handlers unwind
+        return aborted
+
     async def start(self) -> None:
         """Start serving on the running event loop (binds 127.0.0.1 by default)."""
         if self._server is not None:

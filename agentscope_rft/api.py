@@ -1,0 +1,186 @@
+"""The public API for agent developers: mark the function that runs one episode of the app.
+
+    @agentscope_rft.workflow
+    async def run(task: dict, model) -> float:
+        agent = Agent(name="solver", system_prompt="...", model=model, toolkit=...)
+        reply = await agent.reply(UserMsg(name="user", content=task["question"]))
+        return float(task["answer"] in reply.get_text_content())
+
+`model` is an AgentScope `OpenAIChatModel` bound to the episode's trainable endpoint. An app that
+builds its own `OpenAIChatModel` trains too, unchanged: inside an episode its calls are redirected
+(see `agentscope_rft.integration.agentscope`). `emit_reward` records rewards during the episode;
+a separate judge can score the episode's response instead of the workflow returning a reward.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentscope_rft.integration.agentscope import current_agent, current_scope
+from agentscope_rft.types import Reward, StepReward
+
+WorkflowFn = Callable[[dict[str, Any], Any], Awaitable[Any]]
+JudgeFn = Callable[[dict[str, Any], Any], Awaitable[float | Reward]]
+
+_SIGNATURE_HELP = "async def run(task: dict, model) -> float | Reward"
+
+
+class WorkflowError(TypeError):
+    """A workflow or judge that does not fit the contract (names the function and the fix)."""
+
+
+def _check_callable(fn: Any, what: str, params: tuple[str, str]) -> None:
+    if not callable(fn):
+        raise WorkflowError(f"{what} {fn!r} is not a function")
+    name = getattr(fn, "__qualname__", repr(fn))
+    if not inspect.iscoroutinefunction(fn):
+        raise WorkflowError(
+            f"{what} `{name}` must be an async function: `async def {name.split('.')[-1]}"
+            f"({', '.join(params)})`"
+        )
+    try:
+        inspect.signature(fn).bind(None, None)
+    except TypeError as exc:
+        raise WorkflowError(
+            f"{what} `{name}` must accept two positional arguments ({', '.join(params)}); its "
+            f"signature is {inspect.signature(fn)}: {exc}"
+        ) from exc
+
+
+@dataclass(frozen=True)
+class Workflow:
+    """A registered episode function (and optional judge). Calling it runs the function."""
+
+    fn: WorkflowFn
+    name: str
+    judge: JudgeFn | None = None
+
+    async def __call__(self, task: dict[str, Any], model: Any) -> Any:
+        return await self.fn(task, model)
+
+
+def workflow(
+    fn: WorkflowFn | None = None, *, judge: JudgeFn | None = None, name: str | None = None
+) -> Any:
+    """Mark `async def run(task, model)` as a trainable AgentScope workflow.
+
+    With a `judge`, the function returns its response (anything) and
+    `await judge(task, response)` gives the reward; the judge runs outside the episode, so its own
+    model calls (an LLM judge) are neither redirected nor trained.
+
+    Raises:
+        WorkflowError: the function or judge has the wrong shape.
+
+    Example:
+        >>> @workflow
+        ... async def run(task, model):
+        ...     return 1.0
+        >>> run.name
+        'run'
+    """
+
+    def register(f: WorkflowFn) -> Workflow:
+        _check_callable(f, "workflow", ("task", "model"))
+        if judge is not None:
+            _check_callable(judge, "judge", ("task", "response"))
+        return Workflow(fn=f, name=name or f.__name__, judge=judge)
+
+    return register(fn) if fn is not None else register
+
+
+def emit_reward(value: float, step: int | None = None) -> None:
+    """Record a reward during the current episode.
+
+    Args:
+        value: The reward.
+        step: Index of the model call (0-based, in the calling agent's call order) the reward
+            belongs to; `None` means the latest call so far. Called outside an agent's reply, the
+            reward belongs to the agent that made the latest call. Per-step rewards become token rewards
+            at the end of their call; the episode reward is what the workflow returns.
+
+    Raises:
+        RuntimeError: called outside an episode.
+
+    Example:
+        >>> emit_reward(0.5)  # doctest: +SKIP
+    """
+    scope = current_scope()
+    if scope is None:
+        raise RuntimeError("emit_reward() was called outside an episode run by agentscope-rft")
+    # Outside any agent's reply (e.g. in the workflow body), the reward is the last-called agent's.
+    agent = current_agent() or scope.last_agent
+    if step is None:
+        step = max(scope.calls_made.get(agent, 0) - 1, 0)
+    scope.step_rewards.append(StepReward(value=float(value), call_index=step, agent_name=agent))
+
+
+def _import_module_from_file(path: Path) -> Any:
+    module_name = f"_agentscope_rft_workflow_{abs(hash(path.resolve()))}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise WorkflowError(f"cannot import {path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    # Let the file import its neighbours (e.g. `from task import ...` next to app.py).
+    sys.path.insert(0, str(path.parent.resolve()))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent.resolve()))
+    return module
+
+
+def load_callable(spec: str, what: str = "workflow") -> Any:
+    """Import `pkg.mod:name` or `path/to/file.py:name` (relative to the working directory)."""
+    if ":" not in spec:
+        raise WorkflowError(
+            f"{what} {spec!r} must be `package.module:function` or `path/to/file.py:function`"
+        )
+    target, _, attr = spec.rpartition(":")
+    try:
+        if target.endswith(".py") or "/" in target:
+            path = Path(target).expanduser()
+            if not path.is_file():
+                raise WorkflowError(f"{what} file {path} does not exist (from {spec!r})")
+            module = _import_module_from_file(path)
+        else:
+            module = importlib.import_module(target)
+    except WorkflowError:
+        raise
+    except Exception as exc:
+        raise WorkflowError(
+            f"{what} {spec!r} does not import: {type(exc).__name__}: {exc}"
+        ) from exc
+    if not hasattr(module, attr):
+        public = sorted(n for n in vars(module) if not n.startswith("_"))
+        raise WorkflowError(f"{target} has no {attr!r} (it defines: {', '.join(public[:15])})")
+    return getattr(module, attr)
+
+
+def load_workflow(
+    spec: str | Workflow | WorkflowFn, judge: str | JudgeFn | None = None
+) -> Workflow:
+    """Resolve a workflow from config (`pkg.mod:run`, `file.py:run`) or an object.
+
+    A plain `async def run(task, model)` works too (the decorator is optional when loading by
+    path); a judge given here overrides the decorator's.
+
+    Example:
+        >>> wf = load_workflow("examples/quickstart/app.py:run")  # doctest: +SKIP
+    """
+    obj = load_callable(spec) if isinstance(spec, str) else spec
+    judge_fn = load_callable(judge, "judge") if isinstance(judge, str) else judge
+    if isinstance(obj, Workflow):
+        if judge_fn is None:
+            return obj
+        _check_callable(judge_fn, "judge", ("task", "response"))
+        return Workflow(fn=obj.fn, name=obj.name, judge=judge_fn)
+    registered: Workflow = workflow(obj, judge=judge_fn)
+    return registered

@@ -1,0 +1,111 @@
+"""`check_workflow`: run one episode of an app and show what training would capture."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+
+from agentscope_rft.engines.base import Engine
+from agentscope_rft.explorer.explorer import EpisodeSettings, Explorer
+from agentscope_rft.explorer.tasks import load_tasks
+from agentscope_rft.explorer.trajectory import TrajectoryStats, build_samples
+from agentscope_rft.gateway.server import Gateway
+from agentscope_rft.types import Rollout, Sample
+from agentscope_rft.api import Workflow, WorkflowFn, load_workflow
+
+
+@dataclass
+class CheckReport:
+    """What one episode produced: the rollout, its samples and how they were built."""
+
+    rollout: Rollout
+    samples: list[Sample]
+    stats: TrajectoryStats
+
+    @property
+    def warnings(self) -> list[str]:
+        out = []
+        if not self.rollout.ok:
+            out.append(f"the episode failed ({self.rollout.status}); nothing would be trained")
+        elif not self.rollout.calls:
+            out.append(
+                "no model call reached the trainable endpoint: use the `model` argument or an "
+                "AgentScope OpenAIChatModel (other clients are not redirected)"
+            )
+        for reason, count in self.stats.breaks.items():
+            out.append(
+                f"{count} call(s) did not continue the previous one ({reason}); they train as "
+                "separate samples"
+            )
+        malformed = [c for c in self.rollout.calls if c.content and "<tool_call>" in c.content]
+        if malformed:
+            out.append(f"{len(malformed)} call(s) wrote tool-call markup that did not parse")
+        return out
+
+    def render(self) -> str:
+        r = self.rollout
+        lines = [f"episode {r.rollout_id}: status {r.status}, reward {r.reward:g}, "
+                 f"success {r.success}, {len(r.calls)} model call(s)"]
+        if r.error:
+            lines.append(textwrap.indent(r.error.strip(), "  | "))
+        for i, call in enumerate(r.calls):
+            tools = ", ".join(f"{t.name}({t.arguments})" for t in call.tool_calls) or "-"
+            preview = (call.content or "").replace("\n", " ")[:100]
+            lines.append(
+                f"  call {i} [{call.agent_name or '-'}] prompt {len(call.prompt_ids)} tokens "
+                f"({call.prompt_reused_tokens} reused), completion {len(call.completion_ids)}, "
+                f"{call.finish_reason}; tools: {tools}; text: {preview!r}"
+            )
+        for s in self.samples:
+            lines.append(
+                f"  sample {s.sample_id}: {len(s.token_ids)} tokens, {s.num_trained_tokens} "
+                f"trained, {s.num_calls} call(s), reward {s.reward:g}"
+            )
+        lines.extend(f"  warning: {w}" for w in self.warnings)
+        return "\n".join(lines)
+
+
+async def check_workflow(
+    fn: Workflow | WorkflowFn | str,
+    task: Mapping[str, Any],
+    *,
+    model: str = "smollm2-135m-instruct",
+    engine: Engine | None = None,
+    timeout: float = 300.0,
+    show: bool = True,
+) -> CheckReport:
+    """Run one episode with the embedded model (or `engine`) and report what was captured.
+
+    Example:
+        >>> report = asyncio.run(check_workflow(run, {"id": "t1", "question": "2+2?"}))  # doctest: +SKIP
+        >>> report.samples[0].num_trained_tokens  # doctest: +SKIP
+        17
+    """
+    workflow = load_workflow(fn) if not isinstance(fn, Workflow) else fn
+    own_engine = engine is None
+    if engine is None:
+        from agentscope_rft.engines.embedded import EmbeddedEngine
+
+        engine = EmbeddedEngine(model)
+    await engine.start()
+    try:
+        async with Gateway(engine) as gateway:
+            explorer = Explorer(workflow, gateway, EpisodeSettings(episode_timeout=timeout,
+                                                                   max_retries=0))
+            try:
+                [loaded] = load_tasks([task])
+                rollout = await explorer.run_episode(loaded, "check")
+            finally:
+                await explorer.close()
+    finally:
+        if own_engine:
+            await engine.close()
+    samples, stats = build_samples(rollout) if rollout.ok else ([], TrajectoryStats())
+    report = CheckReport(rollout=rollout, samples=samples, stats=stats)
+    if show:
+        Console().print(report.render(), markup=False, highlight=False)
+    return report

@@ -1,0 +1,148 @@
+"""Task sets: rows from a file (JSONL, JSON, Parquet, CSV via HF `datasets`) or an iterable.
+
+Every task is a flat dict; its id comes from `id_field` (or its row number when absent). A bad
+file or row raises `TaskSetError` naming the file, the row and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+class TaskSetError(ValueError):
+    """A task file or row that cannot be used (the message names where and why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    id: str
+    data: dict[str, Any]
+
+
+def _check_jsonl(path: Path) -> None:
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TaskSetError(f"{path} line {number}: invalid JSON ({exc.msg})") from exc
+            if not isinstance(row, dict):
+                raise TaskSetError(f"{path} line {number}: a task must be a JSON object")
+
+
+def _read_file(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise TaskSetError(f"task file {path} does not exist")
+    kind = _FORMATS.get(path.suffix.lower())
+    if kind is None:
+        raise TaskSetError(
+            f"task file {path}: unsupported format {path.suffix!r} (use .jsonl, .json, "
+            ".parquet or .csv)"
+        )
+    if path.suffix.lower() == ".jsonl":
+        _check_jsonl(path)
+    import datasets
+
+    datasets.disable_progress_bars()
+    try:
+        dataset = datasets.load_dataset(kind, data_files=str(path), split="train")
+    except Exception as exc:
+        raise TaskSetError(f"task file {path} cannot be read: {type(exc).__name__}: {exc}") from exc
+    return [dict(row) for row in dataset]
+
+
+def load_tasks(
+    source: str | Path | Iterable[Mapping[str, Any]],
+    *,
+    id_field: str = "id",
+    required_fields: Sequence[str] = (),
+) -> list[Task]:
+    """Load and validate tasks.
+
+    Raises:
+        TaskSetError: missing file, unreadable row, missing required field, duplicate id, empty.
+
+    Example:
+        >>> [t.id for t in load_tasks([{"id": "a", "q": "1+1"}], required_fields=["q"])]
+        ['a']
+    """
+    where = str(source) if isinstance(source, str | Path) else "the task list"
+    rows = _read_file(Path(source)) if isinstance(source, str | Path) else list(source)
+    if not rows:
+        raise TaskSetError(f"{where} has no tasks")
+    tasks: list[Task] = []
+    seen: dict[str, int] = {}
+    for number, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise TaskSetError(f"{where} row {number}: a task must be a dict, got {type(row)}")
+        missing = [f for f in required_fields if f not in row or row[f] is None]
+        if missing:
+            raise TaskSetError(
+                f"{where} row {number}: missing field(s) {missing} that the workflow needs "
+                f"(row has: {sorted(row)})"
+            )
+        task_id = str(row[id_field]) if row.get(id_field) is not None else f"row-{number}"
+        if task_id in seen:
+            raise TaskSetError(
+                f"{where} rows {seen[task_id]} and {number} share the id {task_id!r}; ids "
+                f"(field {id_field!r}) must be unique"
+            )
+        seen[task_id] = number
+        tasks.append(Task(id=task_id, data=dict(row)))
+    return tasks
+
+
+class TaskSampler:
+    """Yields batches of tasks epoch after epoch (shuffled per epoch); resumable.
+
+    Example:
+        >>> sampler = TaskSampler(load_tasks([{"id": i} for i in range(5)]), seed=0)
+        >>> len(sampler.next_batch(3)), sampler.state_dict()["position"]
+        (3, 3)
+    """
+
+    def __init__(self, tasks: Sequence[Task], *, shuffle: bool = True, seed: int = 0) -> None:
+        self.tasks = list(tasks)
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+        self.position = 0
+        self._order = self._epoch_order()
+
+    def _epoch_order(self) -> list[int]:
+        order = list(range(len(self.tasks)))
+        if self.shuffle:
+            random.Random(self.seed * 100_003 + self.epoch).shuffle(order)
+        return order
+
+    def next_batch(self, size: int) -> list[Task]:
+        batch: list[Task] = []
+        while len(batch) < size:
+            if self.position >= len(self._order):
+                self.epoch += 1
+                self.position = 0
+                self._order = self._epoch_order()
+            batch.append(self.tasks[self._order[self.position]])
+            self.position += 1
+        return batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position, "num_tasks": len(self.tasks)}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        if state.get("num_tasks") != len(self.tasks):
+            raise TaskSetError(
+                f"the task set changed since the checkpoint ({state.get('num_tasks')} tasks "
+                f"then, {len(self.tasks)} now); resume needs the same task file"
+            )
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self._order = self._epoch_order()

@@ -1,0 +1,218 @@
+"""Turning an episode's recorded calls into training samples, without re-tokenizing anything.
+
+Per agent, calls are taken in order. A call extends an open sample when that sample's tokens are
+an exact prefix of the call's prompt: the tokens in between (tool results, user turns, hints) get
+loss mask 0 and the completion loss mask 1. Otherwise the call starts a new sample, and the reason
+is counted:
+
+- `history_rewritten`: the prompt differs inside the earlier prompt (context compression, an
+  injected timestamp, a template that is not append-only);
+- `completion_retokenized`: it differs inside the earlier completion (the app's re-rendered reply
+  tokenizes differently from what was sampled, or the app edited the reply);
+- `settings_changed`: the sampling temperature changed;
+- `max_length`: merging would exceed the training length limit.
+
+Extra choices of an `n > 1` request that no later call continued are dropped (their outcome is
+not the episode's); choice 0 is kept when none was continued.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from agentscope_rft.types import Call, Rollout, Sample
+
+RewardSpread = Literal["outcome", "last_call", "each_call", "discounted"]
+
+
+@dataclass
+class _Chain:
+    calls: list[Call]
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    call_ends: list[int] = field(default_factory=list)
+    """Index of the last completion token of each call in the chain."""
+
+    @classmethod
+    def start(cls, call: Call) -> _Chain:
+        chain = cls([], [], [], [])
+        chain.extend(call)
+        return chain
+
+    def extend(self, call: Call) -> None:
+        gap = call.prompt_ids[len(self.token_ids) :]
+        self.token_ids += gap + call.completion_ids
+        self.loss_mask += [0] * len(gap) + [1] * len(call.completion_ids)
+        self.logprobs += [0.0] * len(gap) + list(call.logprobs)
+        self.calls.append(call)
+        self.call_ends.append(len(self.token_ids) - 1)
+
+    def continued_by(self, call: Call) -> bool:
+        n = len(self.token_ids)
+        return len(call.prompt_ids) >= n and call.prompt_ids[:n] == self.token_ids
+
+
+def _break_reason(chain: _Chain, call: Call, max_length: int | None) -> str:
+    if call.temperature != chain.calls[-1].temperature:
+        return "settings_changed"
+    if chain.continued_by(call):
+        return "max_length"
+    last = chain.calls[-1]
+    prefix_len = len(last.prompt_ids)
+    limit = min(len(chain.token_ids), len(call.prompt_ids))
+    first_diff = next((i for i in range(limit) if chain.token_ids[i] != call.prompt_ids[i]), limit)
+    if first_diff < prefix_len and first_diff < len(chain.token_ids) - len(last.completion_ids):
+        return "history_rewritten"
+    return "completion_retokenized"
+
+
+@dataclass
+class TrajectoryStats:
+    """Counts over built rollouts (summed across a batch by `merge`)."""
+
+    calls: int = 0
+    samples: int = 0
+    merges: int = 0
+    breaks: collections.Counter[str] = field(default_factory=collections.Counter)
+    dropped_choices: int = 0
+
+    def merge(self, other: TrajectoryStats) -> None:
+        self.calls += other.calls
+        self.samples += other.samples
+        self.merges += other.merges
+        self.breaks.update(other.breaks)
+        self.dropped_choices += other.dropped_choices
+
+    def metrics(self) -> dict[str, float]:
+        possible = self.merges + sum(self.breaks.values())
+        out = {
+            "trajectory/calls": float(self.calls),
+            "trajectory/samples": float(self.samples),
+            "trajectory/merge_rate": self.merges / possible if possible else 1.0,
+            "trajectory/dropped_choices": float(self.dropped_choices),
+        }
+        for reason, count in self.breaks.items():
+            out[f"trajectory/break/{reason}"] = float(count)
+        return out
+
+
+def _chains_for_agent(
+    calls: Sequence[Call], max_length: int | None, stats: TrajectoryStats
+) -> list[_Chain]:
+    chains: list[_Chain] = []
+    last: _Chain | None = None
+    for call in calls:
+        fits = [
+            c
+            for c in chains
+            if c.continued_by(call)
+            and c.calls[-1].temperature == call.temperature
+            and (
+                max_length is None or len(call.prompt_ids) + len(call.completion_ids) <= max_length
+            )
+        ]
+        if fits:
+            target = max(fits, key=lambda c: len(c.token_ids))
+            target.extend(call)
+            stats.merges += 1
+            last = target
+            continue
+        if last is not None and call.choice_index == 0:
+            stats.breaks[_break_reason(last, call, max_length)] += 1
+        chain = _Chain.start(call)
+        chains.append(chain)
+        if call.choice_index == 0:
+            last = chain
+    # Drop extra choices nobody continued: only choice 0 of a request stands for the episode.
+    kept = []
+    for chain in chains:
+        if len(chain.calls) == 1 and chain.calls[0].choice_index > 0:
+            stats.dropped_choices += 1
+        else:
+            kept.append(chain)
+    return kept
+
+
+def build_samples(
+    rollout: Rollout,
+    *,
+    group_id: str = "",
+    reward_spread: RewardSpread = "outcome",
+    gamma: float = 1.0,
+    max_length: int | None = None,
+) -> tuple[list[Sample], TrajectoryStats]:
+    """Samples of one finished episode, one or more per agent.
+
+    `reward_spread` says where the episode reward goes: `outcome` keeps it as each sample's
+    `reward` (the advantage estimator handles it); `last_call`, `each_call` and `discounted`
+    (`gamma ** calls_from_the_end`) turn it into token rewards at the end of calls instead.
+    Rewards from `emit_reward` always become token rewards at the end of their call.
+
+    Example:
+        >>> samples, stats = build_samples(rollout, group_id="step3:task7")  # doctest: +SKIP
+    """
+    stats = TrajectoryStats(calls=len(rollout.calls))
+    by_agent: dict[str | None, list[Call]] = collections.defaultdict(list)
+    for call in sorted(rollout.calls, key=lambda c: (c.started_at, c.choice_index)):
+        by_agent[call.agent_name].append(call)
+
+    samples: list[Sample] = []
+    for agent, calls in by_agent.items():
+        chains = _chains_for_agent(calls, max_length, stats)
+        requests = list(dict.fromkeys(c.request_id for c in calls))
+        rewards = _token_rewards(rollout, agent, requests, reward_spread, gamma)
+        for k, chain in enumerate(chains):
+            token_rewards = [0.0] * len(chain.token_ids)
+            for call, end in zip(chain.calls, chain.call_ends, strict=True):
+                token_rewards[end] += rewards.get(call.request_id, 0.0)
+            outcome = rollout.reward if reward_spread == "outcome" else 0.0
+            samples.append(
+                Sample(
+                    token_ids=chain.token_ids,
+                    loss_mask=chain.loss_mask,
+                    logprobs=chain.logprobs,
+                    reward=outcome,
+                    rollout_id=rollout.rollout_id,
+                    task_id=rollout.task_id,
+                    group_id=group_id,
+                    policy_version=min(c.policy_version for c in chain.calls),
+                    agent_name=agent,
+                    stop_reason=chain.calls[-1].finish_reason,
+                    temperature=chain.calls[0].temperature,
+                    token_rewards=token_rewards if any(token_rewards) else None,
+                    num_calls=len(chain.calls),
+                    sample_id=f"{rollout.rollout_id}:{agent or '-'}:{k}",
+                    metrics={"episode_reward": rollout.reward},
+                )
+            )
+    stats.samples = len(samples)
+    return samples, stats
+
+
+def _token_rewards(
+    rollout: Rollout,
+    agent: str | None,
+    requests: list[str],
+    spread: RewardSpread,
+    gamma: float,
+) -> dict[str, float]:
+    """Reward per request id of this agent: emitted step rewards plus the spread outcome."""
+    out: dict[str, float] = collections.defaultdict(float)
+    if not requests:
+        return out
+    for step in rollout.step_rewards:
+        if step.agent_name == agent:
+            out[requests[min(step.call_index, len(requests) - 1)]] += step.value
+    if spread == "last_call":
+        out[requests[-1]] += rollout.reward
+    elif spread == "each_call":
+        for request in requests:
+            out[request] += rollout.reward
+    elif spread == "discounted":
+        for k, request in enumerate(requests):
+            out[request] += rollout.reward * gamma ** (len(requests) - 1 - k)
+    return out

@@ -1,0 +1,198 @@
+"""Training AgentScope apps in place: model calls inside a rollout go to the gateway.
+
+Two patches, installed once and idempotent, make this work without edits to agent code:
+
+- `OpenAIChatModel.client` becomes a data descriptor. Outside a rollout it returns the model's own
+  client, untouched. Inside a rollout scope (a ContextVar set by the explorer around an episode)
+  it returns a client bound to that rollout's gateway URL, whatever base URL, API key, model name
+  or streaming setting the app configured. ContextVars are per asyncio task, so many concurrent
+  rollouts in one event loop never see each other's client.
+- `Agent.reply` and `Agent.reply_stream` set the current agent's name while they run, so every
+  call is tagged with the AgentScope agent that made it (header `X-Agent-Name`); multi-agent
+  episodes then yield one trajectory per agent.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import openai
+from pydantic import SecretStr
+from agentscope.agent import Agent
+from agentscope.credential import OpenAICredential
+from agentscope.model import OpenAIChatModel
+
+from agentscope_rft.gateway.app import AGENT_HEADER
+from agentscope_rft.types import StepReward
+
+_OWN_CLIENT = "_agentscope_rft_own_client"
+
+
+@dataclass
+class RolloutScope:
+    """Where the current episode's model calls go, and what it has emitted."""
+
+    rollout_id: str
+    base_url: str
+    """The rollout's OpenAI base URL on the gateway (`.../rollouts/<id>/v1`)."""
+    api_key: str
+    step_rewards: list[StepReward] = field(default_factory=list)
+    calls_made: dict[str | None, int] = field(default_factory=dict)
+    """Answered model calls so far, per agent name (for `emit_reward` without a step)."""
+    last_agent: str | None = None
+    """The agent whose call was answered last."""
+    http_client: httpx.AsyncClient | None = None
+    _clients: dict[str | None, openai.AsyncOpenAI] = field(default_factory=dict)
+
+    def client_for(self, agent_name: str | None) -> openai.AsyncOpenAI:
+        client = self._clients.get(agent_name)
+        if client is None:
+            headers = {AGENT_HEADER: agent_name} if agent_name else {}
+            client = _CountingClient(
+                self,
+                agent_name,
+                api_key=self.api_key,
+                base_url=self.base_url,
+                default_headers=headers,
+                max_retries=0,  # the app's model retries; a retry here would double-record
+                timeout=httpx.Timeout(3600.0, connect=10.0),
+                http_client=self.http_client,
+            )
+            self._clients[agent_name] = client
+        return client
+
+
+class _CountingClient(openai.AsyncOpenAI):
+    """The rollout's client; counts calls per agent so rewards can attach to the latest one."""
+
+    def __init__(self, scope: RolloutScope, agent_name: str | None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._scope = scope
+        self._agent = agent_name
+
+    async def post(self, *args: Any, **kwargs: Any) -> Any:
+        response = await super().post(*args, **kwargs)
+        # Counted once answered: a failed attempt that the app retries is not a recorded call.
+        counts = self._scope.calls_made
+        counts[self._agent] = counts.get(self._agent, 0) + 1
+        self._scope.last_agent = self._agent
+        return response
+
+
+_SCOPE: contextvars.ContextVar[RolloutScope | None] = contextvars.ContextVar(
+    "agentscope_rft_rollout", default=None
+)
+_AGENT: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "agentscope_rft_agent", default=None
+)
+
+
+def current_scope() -> RolloutScope | None:
+    """The rollout the calling code runs in, if any."""
+    return _SCOPE.get()
+
+
+def current_agent() -> str | None:
+    """The AgentScope agent whose reply is running, if any."""
+    return _AGENT.get()
+
+
+@contextmanager
+def rollout_scope(scope: RolloutScope | None) -> Iterator[None]:
+    """Run the enclosed code inside (or, with None, outside) a rollout."""
+    install()
+    token = _SCOPE.set(scope)
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
+
+
+class _RedirectedClient:
+    """Data descriptor replacing `OpenAIChatModel.client`."""
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        scope = _SCOPE.get()
+        if scope is not None:
+            return scope.client_for(_AGENT.get())
+        state = obj.__dict__
+        return state[_OWN_CLIENT] if _OWN_CLIENT in state else state.get("client")
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.__dict__[_OWN_CLIENT] = value
+
+
+def _wrap_reply(original: Any) -> Any:
+    @functools.wraps(original)
+    async def reply(self: Agent, *args: Any, **kwargs: Any) -> Any:
+        token = _AGENT.set(self.name)
+        try:
+            return await original(self, *args, **kwargs)
+        finally:
+            _AGENT.reset(token)
+
+    reply.__agentscope_rft_wrapped__ = True  # type: ignore[attr-defined]
+    return reply
+
+
+def _wrap_reply_stream(original: Any) -> Any:
+    @functools.wraps(original)
+    async def reply_stream(self: Agent, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        stream = original(self, *args, **kwargs)
+        try:
+            while True:
+                # Set around each step only, so the caller's context is never left changed.
+                token = _AGENT.set(self.name)
+                try:
+                    item = await anext(stream)
+                except StopAsyncIteration:
+                    return
+                finally:
+                    _AGENT.reset(token)
+                yield item
+        finally:
+            await stream.aclose()
+
+    reply_stream.__agentscope_rft_wrapped__ = True  # type: ignore[attr-defined]
+    return reply_stream
+
+
+def install() -> None:
+    """Install the redirect and agent tagging (idempotent)."""
+    if not isinstance(OpenAIChatModel.__dict__.get("client"), _RedirectedClient):
+        OpenAIChatModel.client = _RedirectedClient()  # type: ignore[assignment]
+    if not getattr(Agent.reply, "__agentscope_rft_wrapped__", False):
+        Agent.reply = _wrap_reply(Agent.reply)  # type: ignore[method-assign]
+    if not getattr(Agent.reply_stream, "__agentscope_rft_wrapped__", False):
+        Agent.reply_stream = _wrap_reply_stream(Agent.reply_stream)  # type: ignore[method-assign]
+
+
+def rollout_model(
+    scope: RolloutScope,
+    model_name: str,
+    *,
+    stream: bool = False,
+    parameters: OpenAIChatModel.Parameters | None = None,
+) -> OpenAIChatModel:
+    """The AgentScope model handed to a workflow: bound to the rollout's gateway URL.
+
+    Example:
+        >>> model = rollout_model(scope, "policy")  # doctest: +SKIP
+        >>> agent = Agent(name="a", system_prompt="...", model=model)  # doctest: +SKIP
+    """
+    install()
+    return OpenAIChatModel(
+        credential=OpenAICredential(api_key=SecretStr(scope.api_key), base_url=scope.base_url),
+        model=model_name,
+        stream=stream,
+        parameters=parameters,
+        max_retries=2,
+    )

@@ -1,0 +1,183 @@
+"""The explorer on real AgentScope agents: exact trajectories, in-place capture, failures."""
+
+import asyncio
+
+import pytest
+from agentscope.agent import Agent, InjectionConfig
+from agentscope.credential import OpenAICredential
+from agentscope.message import UserMsg
+from agentscope.model import OpenAIChatModel
+
+import agentscope_rft
+from agentscope_rft.explorer.explorer import EpisodeSettings, Explorer
+from agentscope_rft.explorer.tasks import load_tasks
+from agentscope_rft.types import RolloutStatus
+
+from . import calc_app
+
+
+@agentscope_rft.workflow
+async def calc_workflow(task, model):
+    agent = calc_app.build_agent(model)
+    reply = await agent.reply(UserMsg(name="user", content=task["question"]))
+    return float(task["answer"] in (reply.get_text_content() or ""))
+
+
+async def test_multi_turn_tool_episode_merges_into_one_exact_sample(calc_gateway):
+    explorer = Explorer(calc_workflow, calc_gateway, EpisodeSettings())
+    tasks = load_tasks([{"id": "t1", "question": calc_app.QUESTION, "answer": "20"}])
+    result = await explorer.explore(tasks, group_size=2, batch_id="b0")
+    await explorer.close()
+
+    assert [r.reward for r in result.rollouts] == [1.0, 1.0]
+    assert result.metrics()["success_rate"] == 1.0
+    assert len(result.samples) == 2  # one merged sample per episode
+    tokenizer = calc_gateway.engine.tokenizer
+    for sample, rollout in zip(result.samples, result.rollouts, strict=True):
+        assert len(sample.token_ids) == len(sample.loss_mask) == len(sample.logprobs)
+        assert sample.num_calls == 3 and sample.group_id == "b0:t1"
+        trained = [t for t, m in zip(sample.token_ids, sample.loss_mask, strict=True) if m]
+        generated = [t for call in rollout.calls for t in call.completion_ids]
+        assert trained == generated  # mask-1 tokens are exactly what the model sampled
+        assert tokenizer.decode(trained) == "<|im_end|>".join(calc_app.SCRIPT) + "<|im_end|>"
+        # mask-0 tokens are everything else: the last call's prompt is the sequence's prefix
+        last = rollout.calls[-1]
+        assert list(sample.token_ids[: len(last.prompt_ids)]) == last.prompt_ids
+        trained_logprobs = [lp for lp, m in zip(sample.logprobs, sample.loss_mask, strict=True)
+                            if m]
+        assert trained_logprobs == [lp for c in rollout.calls for lp in c.logprobs]
+        assert all(lp == 0.0 for lp, m in zip(sample.logprobs, sample.loss_mask, strict=True)
+                   if not m)
+    assert result.metrics()["trajectory/merge_rate"] == 1.0
+
+
+# An existing app: it builds its own streaming OpenAIChatModel against some other server.
+async def inplace_app(task, _model_unused):
+    model = OpenAIChatModel(
+        credential=OpenAICredential(api_key="sk-not-used", base_url="http://127.0.0.1:9/v1"),
+        model="gpt-4o-mini", stream=True,
+        parameters=OpenAIChatModel.Parameters(max_tokens=6),
+    )
+    agent = Agent(name="assistant", system_prompt="You are terse.", model=model,
+                  injection_config=InjectionConfig(inject_runtime_state=False))
+    await agent.reply(UserMsg(name="user", content=f"secret word {task['word']}"))
+    await agent.reply(UserMsg(name="user", content=f"again {task['word']}"))
+    return 0.5
+
+
+async def test_in_place_app_is_captured_without_mixing(tiny_gateway):
+    explorer = Explorer(agentscope_rft.workflow(inplace_app), tiny_gateway,
+                        EpisodeSettings(max_concurrency=16))
+    tasks = load_tasks([{"id": f"t{i}", "word": f"w{i:02d}x"} for i in range(16)])
+    result = await explorer.explore(tasks, group_size=1, batch_id="b")
+    await explorer.close()
+    assert all(r.ok for r in result.rollouts), [r.error for r in result.rollouts]
+    for rollout in result.rollouts:
+        word = rollout.task["word"]
+        assert len(rollout.calls) == 2
+        for call in rollout.calls:
+            text = str(call.messages)
+            assert word in text
+            assert all(f"w{i:02d}x" not in text for i in range(16) if f"w{i:02d}x" != word)
+            assert call.agent_name == "assistant"
+            assert call.model == "gpt-4o-mini"
+    # Outside an episode the app's model is untouched (its own client and base URL).
+    model = OpenAIChatModel(credential=OpenAICredential(api_key="k", base_url="http://x:1/v1"),
+                            model="m")
+    assert str(model.client.base_url) == "http://x:1/v1/"
+
+
+async def two_agent_app(task, model):
+    solver = Agent(name="solver", system_prompt="Solve it.", model=model,
+                   injection_config=InjectionConfig(inject_runtime_state=False))
+    critic = Agent(name="critic", system_prompt="Criticize the answer.", model=model,
+                   injection_config=InjectionConfig(inject_runtime_state=False))
+    answer = await solver.reply(UserMsg(name="user", content=task["q"]))
+    await critic.reply(UserMsg(name="solver", content=answer.get_text_content() or "-"))
+    await solver.reply(UserMsg(name="critic", content="Try again."))
+    return 1.0
+
+
+async def test_two_agent_app_yields_per_agent_trajectories(tiny_gateway):
+    explorer = Explorer(agentscope_rft.workflow(two_agent_app), tiny_gateway,
+                        EpisodeSettings(max_tokens=5))
+    result = await explorer.explore(load_tasks([{"id": "x", "q": "1+1?"}]), group_size=1,
+                                    batch_id="b")
+    await explorer.close()
+    [rollout] = result.rollouts
+    assert sorted(c.agent_name for c in rollout.calls) == ["critic", "solver", "solver"]
+    by_agent = {s.agent_name: s for s in result.samples}
+    assert set(by_agent) == {"solver", "critic"}
+    assert by_agent["critic"].num_calls == 1
+    assert sum(s.num_calls for s in result.samples if s.agent_name == "solver") == 2
+
+
+async def raising_app(task, model):
+    if task["kind"] == "raise":
+        raise ValueError("the app broke on purpose")
+    if task["kind"] == "hang":
+        await asyncio.sleep(3600)
+    agent = Agent(name="a", system_prompt="Hi.", model=model,
+                  injection_config=InjectionConfig(inject_runtime_state=False))
+    await agent.reply(UserMsg(name="user", content="hello"))
+    return 1.0
+
+
+async def test_failing_and_hanging_episodes_do_not_kill_the_batch(tiny_gateway):
+    explorer = Explorer(agentscope_rft.workflow(raising_app), tiny_gateway,
+                        EpisodeSettings(episode_timeout=2.0, max_retries=1, max_tokens=4))
+    tasks = load_tasks([{"id": "ok", "kind": "ok"}, {"id": "boom", "kind": "raise"},
+                        {"id": "stuck", "kind": "hang"}])
+    result = await explorer.explore(tasks, group_size=1, batch_id="b")
+    await explorer.close()
+    status = {r.task_id: r for r in result.rollouts}
+    assert status["ok"].ok and status["ok"].reward == 1.0
+    assert status["boom"].status is RolloutStatus.FAILED
+    assert "the app broke on purpose" in status["boom"].error
+    assert status["boom"].attempts == 2  # retried once
+    assert status["stuck"].status is RolloutStatus.TIMEOUT
+    assert "episode_timeout" in status["stuck"].error
+    metrics = result.metrics()
+    assert metrics["explore/failed"] == 1 and metrics["explore/timeout"] == 1
+    assert len(result.samples) == 1
+
+
+async def test_emitted_step_rewards_land_on_their_calls(tiny_gateway):
+    async def app(task, model):
+        agent = Agent(name="a", system_prompt="Hi.", model=model,
+                      injection_config=InjectionConfig(inject_runtime_state=False))
+        await agent.reply(UserMsg(name="user", content="one"))
+        agentscope_rft.emit_reward(0.25)  # the latest call: 0
+        await agent.reply(UserMsg(name="user", content="two"))
+        agentscope_rft.emit_reward(0.5, step=0)
+        return 1.0
+
+    explorer = Explorer(agentscope_rft.workflow(app), tiny_gateway, EpisodeSettings(max_tokens=4))
+    result = await explorer.explore(load_tasks([{"id": "s"}]), group_size=1, batch_id="b")
+    await explorer.close()
+    [rollout] = result.rollouts
+    assert [(s.value, s.call_index) for s in rollout.step_rewards] == [(0.25, 0), (0.5, 0)]
+    rewards = [r for s in result.samples for r in (s.token_rewards or [])]
+    assert sorted(r for r in rewards if r) == [0.75]
+
+
+async def test_no_model_call_is_reported(tiny_gateway, caplog):
+    explorer = Explorer(agentscope_rft.workflow(lambda_app), tiny_gateway, EpisodeSettings())
+    result = await explorer.explore(load_tasks([{"id": "n"}]), group_size=2, batch_id="b")
+    await explorer.close()
+    assert result.no_model_calls == ["n", "n"]
+    assert result.metrics()["explore/no_model_calls"] == 2
+    assert "made no model call" in caplog.text
+
+
+async def lambda_app(task, model):
+    return 0.0
+
+
+async def test_check_workflow_reports_what_was_captured(calc_gateway):
+    report = await agentscope_rft.check_workflow(
+        calc_workflow, {"id": "t", "question": calc_app.QUESTION, "answer": "20"},
+        engine=calc_gateway.engine, show=False)
+    assert report.rollout.reward == 1.0
+    assert len(report.samples) == 1 and report.warnings == []
+    assert "3 model call(s)" in report.render()
