@@ -10,11 +10,13 @@ and only when, trl is installed without it. Upstream fixes: verl PRs #6539 and #
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import importlib.util
 import logging
 import sys
 import types
+import warnings
 
 from packaging.version import Version
 
@@ -77,28 +79,31 @@ def check_versions() -> dict[str, str]:
     return found
 
 
+class _ValueHeadStandIn:
+    """Placeholder for verl 0.9.1's trl import; value-head models are not supported."""
+
+
+def _trl_has_value_head() -> bool:
+    for module_name in (_SHIM_MODULE, "trl"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # trl warns on any import from trl.experimental
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError:
+                continue
+        if hasattr(module, "AutoModelForCausalLMWithValueHead"):
+            return True
+    return False
+
+
 def ensure_trl_value_head_importable() -> None:
     """Let verl's model patching run when the installed trl lacks the value-head class."""
     if _SHIM_MODULE in sys.modules or importlib.util.find_spec("trl") is None:
         return
-    try:
-        from trl.experimental.ppo import AutoModelForCausalLMWithValueHead  # noqa: F401
-
+    if _trl_has_value_head():
         return
-    except ImportError:
-        pass
-    try:
-        from trl import AutoModelForCausalLMWithValueHead  # noqa: F401
-
-        return
-    except ImportError:
-        pass
-
-    class AutoModelForCausalLMWithValueHead:  # stand-in: verl only sets `.state_dict` on it
-        """Placeholder for verl 0.9.1's trl import; value-head models are not supported."""
-
     shim = types.ModuleType(_SHIM_MODULE)
-    shim.AutoModelForCausalLMWithValueHead = AutoModelForCausalLMWithValueHead  # type: ignore[attr-defined]
+    setattr(shim, "AutoModelForCausalLMWithValueHead", _ValueHeadStandIn)  # noqa: B010
     sys.modules[_SHIM_MODULE] = shim
     logger.info(
         "verl: trl %s has no AutoModelForCausalLMWithValueHead; registered a stand-in for "

@@ -23,6 +23,7 @@ import logging
 import os
 import socket
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,10 +118,14 @@ def init_distributed(device: Device) -> tuple[int, int]:
 def prepare_verl(device: Device) -> dict[str, str]:
     """Version checks and the registrations verl needs before its engines are imported."""
     versions = check_versions()
-    if device == "cpu":
-        from agentscope_rft.trainers.verl.platform import register_cpu_platform
+    with warnings.catch_warnings():
+        # verl warns once per optional engine it cannot import (megatron, torchtitan, ...)
+        warnings.filterwarnings("ignore", message=".*engine is not available", category=UserWarning)
+        if device == "cpu":
+            from agentscope_rft.trainers.verl.platform import register_cpu_platform
 
-        register_cpu_platform()
+            register_cpu_platform()
+        import verl.workers.engine  # noqa: F401
     ensure_trl_value_head_importable()
     return versions
 
@@ -141,7 +146,7 @@ def _worker_config(settings: VerlEngineSettings) -> Any:
         use_remove_padding=settings.remove_padding,
         **settings.extra_model_config,
     )
-    dynamic = settings.max_tokens_per_micro_batch is not None
+    budget = settings.max_tokens_per_micro_batch
     engine_config = FSDPEngineConfig(
         strategy=settings.strategy,
         model_dtype="fp32",
@@ -150,16 +155,17 @@ def _worker_config(settings: VerlEngineSettings) -> Any:
             "reduce_dtype": "fp32",
             "buffer_dtype": "fp32",
         },
-        use_dynamic_bsz=dynamic,
+        use_dynamic_bsz=budget is not None,
         micro_batch_size_per_gpu=settings.micro_batch_size,
-        max_token_len_per_gpu=settings.max_tokens_per_micro_batch,
         infer_micro_batch_size_per_gpu=settings.micro_batch_size,
-        infer_max_token_len_per_gpu=settings.max_tokens_per_micro_batch,
         fsdp_size=settings.fsdp_size,
         param_offload=settings.param_offload,
         optimizer_offload=settings.optimizer_offload,
         use_torch_compile=False,
         seed=settings.seed,
+        # verl annotates these `int` but defaults them to None (= no dynamic batching)
+        max_token_len_per_gpu=budget,  # type: ignore[arg-type]
+        infer_max_token_len_per_gpu=budget,  # type: ignore[arg-type]
     )
     optimizer_config = FSDPOptimizerConfig(
         lr=settings.lr,
@@ -205,6 +211,11 @@ class VerlTrainingEngine:
         self.tokenizer = self.worker.model_config.tokenizer
         self.steps = 0
         if self.rank == 0:
+            micro = (
+                f"<= {settings.max_tokens_per_micro_batch} tokens"
+                if settings.max_tokens_per_micro_batch is not None
+                else f"{settings.micro_batch_size} rows"
+            )
             logger.info(
                 "verl %s engine: %s on %s, world %d, data-parallel %d, micro-batch %s per rank, "
                 "param dtype %s, built in %.1fs (verl %s, torch %s, transformers %s)",
@@ -213,9 +224,7 @@ class VerlTrainingEngine:
                 settings.device,
                 self.world_size,
                 self.dp_size,
-                settings.max_tokens_per_micro_batch and f"<= {settings.max_tokens_per_micro_batch} "
-                "tokens"
-                or settings.micro_batch_size,
+                micro,
                 settings.param_dtype,
                 time.perf_counter() - started,
                 self.versions["verl"],
@@ -294,8 +303,7 @@ class VerlTrainingEngine:
     def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """HF-named full tensors, one at a time (collective: every rank must consume it all)."""
         params, _peft = self.engine.get_per_tensor_param()
-        for name, tensor in params:
-            yield name, tensor
+        yield from params
 
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
         """All weights as a CPU state dict with HF names (every rank gets the full dict)."""

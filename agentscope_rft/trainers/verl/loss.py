@@ -87,7 +87,7 @@ class VerlLoss:
             rollout_logprobs=field("rollout_log_probs"),
             advantages=field("advantages"),
             mask=mask,
-            ref_logprobs=field("ref_log_prob") if "ref_log_prob" in data.keys() else None,
+            ref_logprobs=field("ref_log_prob") if "ref_log_prob" in data else None,
         )
         loss, metrics = self.loss_fn(inputs)
         # Metrics come back as this micro-batch's share of the batch value: summing the shares

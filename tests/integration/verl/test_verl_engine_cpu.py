@@ -16,10 +16,6 @@ import torch
 
 pytest.importorskip("verl", reason="verl is not installed (pip install 'agentscope-rft[verl]')")
 
-from agentscope_rft.trainers.verl.convert import build_batch, response_values_to_tokens
-from agentscope_rft.trainers.verl.engine import VerlEngineSettings, VerlTrainingEngine
-from agentscope_rft.trainers.verl.loss import VerlLoss
-
 from verl_reference import (
     LR,
     MAX_GRAD_NORM,
@@ -30,6 +26,10 @@ from verl_reference import (
     run_rank,
     token_logprobs,
 )
+
+from agentscope_rft.trainers.verl.convert import build_batch, response_values_to_tokens
+from agentscope_rft.trainers.verl.engine import VerlEngineSettings, VerlTrainingEngine
+from agentscope_rft.trainers.verl.loss import VerlLoss
 
 WEIGHT_ATOL = 1e-3 * LR  # 0.1% of one Adam step (an Adam step moves a weight by about lr)
 

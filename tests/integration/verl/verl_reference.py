@@ -79,7 +79,9 @@ def flat_batch(
     return ids, attention, mask, logprobs, temperature
 
 
-def token_logprobs(model: torch.nn.Module, samples: list[Sample], pad_token_id: int) -> torch.Tensor:
+def token_logprobs(
+    model: torch.nn.Module, samples: list[Sample], pad_token_id: int
+) -> torch.Tensor:
     """[N, T] log p(token t | tokens < t) at each sample's temperature; column 0 is 0."""
     ids, attention, _, _, temperature = flat_batch(samples, pad_token_id)
     logits = model(input_ids=ids, attention_mask=attention).logits.float()
@@ -91,7 +93,7 @@ def token_logprobs(model: torch.nn.Module, samples: list[Sample], pad_token_id: 
 def reference_steps(
     model_path: str, samples: list[Sample], advantages: torch.Tensor, pad_token_id: int, steps: int
 ) -> tuple[list[float], list[float], dict[str, torch.Tensor]]:
-    """Plain PyTorch: `steps` AdamW steps on the whole batch; returns losses, grad norms, weights."""
+    """Plain PyTorch: `steps` AdamW steps on the whole batch -> losses, grad norms, weights."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
