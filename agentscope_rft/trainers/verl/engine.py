@@ -25,7 +25,7 @@ import socket
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from tensordict import TensorDict
 
+from agentscope_rft.trainers.verl import weights
 from agentscope_rft.trainers.verl.compat import check_versions, ensure_trl_value_head_importable
 from agentscope_rft.trainers.verl.convert import (
     num_trained_sequences,
@@ -82,7 +83,12 @@ class VerlEngineSettings:
     param_offload: bool = False
     optimizer_offload: bool = False
     seed: int = 0
-    extra_model_config: dict[str, Any] = field(default_factory=dict)
+    lora_rank: int = 0
+    """0 trains all weights; > 0 trains a LoRA adapter of this rank (verl's FSDP LoRA)."""
+    lora_alpha: int = 16
+    lora_target_modules: str | tuple[str, ...] = "all-linear"
+    lora_merge: bool = False
+    """Export LoRA runs as merged full weights instead of the adapter alone."""
 
 
 def _free_port() -> int:
@@ -144,7 +150,14 @@ def _worker_config(settings: VerlEngineSettings) -> Any:
         override_config={"attn_implementation": settings.attn_implementation},
         enable_gradient_checkpointing=settings.gradient_checkpointing,
         use_remove_padding=settings.remove_padding,
-        **settings.extra_model_config,
+        lora_rank=settings.lora_rank,
+        lora_alpha=settings.lora_alpha,
+        target_modules=(
+            settings.lora_target_modules
+            if isinstance(settings.lora_target_modules, str)
+            else list(settings.lora_target_modules)
+        ),
+        lora={"merge": settings.lora_merge},
     )
     budget = settings.max_tokens_per_micro_batch
     engine_config = FSDPEngineConfig(
@@ -210,6 +223,7 @@ class VerlTrainingEngine:
         self.dp_rank = int(self.engine.get_data_parallel_rank())
         self.tokenizer = self.worker.model_config.tokenizer
         self.steps = 0
+        self.sync_metrics: dict[str, float] = {}
         if self.rank == 0:
             micro = (
                 f"<= {settings.max_tokens_per_micro_batch} tokens"
@@ -301,29 +315,26 @@ class VerlTrainingEngine:
         return torch.cat(parts, dim=0)
 
     def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """HF-named full tensors, one at a time (collective: every rank must consume it all)."""
-        params, _peft = self.engine.get_per_tensor_param()
-        yield from params
+        """The weight stream for an engine's per-tensor update (collective: every rank must
+        consume all of it). Full HF-named tensors, or PEFT-named adapter tensors for LoRA."""
+        params, _ = weights.iter_weights(self.engine)
+        return params
 
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
-        """All weights as a CPU state dict with HF names (every rank gets the full dict)."""
-        return {name: t.detach().to("cpu").clone() for name, t in self.iter_weights()}
+        """All exported weights on CPU (every rank gets the full dict); timing in `sync_metrics`."""
+        state, _, self.sync_metrics = weights.export_state_dict(self.engine)
+        return state
 
     def save_hf(self, directory: str | Path) -> Path:
-        """Write a loadable HF model folder (config, tokenizer, safetensors) on rank 0."""
-        from accelerate import init_empty_weights
-        from transformers import AutoModelForCausalLM
+        """A loadable HF model folder (config, tokenizer, safetensors), written by rank 0."""
+        out, self.sync_metrics = weights.save_hf_folder(
+            self.engine, self.tokenizer, directory, self.rank
+        )
+        return out
 
-        state = self.state_dict_for_sync()
-        out = Path(directory)
-        if self.rank == 0:
-            out.mkdir(parents=True, exist_ok=True)
-            hf_config = self.worker.model_config.hf_config
-            with init_empty_weights():
-                shell = AutoModelForCausalLM.from_config(hf_config)
-            shell.save_pretrained(out, state_dict=state, safe_serialization=True)
-            self.tokenizer.save_pretrained(out)
-        dist.barrier()
+    def save_lora_adapter(self, directory: str | Path) -> Path:
+        """A PEFT adapter folder (LoRA runs without merge), written by rank 0."""
+        out, self.sync_metrics = weights.save_lora_adapter(self.engine, directory, self.rank)
         return out
 
     def save(self, directory: str | Path) -> None:

@@ -147,3 +147,31 @@ def test_grpo_step_changes_weights_and_exports_hf(
     reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     for name, tensor in reloaded.state_dict().items():
         assert torch.equal(tensor, after[name]), name
+
+
+def test_lora_step_exports_a_peft_adapter(tiny_model_path: str, tmp_path) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    samples, advantages = make_samples()
+    engine = _engine(tiny_model_path, lora_rank=4, lora_alpha=8)
+    batch = build_batch(samples, advantages, pad_token_id=engine.pad_token_id)
+    metrics = engine.train_step(batch)
+    assert torch.isfinite(torch.tensor(metrics["loss"]))
+    adapter = engine.state_dict_for_sync()
+    assert adapter and all("lora_" in name for name in adapter)
+    lora_b = [t for name, t in adapter.items() if "lora_B" in name]
+    assert all(t.abs().sum() > 0 for t in lora_b)  # B starts at zero; one step moved it
+    assert engine.sync_metrics["sync/num_tensors"] == len(adapter)
+
+    folder = engine.save_lora_adapter(tmp_path / "adapter")
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    loaded = PeftModel.from_pretrained(base, folder)
+    state = loaded.state_dict()
+    for name, tensor in adapter.items():
+        key = name.replace(".lora_A.weight", ".lora_A.default.weight").replace(
+            ".lora_B.weight", ".lora_B.default.weight"
+        )
+        assert torch.equal(state[key], tensor), name
+    with pytest.raises(ValueError, match="save_lora_adapter"):
+        engine.save_hf(tmp_path / "hf")
