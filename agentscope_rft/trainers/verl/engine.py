@@ -198,6 +198,54 @@ def _worker_config(settings: VerlEngineSettings) -> Any:
     )
 
 
+def worker_config(settings: VerlEngineSettings) -> Any:
+    """verl's `TrainingWorkerConfig` for these settings (public for worker groups)."""
+    return _worker_config(settings)
+
+
+def step_meta(batch: TensorDict) -> dict[str, Any]:
+    """Whole-batch values every rank's loss needs (token/sequence normalisers, MFU lengths)."""
+    from verl.utils import tensordict_utils as tu
+
+    return {
+        NUM_TOKENS_KEY: int(batch["response_mask"].sum()),
+        NUM_SEQUENCES_KEY: num_trained_sequences(batch),
+        "global_token_num": tu.NonTensorData(sequence_lengths(batch)),
+    }
+
+
+def engine_batch(batch: TensorDict, pad_token_id: int, **meta: Any) -> TensorDict:
+    """A padded batch (or one rank's shard of it) in verl's engine layout with `meta` attached."""
+    from verl.utils import tensordict_utils as tu
+
+    data = to_engine_layout(batch)
+    tu.assign_non_tensor(data, pad_token_id=pad_token_id, **meta)
+    return data
+
+
+def reduce_metrics(raw: dict[str, Any]) -> dict[str, float]:
+    """verl returns micro-batch lists (per rank); our loss metrics are shares, so they add up."""
+    out: dict[str, float] = {}
+    for name, value in raw.items():
+        if name.startswith("perf/"):
+            continue
+        if isinstance(value, list):
+            out[name] = float(sum(_flatten(value)))
+        elif isinstance(value, int | float):
+            out[name] = float(value)
+    return out
+
+
+def _flatten(values: list[Any]) -> list[float]:
+    flat: list[float] = []
+    for value in values:
+        if isinstance(value, list):
+            flat.extend(_flatten(value))
+        else:
+            flat.append(float(value))
+    return flat
+
+
 class VerlTrainingEngine:
     """One rank of verl's FSDP training engine (see module docstring).
 
@@ -212,10 +260,10 @@ class VerlTrainingEngine:
         self.versions = prepare_verl(settings.device)
         self.rank, self.world_size = init_distributed(settings.device)
         torch.manual_seed(settings.seed)
-        from verl.workers.engine_workers import TrainingWorker
+        from agentscope_rft.trainers.verl.worker import AgentscopeTrainingWorker
 
         started = time.perf_counter()
-        self.worker = TrainingWorker(config=_worker_config(settings))
+        self.worker = AgentscopeTrainingWorker(_worker_config(settings), device=settings.device)
         self.worker.set_loss_fn(loss)
         self.worker.reset()
         self.engine = self.worker.engine
@@ -258,18 +306,9 @@ class VerlTrainingEngine:
             return self.dp_size
         return self.dp_size * self.settings.micro_batch_size
 
-    def _engine_batch(self, batch: TensorDict, **meta: Any) -> TensorDict:
-        from verl.utils import tensordict_utils as tu
-
-        lengths = sequence_lengths(batch)
-        local = to_engine_layout(shard(batch, self.dp_rank, self.dp_size))
-        tu.assign_non_tensor(
-            local,
-            global_token_num=tu.NonTensorData(lengths),
-            pad_token_id=self.pad_token_id,
-            **meta,
-        )
-        return local
+    def _local_batch(self, batch: TensorDict, **meta: Any) -> TensorDict:
+        local = shard(batch, self.dp_rank, self.dp_size)
+        return engine_batch(local, self.pad_token_id, **step_meta(batch), **meta)
 
     def train_step(self, batch: TensorDict) -> dict[str, float]:
         """One optimizer step on a padded batch (from `build_batch`); same batch on every rank.
@@ -280,23 +319,16 @@ class VerlTrainingEngine:
         """
         from verl.utils import tensordict_utils as tu
 
-        num_tokens = int(batch["response_mask"].sum())
-        num_sequences = num_trained_sequences(batch)
-        local = self._engine_batch(
-            batch,
-            update_lr_scheduler=True,
-            **{NUM_TOKENS_KEY: num_tokens, NUM_SEQUENCES_KEY: num_sequences},
-        )
+        local = self._local_batch(batch, update_lr_scheduler=True)
         started = time.perf_counter()
         output = self.worker.train_batch(local)
         elapsed = time.perf_counter() - started
         self.steps += 1
-        raw = tu.get(output, "metrics") if output is not None else {}
-        metrics = _reduce_metrics(raw)
+        metrics = reduce_metrics(tu.get(output, "metrics") if output is not None else {})
         metrics.update(
             step_time_s=elapsed,
-            num_tokens=float(num_tokens),
-            num_sequences=float(num_sequences),
+            num_tokens=float(batch["response_mask"].sum()),
+            num_sequences=float(num_trained_sequences(batch)),
         )
         return metrics
 
@@ -305,7 +337,7 @@ class VerlTrainingEngine:
         from verl.utils import tensordict_utils as tu
         from verl.workers.utils.padding import no_padding_2_padding
 
-        local = self._engine_batch(batch, compute_loss=False, calculate_entropy=False)
+        local = self._local_batch(batch, compute_loss=False, calculate_entropy=False)
         output = self.worker.infer_batch(local)
         logprobs = no_padding_2_padding(tu.get(output, "log_probs"), local).float().cpu()
         if self.dp_size == 1:
@@ -322,20 +354,18 @@ class VerlTrainingEngine:
 
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
         """All exported weights on CPU (every rank gets the full dict); timing in `sync_metrics`."""
-        state, _, self.sync_metrics = weights.export_state_dict(self.engine)
+        state, self.sync_metrics = self.worker.export_state_dict()
         return state
 
     def save_hf(self, directory: str | Path) -> Path:
         """A loadable HF model folder (config, tokenizer, safetensors), written by rank 0."""
-        out, self.sync_metrics = weights.save_hf_folder(
-            self.engine, self.tokenizer, directory, self.rank
-        )
-        return out
+        self.sync_metrics = self.worker.save_hf(str(directory))
+        return Path(directory)
 
     def save_lora_adapter(self, directory: str | Path) -> Path:
         """A PEFT adapter folder (LoRA runs without merge), written by rank 0."""
-        out, self.sync_metrics = weights.save_lora_adapter(self.engine, directory, self.rank)
-        return out
+        self.sync_metrics = self.worker.save_lora_adapter(str(directory))
+        return Path(directory)
 
     def save(self, directory: str | Path) -> None:
         """Model, optimizer and scheduler state (verl's sharded checkpoint) for resuming."""
@@ -343,27 +373,3 @@ class VerlTrainingEngine:
 
     def load(self, directory: str | Path) -> None:
         self.worker.load_checkpoint(str(directory))
-
-
-def _reduce_metrics(raw: dict[str, Any]) -> dict[str, float]:
-    """verl returns micro-batch lists (per rank); our loss metrics are shares, so they add up."""
-    out: dict[str, float] = {}
-    for name, value in raw.items():
-        if name.startswith("perf/"):
-            continue
-        if isinstance(value, list):
-            flat = _flatten(value)
-            out[name] = float(sum(flat))
-        elif isinstance(value, int | float):
-            out[name] = float(value)
-    return out
-
-
-def _flatten(values: list[Any]) -> list[float]:
-    flat: list[float] = []
-    for value in values:
-        if isinstance(value, list):
-            flat.extend(_flatten(value))
-        else:
-            flat.append(float(value))
-    return flat

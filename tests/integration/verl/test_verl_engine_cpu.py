@@ -175,3 +175,45 @@ def test_lora_step_exports_a_peft_adapter(tiny_model_path: str, tmp_path) -> Non
         assert torch.equal(state[key], tensor), name
     with pytest.raises(ValueError, match="save_lora_adapter"):
         engine.save_hf(tmp_path / "hf")
+
+
+@pytest.mark.slow
+def test_ray_worker_group_matches_plain_torch(tiny_model_path: str, tmp_path) -> None:
+    """verl's RayWorkerGroup of two CPU training actors (the separate-GPU / multi-node path)."""
+    ray = pytest.importorskip("ray")
+    from pathlib import Path
+
+    import agentscope_rft
+    from agentscope_rft.trainers.verl.ray_group import RayTrainingGroup
+
+    # Actors import our package and this test's loss function by module name.
+    paths = [str(Path(agentscope_rft.__file__).parents[1]), str(Path(__file__).parent)]
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        settings = VerlEngineSettings(
+            model_path=tiny_model_path,
+            micro_batch_size=1,
+            lr=LR,
+            weight_decay=WEIGHT_DECAY,
+            max_grad_norm=MAX_GRAD_NORM,
+        )
+        group = RayTrainingGroup(
+            settings,
+            VerlLoss(ppo_clip_loss, weighting="tokens"),
+            devices_per_node=2,
+            worker_env={"PYTHONPATH": ":".join(paths), "OMP_NUM_THREADS": "1"},
+        )
+        samples, advantages = make_samples()
+        batch = build_batch(
+            samples, advantages, pad_token_id=group.pad_token_id, multiple_of=group.batch_multiple
+        )
+        metrics = [group.train_step(batch) for _ in range(2)]
+        got = group.state_dict_for_sync()
+        assert group.sync_metrics["sync/num_tensors"] == len(got)
+    finally:
+        ray.shutdown()
+    losses, _, want = reference_steps(tiny_model_path, samples, advantages, 2, steps=2)
+    for step, loss in zip(metrics, losses, strict=True):
+        assert step["loss"] == pytest.approx(loss, rel=1e-5)
+        assert step["pg_loss"] == pytest.approx(loss, rel=1e-5)
+    _assert_weights_close(got, want)
