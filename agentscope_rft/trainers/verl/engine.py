@@ -2,8 +2,9 @@
 
 This wraps `verl.workers.engine_workers.TrainingWorker`, the role-free training worker (no rollout
 engine is ever built) that verl's own SFT trainer drives in SPMD mode: every process of a
-`torchrun` / `torch.multiprocessing` / Ray group builds one `VerlTrainingEngine` with the same
-settings and calls the same methods with the same full batch; each rank trains on its shard.
+`torchrun` / `torch.multiprocessing` launch builds one `VerlTrainingEngine` with the same settings
+and calls the same methods with the same full batch; each rank trains on its shard. (Ray actors:
+see `ray_group.py`, same worker, verl's dispatch does the sharding.)
 
     engine = VerlTrainingEngine(settings, VerlLoss(my_loss, weighting="tokens"))
     batch = build_batch(samples, advantages, pad_token_id=..., multiple_of=engine.batch_multiple)
@@ -46,7 +47,6 @@ from agentscope_rft.trainers.verl.loss import NUM_SEQUENCES_KEY, NUM_TOKENS_KEY,
 logger = logging.getLogger(__name__)
 
 Device = Literal["cpu", "cuda"]
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True, slots=True)

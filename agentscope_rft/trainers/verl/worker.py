@@ -27,9 +27,9 @@ class AgentscopeTrainingWorker(TrainingWorker):
     """A verl training worker (no rollout engine) with HF / LoRA / per-tensor weight export."""
 
     def __init__(self, config: Any, device: Device = "cuda") -> None:
+        prepare_verl(device)  # no-op when the in-process engine already did it
         if device == "cpu":
             # verl's own process-group initialiser asks torch for "cpu:gloo,cpu:gloo" on CPU.
-            prepare_verl("cpu")
             init_distributed("cpu")
         super().__init__(config)
 
