@@ -1,0 +1,114 @@
+"""Run our policy loss inside verl's engine, micro-batch by micro-batch, with exact batch semantics.
+
+verl's FSDP engine calls `loss_function(model_output, data, dp_group) -> (loss, metrics)` once per
+micro-batch and back-propagates each returned loss; FSDP then *averages* gradients over the
+data-parallel ranks. Our loss functions compute one batch mean (token-mean, sequence-mean, ...)
+over whatever rows they are given, exactly as the torch trainer calls them on a whole batch.
+
+`VerlLoss` bridges the two without touching the loss: for a micro-batch holding `n_micro` of the
+step's `n_total` units (trained tokens for token-mean losses, trained sequences for
+sequence-mean losses), it returns `loss_fn(micro) * n_micro / n_total * dp_size`. Summed over
+micro-batches and averaged over ranks this is `loss_fn(whole batch)` and so are its gradients,
+whatever the micro-batch split or rank count. Losses that are plain sums use weight 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from tensordict import TensorDict
+
+Weighting = Literal["tokens", "sequences", "sum"]
+"""How a loss reduces over a batch: mean over trained tokens, mean over trained sequences
+(any `seq-mean-*` aggregation), or a plain sum."""
+
+NUM_TOKENS_KEY = "agentscope_rft_num_tokens"
+NUM_SEQUENCES_KEY = "agentscope_rft_num_sequences"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLossInputs:
+    """What a policy loss sees: response-aligned [B, R] tensors of one (micro-)batch.
+
+    `logprobs` carries gradients; everything else is data. Column r of row b is the r-th response
+    token of sample b; `mask` is 1 on trained tokens and 0 on prompts' tool results and padding.
+    """
+
+    logprobs: torch.Tensor  # [B, R] current policy, with grad
+    old_logprobs: torch.Tensor  # [B, R] behaviour policy for the ratio
+    rollout_logprobs: torch.Tensor  # [B, R] the inference engine's
+    advantages: torch.Tensor  # [B, R]
+    mask: torch.Tensor  # [B, R] float, 1 on trained tokens
+    ref_logprobs: torch.Tensor | None  # [B, R] reference policy, for a KL term
+
+
+TokenLossFn = Callable[[TokenLossInputs], tuple[torch.Tensor, Mapping[str, float]]]
+"""`loss_fn(inputs) -> (scalar loss, metrics)`: the batch mean (or sum) of the policy loss."""
+
+
+class VerlLoss:
+    """A verl engine loss function wrapping one of ours (see module docstring).
+
+    Example:
+        >>> def token_mean_pg(x: TokenLossInputs):
+        ...     loss = -(x.advantages * x.logprobs * x.mask).sum() / x.mask.sum()
+        ...     return loss, {"pg_loss": loss.item()}
+        >>> verl_loss = VerlLoss(token_mean_pg, weighting="tokens")
+    """
+
+    def __init__(self, loss_fn: TokenLossFn, weighting: Weighting) -> None:
+        if weighting not in ("tokens", "sequences", "sum"):
+            raise ValueError(f"weighting must be 'tokens', 'sequences' or 'sum', got {weighting!r}")
+        self.loss_fn = loss_fn
+        self.weighting = weighting
+
+    def __call__(
+        self, model_output: Mapping[str, Any], data: TensorDict, dp_group: Any = None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import no_padding_2_padding
+
+        logprobs = no_padding_2_padding(model_output["log_probs"], data)  # [B, R]
+        mask = data["response_mask"].to(logprobs.device, torch.float32)
+        dp_size = int(tu.get_non_tensor_data(data, "dp_size", 1))
+        weight = self._weight(data, mask)
+        if weight == 0.0:  # only padding / all-masked rows: no loss, graph kept for backward
+            return (logprobs * 0.0).sum(), {}
+
+        def field(name: str) -> torch.Tensor:
+            return data[name].to(logprobs.device, torch.float32)
+
+        inputs = TokenLossInputs(
+            logprobs=logprobs,
+            old_logprobs=field("old_log_probs"),
+            rollout_logprobs=field("rollout_log_probs"),
+            advantages=field("advantages"),
+            mask=mask,
+            ref_logprobs=field("ref_log_prob") if "ref_log_prob" in data else None,
+        )
+        loss, metrics = self.loss_fn(inputs)
+        # Metrics come back as this micro-batch's share of the batch value: summing the shares
+        # over micro-batches and ranks gives the metric of the whole batch.
+        shares = {name: float(value) * weight for name, value in metrics.items()}
+        return loss * weight * dp_size, shares
+
+    def _weight(self, data: TensorDict, mask: torch.Tensor) -> float:
+        from verl.utils import tensordict_utils as tu
+
+        if self.weighting == "sum":
+            return 1.0 if mask.sum() > 0 else 0.0
+        if self.weighting == "tokens":
+            total = tu.get_non_tensor_data(data, NUM_TOKENS_KEY, None)
+            part = float(mask.sum())
+        else:
+            total = tu.get_non_tensor_data(data, NUM_SEQUENCES_KEY, None)
+            part = float((mask.sum(dim=-1) > 0).sum())
+        if total is None:
+            raise KeyError(
+                f"the batch lacks {NUM_TOKENS_KEY}/{NUM_SEQUENCES_KEY}; build it with "
+                "VerlTrainingEngine.train_step"
+            )
+        return part / float(total)
