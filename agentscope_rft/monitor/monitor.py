@@ -19,6 +19,7 @@ from agentscope_rft.monitor.plot import plot_run
 from agentscope_rft.monitor.progress import ProgressHandle
 from agentscope_rft.monitor.records import (
     METRICS_FILE,
+    RESUME_PHASE,
     MetricsFileError,
     MetricsWriter,
     normalize_metrics,
@@ -51,8 +52,10 @@ class Monitor:
         config: The `monitor:` config section.
         run_name: Name of the run in W&B and MLflow.
         resolved_config: The full run config (W&B config, MLflow params, TensorBoard text).
-        resume: Continue an earlier run in `run_dir`: append to its metrics and continue its
-            W&B/MLflow runs. Without it, an existing `metrics.jsonl` is replaced.
+        resume: Continue an earlier run in `run_dir`: append to its metrics (the first step
+            logged after resuming supersedes the earlier records from that step on, in plots
+            and TensorBoard) and continue its W&B/MLflow runs. Without it, an existing
+            `metrics.jsonl` is replaced.
         console: Where the step lines and progress go; pass the console the CLI logs to, so
             that log lines, step lines and live bars share one display.
 
@@ -110,6 +113,7 @@ class Monitor:
             self._close_sinks(failed=True)
             raise
         self._writer = MetricsWriter(run_dir / METRICS_FILE, resume=resume)
+        self._resume_pending = resume
         self._closed = False
 
     def log(self, step: int, metrics: Mapping[str, float], *, phase: str = "train") -> None:
@@ -128,10 +132,15 @@ class Monitor:
         """
         if self._closed:
             raise RuntimeError("Monitor.log after close()")
-        if not _PHASE.fullmatch(phase):
+        if not _PHASE.fullmatch(phase) or phase == RESUME_PHASE:
             raise ValueError(f"phase {phase!r} must be a lower-case name like 'train' or 'eval'")
         values = normalize_metrics(metrics)
-        self._writer.write(step, time.time(), phase, values)
+        now = time.time()
+        if self._resume_pending:
+            # The first step after a resume supersedes what the crashed attempt logged from it on.
+            self._resume_pending = False
+            self._writer.mark_resume(step, now)
+        self._writer.write(step, now, phase, values)
         for sink in self._sinks:
             sink.log(step, values, phase)
         if self.config.console:

@@ -104,7 +104,7 @@ def _draw_reward(axes: Axes, train: Sequence[MetricRecord], evals: Sequence[Metr
                 linewidth=2.2,
                 label=f"moving average ({window} steps)",
             )
-            summary.append(f"best avg {smooth.max():.3g}")
+            summary.append(f"best moving avg {smooth.max():.3g}")
     eval_steps, eval_reward = _series(evals, "reward/mean")
     if len(eval_steps):
         axes.plot(

@@ -51,7 +51,14 @@ class _RateColumn(ProgressColumn):
 class ProgressHandle:
     """Progress of a run; use it as a context manager around the training loop.
 
-    Tasks stay hidden until `reset` gives them a total.
+    Tasks stay hidden until `reset` starts them.
+
+    Args:
+        console: Where bars or plain progress lines go.
+        enabled: False: show nothing (no bars, no lines); counts are still kept.
+        interval_s: Least seconds between plain progress lines when `console` is not a
+            terminal; 0 turns them off.
+        clock: Time source (tests pass a fake one).
 
     Example:
         >>> from rich.console import Console
@@ -70,13 +77,6 @@ class ProgressHandle:
         interval_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """Args:
-        console: Where bars or plain progress lines go.
-        enabled: False: track nothing visible (no bars, no lines).
-        interval_s: Least seconds between plain progress lines when `console` is not a
-            terminal; 0 turns them off.
-        clock: Time source (tests pass a fake one).
-        """
         self.console = console
         self.live = enabled and console.is_terminal and not console.is_dumb_terminal
         self._plain_interval_s = interval_s if enabled and not self.live else 0.0
@@ -123,8 +123,7 @@ class ProgressHandle:
     def reset(self, task: ProgressTask, *, total: int | None, completed: int = 0) -> None:
         """Start `task` over at `completed` of `total` (None: total unknown) and show it."""
         task_id = self._ids[task]
-        self._progress.reset(task_id, completed=completed, visible=True)
-        self._progress.update(task_id, total=total)
+        self._progress.reset(task_id, total=total, completed=completed, visible=True)
         if total is None:
             self._progress.tasks[task_id].total = None  # rich's update ignores total=None
         self._maybe_print_plain_line()

@@ -2,9 +2,10 @@
 
 A line is `{"step": 12, "time": 1767000000.123, "phase": "train", "reward/mean": 0.41, ...}`:
 `time` is Unix seconds, `phase` is `train`, `eval` or another name, non-finite values are `null`.
-A resumed run appends to the same file; when a phase's step goes backwards, the records of the
-abandoned branch (step >= the new step, every phase) are dropped on reading, the way TensorBoard
-purges events after a restart.
+A resumed run appends to the same file, first a marker line `{"step": s, "time": ..., "phase":
+"resume"}` at its first logged step `s`. Readers drop the records before the marker with step >= s
+(the branch the resume abandoned), the way TensorBoard purges events after a restart, and keep the
+last value per step.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 RESERVED_KEYS = frozenset({"step", "time", "phase"})
+RESUME_PHASE = "resume"
+"""The `phase` of the marker line a resumed run writes before its first record."""
 
 
 class MetricsFileError(ValueError):
@@ -80,6 +83,10 @@ class MetricsWriter:
             record[name] = value if math.isfinite(value) else None
         self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()
+
+    def mark_resume(self, step: int, time: float) -> None:
+        """Write the resume marker: earlier records with step >= `step` are superseded."""
+        self.write(step, time, RESUME_PHASE, {})
 
     def close(self) -> None:
         self._file.close()
@@ -167,18 +174,20 @@ def _is_number(value: object) -> bool:
 
 
 def surviving_history(records: Iterable[MetricRecord]) -> list[MetricRecord]:
-    """Drop the records a resume abandoned: when a phase's step goes backwards to `s`, every
-    earlier record (any phase) with step >= `s` belongs to the branch that was rolled back."""
+    """The records without those a resume superseded, and without the resume markers.
+
+    Example:
+        >>> old = [MetricRecord(step, "train", None, {"x": 1.0}) for step in (1, 2, 3)]
+        >>> new = [MetricRecord(2, RESUME_PHASE, None), MetricRecord(2, "train", None, {"x": 2.0})]
+        >>> [(r.step, r.metrics["x"]) for r in surviving_history(old + new)]
+        [(1, 1.0), (2, 2.0)]
+    """
     kept: list[MetricRecord] = []
-    last_step: dict[str, int] = {}
     for record in records:
-        if record.step < last_step.get(record.phase, record.step):
+        if record.phase == RESUME_PHASE:
             kept = [old for old in kept if old.step < record.step]
-            last_step = {}
-            for old in kept:
-                last_step[old.phase] = max(old.step, last_step.get(old.phase, old.step))
-        kept.append(record)
-        last_step[record.phase] = record.step
+        else:
+            kept.append(record)
     return kept
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -35,7 +36,7 @@ class WandbSink:
         id_file = run_dir / RUN_ID_FILE
         run_id = id_file.read_text().strip() if resume and id_file.is_file() else None
         if run_id is None:
-            run_id = wandb.util.generate_id()
+            run_id = secrets.token_hex(4)  # W&B ids: 8 lower-case alphanumerics
             id_file.write_text(run_id + "\n")
         self._run = wandb.init(
             project=config.project,
