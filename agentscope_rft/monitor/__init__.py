@@ -2,10 +2,16 @@
 and reward-curve plots.
 
 Example:
-    >>> from agentscope_rft.monitor import Monitor, MonitorConfig  # doctest: +SKIP
-    >>> monitor = Monitor(run_dir, MonitorConfig(), run_name="demo", resolved_config=cfg)
-    >>> monitor.log(1, {"reward/mean": 0.4, "success_rate": 0.5})
-    >>> monitor.close()  # writes run_dir/reward_curve.png
+    A training loop (the CLI builds the config and passes its console)::
+
+        with Monitor(run_dir, MonitorConfig(), run_name="demo", resolved_config=cfg) as monitor:
+            with monitor.progress() as progress:
+                progress.reset("run", total=num_steps)
+                for step in range(1, num_steps + 1):
+                    ...
+                    monitor.log(step, {"reward/mean": 0.4, "success_rate": 0.5})
+                    progress.advance("run")
+        # run_dir/metrics.jsonl, run_dir/tensorboard/, run_dir/reward_curve.png
 """
 
 from agentscope_rft.monitor.commands import plot_command

@@ -19,7 +19,7 @@ def plot_command(
     ],
     out: Annotated[
         Path | None,
-        typer.Option("--out", "-o", help="PNG to write [default: <run-dir>/reward_curve.png]."),
+        typer.Option("--out", "-o", help="PNG to write (default: <run-dir>/reward_curve.png)."),
     ] = None,
 ) -> None:
     """Draw the reward curve (and success rate) of a run from its metrics.jsonl.

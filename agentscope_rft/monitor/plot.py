@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 REWARD_CURVE_FILE = "reward_curve.png"
+_MAX_MARKERS = 300  # past this, per-step dots are clutter (and most of the drawing time)
 _REWARD_COLOR, _EVAL_COLOR, _SUCCESS_COLOR = "tab:blue", "tab:red", "tab:green"
 
 
@@ -89,7 +90,7 @@ def _draw_reward(axes: Axes, train: Sequence[MetricRecord], evals: Sequence[Metr
             color=_REWARD_COLOR,
             alpha=0.45,
             linewidth=1,
-            marker=".",
+            marker="." if len(steps) <= _MAX_MARKERS else None,
             markersize=3,
             label="reward (mean over the batch)",
         )
@@ -137,7 +138,7 @@ def _draw_success(axes: Axes, train: Sequence[MetricRecord], evals: Sequence[Met
             color=_SUCCESS_COLOR,
             alpha=0.45,
             linewidth=1,
-            marker=".",
+            marker="." if len(steps) <= _MAX_MARKERS else None,
             markersize=3,
             label="success rate",
         )
