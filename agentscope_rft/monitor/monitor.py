@@ -4,6 +4,7 @@ the reward curve drawn from them."""
 from __future__ import annotations
 
 import logging
+import operator
 import re
 import time
 from collections.abc import Mapping
@@ -15,6 +16,7 @@ from rich.console import Console
 
 from agentscope_rft.monitor.config import MonitorConfig
 from agentscope_rft.monitor.mlflow_sink import MlflowSink
+from agentscope_rft.monitor.optional import import_backend
 from agentscope_rft.monitor.plot import plot_run
 from agentscope_rft.monitor.progress import ProgressHandle
 from agentscope_rft.monitor.records import (
@@ -82,37 +84,20 @@ class Monitor:
         self.run_dir = run_dir
         self.config = config
         self.console = console if console is not None else Console(stderr=True)
+        # A missing optional package fails before anything is written or any run is started.
+        if config.mlflow.enabled:
+            import_backend("mlflow", "monitor.mlflow.enabled")
+        if config.wandb.enabled:
+            import_backend("wandb", "monitor.wandb.enabled")
         run_dir.mkdir(parents=True, exist_ok=True)
-        self._sinks: list[MetricSink] = []
-        try:
-            if config.mlflow.enabled:
-                self._sinks.append(
-                    MlflowSink(
-                        config.mlflow,
-                        run_dir,
-                        run_name=run_name,
-                        resolved_config=resolved_config,
-                        resume=resume,
-                    )
-                )
-            if config.wandb.enabled:
-                self._sinks.append(
-                    WandbSink(
-                        config.wandb,
-                        run_dir,
-                        run_name=run_name,
-                        resolved_config=resolved_config,
-                        resume=resume,
-                    )
-                )
-            if config.tensorboard:
-                from agentscope_rft.monitor.tensorboard_sink import TensorBoardSink  # slow import
-
-                self._sinks.append(TensorBoardSink(run_dir / "tensorboard", resolved_config))
-        except BaseException:
-            self._close_sinks(failed=True)
-            raise
         self._writer = MetricsWriter(run_dir / METRICS_FILE, resume=resume)
+        try:
+            self._sinks = _open_sinks(
+                run_dir, config, run_name=run_name, resolved_config=resolved_config, resume=resume
+            )
+        except BaseException:
+            self._writer.close()
+            raise
         self._resume_pending = resume
         self._closed = False
 
@@ -128,12 +113,13 @@ class Monitor:
 
         Raises:
             ValueError: a bad phase or a reserved metric name (`step`, `time`, `phase`).
-            TypeError: a value is not a number.
+            TypeError: `step` is not an integer, or a value is not a number.
         """
         if self._closed:
             raise RuntimeError("Monitor.log after close()")
         if not _PHASE.fullmatch(phase) or phase == RESUME_PHASE:
             raise ValueError(f"phase {phase!r} must be a lower-case name like 'train' or 'eval'")
+        step = operator.index(step)  # numpy/torch integers pass; floats fail here, not in JSON
         values = normalize_metrics(metrics)
         now = time.time()
         if self._resume_pending:
@@ -205,3 +191,45 @@ class Monitor:
         traceback: TracebackType | None,
     ) -> None:
         self.close(failed=exc is not None)
+
+
+def _open_sinks(
+    run_dir: Path,
+    config: MonitorConfig,
+    *,
+    run_name: str,
+    resolved_config: Mapping[str, object],
+    resume: bool,
+) -> list[MetricSink]:
+    """The enabled backends, opened in order; if one fails, those already open are closed."""
+    sinks: list[MetricSink] = []
+    try:
+        if config.mlflow.enabled:
+            sinks.append(
+                MlflowSink(
+                    config.mlflow,
+                    run_dir,
+                    run_name=run_name,
+                    resolved_config=resolved_config,
+                    resume=resume,
+                )
+            )
+        if config.wandb.enabled:
+            sinks.append(
+                WandbSink(
+                    config.wandb,
+                    run_dir,
+                    run_name=run_name,
+                    resolved_config=resolved_config,
+                    resume=resume,
+                )
+            )
+        if config.tensorboard:
+            from agentscope_rft.monitor.tensorboard_sink import TensorBoardSink  # slow import
+
+            sinks.append(TensorBoardSink(run_dir / "tensorboard", resolved_config))
+    except BaseException:
+        for sink in reversed(sinks):
+            sink.close(failed=True)
+        raise
+    return sinks

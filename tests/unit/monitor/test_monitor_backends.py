@@ -90,11 +90,15 @@ def test_wandb_offline_run_in_the_run_folder(tmp_path: Path) -> None:
 
 def test_mlflow_missing_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "mlflow", None)  # not importable, installed or not
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     with pytest.raises(MissingBackendError) as error:
-        _monitor(tmp_path, mlflow={"enabled": True})
+        _monitor(tmp_path, mlflow={"enabled": True}, wandb={"enabled": True})
     message = str(error.value)
     assert "monitor.mlflow.enabled is true" in message
     assert "pip install 'agentscope-rft[monitor]'" in message
+    # Failed before touching anything: no W&B run started, the old metrics kept.
+    assert not (tmp_path / "wandb").exists()
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n'
 
 
 def test_wandb_missing_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,6 +6,7 @@ import io
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import typer
 from PIL import Image
@@ -68,8 +69,6 @@ def test_plot_run_broken_file_names_file_and_line(tmp_path: Path) -> None:
 
 
 def test_moving_average_by_hand() -> None:
-    import numpy as np
-
     values = np.array([0.0, 1.0, 2.0, 3.0, 10.0])
     assert moving_average(values, 3).tolist() == [0.0, 0.5, 1.0, 2.0, 5.0]
 
@@ -128,3 +127,18 @@ def test_monitor_without_rewards_closes_without_a_plot(
         monitor.log(1, {"loss": 0.5})
     assert not (tmp_path / "reward_curve.png").exists()
     assert "no reward curve" in caplog.text
+
+
+def test_monitor_rejects_bad_input(tmp_path: Path) -> None:
+    cfg = MonitorConfig(tensorboard=False, console=False)
+    with Monitor(tmp_path, cfg, run_name="t", resolved_config={}) as monitor:
+        with pytest.raises(ValueError, match="phase 'Eval'"):
+            monitor.log(1, {"reward/mean": 0.1}, phase="Eval")
+        with pytest.raises(ValueError, match="phase 'resume'"):
+            monitor.log(1, {"reward/mean": 0.1}, phase="resume")
+        with pytest.raises(TypeError):
+            monitor.log(1.5, {"reward/mean": 0.1})  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="'step' is reserved"):
+            monitor.log(1, {"step": 3})
+        monitor.log(np.int64(2), {"reward/mean": np.float32(0.5)})
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 1
