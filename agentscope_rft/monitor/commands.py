@@ -1,0 +1,34 @@
+"""The `agentscope-rft plot` command (the CLI mounts `plot_command`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from agentscope_rft.monitor.plot import plot_run
+from agentscope_rft.monitor.records import MetricsFileError
+
+
+def plot_command(
+    run_dir: Annotated[
+        Path, typer.Argument(help="Run folder holding metrics.jsonl (or the metrics file).")
+    ],
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="PNG to write (default: <run-dir>/reward_curve.png)."),
+    ] = None,
+) -> None:
+    """Draw the reward curve (and success rate) of a run from its metrics.jsonl.
+
+    Example: agentscope-rft plot runs/gsm8k-grpo
+    """
+    try:
+        path = plot_run(run_dir, out)
+    except MetricsFileError as exc:
+        Console(stderr=True).print(Text.assemble(("error: ", "bold red"), str(exc)))
+        raise typer.Exit(code=2) from None
+    typer.echo(str(path))
