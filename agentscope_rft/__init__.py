@@ -20,8 +20,8 @@ from agentscope_rft.types import Reward
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from agentscope_rft.check import CheckReport, check_workflow
     from agentscope_rft.api import Workflow, emit_reward, workflow
+    from agentscope_rft.check import CheckReport, check_workflow
 
 _LAZY = {
     "workflow": "agentscope_rft.api",

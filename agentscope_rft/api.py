@@ -101,9 +101,10 @@ def emit_reward(value: float, step: int | None = None) -> None:
     Args:
         value: The reward.
         step: Index of the model call (0-based, in the calling agent's call order) the reward
-            belongs to; `None` means the latest call so far. Called outside an agent's reply, the
-            reward belongs to the agent that made the latest call. Per-step rewards become token rewards
-            at the end of their call; the episode reward is what the workflow returns.
+            belongs to; `None` means the latest call so far. Called outside an agent's reply,
+            the reward belongs to the agent that made the latest call. Per-step rewards become
+            token rewards at the end of their call; the episode reward is what the workflow
+            returns.
 
     Raises:
         RuntimeError: called outside an episode.

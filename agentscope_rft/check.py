@@ -9,13 +9,13 @@ from typing import Any
 
 from rich.console import Console
 
+from agentscope_rft.api import Workflow, WorkflowFn, load_workflow
 from agentscope_rft.engines.base import Engine
 from agentscope_rft.explorer.explorer import EpisodeSettings, Explorer
 from agentscope_rft.explorer.tasks import load_tasks
 from agentscope_rft.explorer.trajectory import TrajectoryStats, build_samples
 from agentscope_rft.gateway.server import Gateway
 from agentscope_rft.types import Rollout, Sample
-from agentscope_rft.api import Workflow, WorkflowFn, load_workflow
 
 
 @dataclass
@@ -48,8 +48,10 @@ class CheckReport:
 
     def render(self) -> str:
         r = self.rollout
-        lines = [f"episode {r.rollout_id}: status {r.status}, reward {r.reward:g}, "
-                 f"success {r.success}, {len(r.calls)} model call(s)"]
+        lines = [
+            f"episode {r.rollout_id}: status {r.status}, reward {r.reward:g}, "
+            f"success {r.success}, {len(r.calls)} model call(s)"
+        ]
         if r.error:
             lines.append(textwrap.indent(r.error.strip(), "  | "))
         for i, call in enumerate(r.calls):
@@ -81,7 +83,8 @@ async def check_workflow(
     """Run one episode with the embedded model (or `engine`) and report what was captured.
 
     Example:
-        >>> report = asyncio.run(check_workflow(run, {"id": "t1", "question": "2+2?"}))  # doctest: +SKIP
+        >>> task = {"id": "t1", "question": "2+2?"}
+        >>> report = asyncio.run(check_workflow(run, task))  # doctest: +SKIP
         >>> report.samples[0].num_trained_tokens  # doctest: +SKIP
         17
     """
@@ -94,8 +97,9 @@ async def check_workflow(
     await engine.start()
     try:
         async with Gateway(engine) as gateway:
-            explorer = Explorer(workflow, gateway, EpisodeSettings(episode_timeout=timeout,
-                                                                   max_retries=0))
+            explorer = Explorer(
+                workflow, gateway, EpisodeSettings(episode_timeout=timeout, max_retries=0)
+            )
             try:
                 [loaded] = load_tasks([task])
                 rollout = await explorer.run_episode(loaded, "check")

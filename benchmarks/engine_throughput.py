@@ -24,15 +24,35 @@ from agentscope_rft.engines.embedded import EmbeddedEngine
 from agentscope_rft.models import EMBEDDED_MODEL, load_causal_lm, resolve_model
 from agentscope_rft.types import SamplingParams
 
-TOPICS = ["the sea", "mountains", "a city at night", "rain", "coffee", "old trains", "jazz",
-          "a garden", "winter", "robots", "bread", "the moon", "libraries", "bicycles",
-          "volcanoes", "chess"]
+TOPICS = [
+    "the sea",
+    "mountains",
+    "a city at night",
+    "rain",
+    "coffee",
+    "old trains",
+    "jazz",
+    "a garden",
+    "winter",
+    "robots",
+    "bread",
+    "the moon",
+    "libraries",
+    "bicycles",
+    "volcanoes",
+    "chess",
+]
 
 
 def prompts(count: int) -> list[list[dict]]:
     return [
-        [{"role": "user", "content": f"Write a short story about {TOPICS[i % len(TOPICS)]}. "
-          f"Story number {i}."}]
+        [
+            {
+                "role": "user",
+                "content": f"Write a short story about {TOPICS[i % len(TOPICS)]}. "
+                f"Story number {i}.",
+            }
+        ]
         for i in range(count)
     ]
 
@@ -46,14 +66,23 @@ def baseline(engine: EmbeddedEngine, convs: list[list[dict]], tokens: int) -> di
         for conv in convs:
             ids = torch.tensor([engine.renderer.render_ids(conv)])
             t0 = time.perf_counter()
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
-                                 temperature=1.0, top_k=0, max_new_tokens=tokens,
-                                 min_new_tokens=tokens)
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                max_new_tokens=tokens,
+                min_new_tokens=tokens,
+            )
             latencies.append(time.perf_counter() - t0)
             assert out.shape[1] - ids.shape[1] == tokens
     elapsed = time.perf_counter() - started
-    return {"setting": "HF model.generate, one at a time", "tokens_per_s":
-            len(convs) * tokens / elapsed, "p50_latency_s": statistics.median(latencies)}
+    return {
+        "setting": "HF model.generate, one at a time",
+        "tokens_per_s": len(convs) * tokens / elapsed,
+        "p50_latency_s": statistics.median(latencies),
+    }
 
 
 async def ours(engine: EmbeddedEngine, convs: list[list[dict]], tokens: int, n: int) -> dict:
@@ -63,8 +92,12 @@ async def ours(engine: EmbeddedEngine, convs: list[list[dict]], tokens: int, n: 
     async def one(i: int, conv: list[dict]) -> int:
         async with limit:
             t0 = time.perf_counter()
-            request = ChatRequest(messages=conv, sampling=SamplingParams(
-                temperature=1.0, max_tokens=tokens, seed=i, ignore_eos=True))
+            request = ChatRequest(
+                messages=conv,
+                sampling=SamplingParams(
+                    temperature=1.0, max_tokens=tokens, seed=i, ignore_eos=True
+                ),
+            )
             count = 0
             async for event in engine.chat(request):
                 if isinstance(event, ChoiceDone):
@@ -76,8 +109,11 @@ async def ours(engine: EmbeddedEngine, convs: list[list[dict]], tokens: int, n: 
     counts = await asyncio.gather(*[one(i, c) for i, c in enumerate(convs)])
     elapsed = time.perf_counter() - started
     assert all(c == tokens for c in counts)
-    return {"setting": f"embedded engine, {n} concurrent", "tokens_per_s":
-            sum(counts) / elapsed, "p50_latency_s": statistics.median(latencies)}
+    return {
+        "setting": f"embedded engine, {n} concurrent",
+        "tokens_per_s": sum(counts) / elapsed,
+        "p50_latency_s": statistics.median(latencies),
+    }
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -90,13 +126,17 @@ async def main(args: argparse.Namespace) -> None:
         rows.append(await ours(engine, convs, args.tokens, n))
     await engine.close()
     base = rows[0]["tokens_per_s"]
-    print(f"\nSmolLM2-135M-Instruct, {str(engine.dtype).removeprefix('torch.')}, "
-          f"{torch.get_num_threads()} threads, {args.prompts} prompts x {args.tokens} new tokens\n")
+    print(
+        f"\nSmolLM2-135M-Instruct, {str(engine.dtype).removeprefix('torch.')}, "
+        f"{torch.get_num_threads()} threads, {args.prompts} prompts x {args.tokens} new tokens\n"
+    )
     print("| setting | tokens/s | p50 latency (s) | vs baseline |")
     print("|---|---:|---:|---:|")
     for row in rows:
-        print(f"| {row['setting']} | {row['tokens_per_s']:.1f} | {row['p50_latency_s']:.2f} | "
-              f"{row['tokens_per_s'] / base:.2f}x |")
+        print(
+            f"| {row['setting']} | {row['tokens_per_s']:.1f} | {row['p50_latency_s']:.2f} | "
+            f"{row['tokens_per_s'] / base:.2f}x |"
+        )
     if args.json:
         print(json.dumps(rows))
 
@@ -105,8 +145,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
-                        default=[8, 32])
+    parser.add_argument(
+        "--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[8, 32]
+    )
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--json", action="store_true")
     asyncio.run(main(parser.parse_args()))

@@ -19,7 +19,6 @@ import asyncio
 import json
 import multiprocessing
 import os
-import statistics
 import time
 from collections.abc import AsyncIterator, Sequence
 
@@ -68,8 +67,9 @@ class StubEngine:
 
     async def chat(self, request: ChatRequest) -> AsyncIterator[ChatEvent]:
         yield PromptReady(list(range(200)))
-        yield ChoiceDone(ChoiceResult(0, list(range(16)), [-0.5] * 16, "stop", 0,
-                                      "Paris.", "Paris."))
+        yield ChoiceDone(
+            ChoiceResult(0, list(range(16)), [-0.5] * 16, "stop", 0, "Paris.", "Paris.")
+        )
 
     async def load_weights(self, weights: object, version: int) -> float:
         return 0.0
@@ -132,7 +132,8 @@ async def load(url: str, concurrency: int, seconds: float) -> tuple[int, list[fl
             while time.perf_counter() < stop_at:
                 started = time.perf_counter()
                 async with session.post(
-                    f"{url}/rollouts/w{w}-{i}/v1/chat/completions", data=BODY,
+                    f"{url}/rollouts/w{w}-{i}/v1/chat/completions",
+                    data=BODY,
                     headers={"content-type": "application/json"},
                 ) as response:
                     assert response.status == 200, await response.text()
@@ -170,18 +171,28 @@ async def main(args: argparse.Namespace) -> None:
         server.join()
     direct = await direct_engine(2000)
     throughput = calls / args.seconds
-    print(f"\nGateway overhead, stub engine, {os.cpu_count()} CPUs, gateway and load generator "
-          "in separate processes\n")
+    print(
+        f"\nGateway overhead, stub engine, {os.cpu_count()} CPUs, gateway and load generator "
+        "in separate processes\n"
+    )
     print("| measure | p50 (ms) | p99 (ms) |")
     print("|---|---:|---:|")
-    print(f"| stub engine called directly (baseline) | {pct(direct, .5):.3f} | "
-          f"{pct(direct, .99):.3f} |")
-    print(f"| gateway server-side time per call, {args.concurrency} concurrent | "
-          f"{pct(server_side, .5):.2f} | {pct(server_side, .99):.2f} |")
-    print(f"| client latency, one request at a time | {pct(sequential, .5):.2f} | "
-          f"{pct(sequential, .99):.2f} |")
-    print(f"\nThroughput at {args.concurrency} concurrent: {throughput:.0f} calls/s "
-          f"({calls} recorded calls in {args.seconds:.0f} s)")
+    print(
+        f"| stub engine called directly (baseline) | {pct(direct, 0.5):.3f} | "
+        f"{pct(direct, 0.99):.3f} |"
+    )
+    print(
+        f"| gateway server-side time per call, {args.concurrency} concurrent | "
+        f"{pct(server_side, 0.5):.2f} | {pct(server_side, 0.99):.2f} |"
+    )
+    print(
+        f"| client latency, one request at a time | {pct(sequential, 0.5):.2f} | "
+        f"{pct(sequential, 0.99):.2f} |"
+    )
+    print(
+        f"\nThroughput at {args.concurrency} concurrent: {throughput:.0f} calls/s "
+        f"({calls} recorded calls in {args.seconds:.0f} s)"
+    )
 
 
 if __name__ == "__main__":

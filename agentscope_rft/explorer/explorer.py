@@ -21,12 +21,12 @@ from typing import Any
 import httpx
 from agentscope.model import OpenAIChatModel
 
+from agentscope_rft.api import Workflow
 from agentscope_rft.explorer.tasks import Task
 from agentscope_rft.explorer.trajectory import RewardSpread, TrajectoryStats, build_samples
 from agentscope_rft.gateway.server import Gateway
 from agentscope_rft.integration.agentscope import RolloutScope, rollout_model, rollout_scope
 from agentscope_rft.types import Reward, Rollout, RolloutStatus, Sample
-from agentscope_rft.api import Workflow
 
 logger = logging.getLogger(__name__)
 

@@ -23,10 +23,10 @@ from typing import Any
 
 import httpx
 import openai
-from pydantic import SecretStr
 from agentscope.agent import Agent
 from agentscope.credential import OpenAICredential
 from agentscope.model import OpenAIChatModel
+from pydantic import SecretStr
 
 from agentscope_rft.gateway.app import AGENT_HEADER
 from agentscope_rft.types import StepReward

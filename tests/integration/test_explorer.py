@@ -2,7 +2,6 @@
 
 import asyncio
 
-import pytest
 from agentscope.agent import Agent, InjectionConfig
 from agentscope.credential import OpenAICredential
 from agentscope.message import UserMsg
@@ -43,11 +42,13 @@ async def test_multi_turn_tool_episode_merges_into_one_exact_sample(calc_gateway
         # mask-0 tokens are everything else: the last call's prompt is the sequence's prefix
         last = rollout.calls[-1]
         assert list(sample.token_ids[: len(last.prompt_ids)]) == last.prompt_ids
-        trained_logprobs = [lp for lp, m in zip(sample.logprobs, sample.loss_mask, strict=True)
-                            if m]
+        trained_logprobs = [
+            lp for lp, m in zip(sample.logprobs, sample.loss_mask, strict=True) if m
+        ]
         assert trained_logprobs == [lp for c in rollout.calls for lp in c.logprobs]
-        assert all(lp == 0.0 for lp, m in zip(sample.logprobs, sample.loss_mask, strict=True)
-                   if not m)
+        assert all(
+            lp == 0.0 for lp, m in zip(sample.logprobs, sample.loss_mask, strict=True) if not m
+        )
     assert result.metrics()["trajectory/merge_rate"] == 1.0
 
 
@@ -55,19 +56,25 @@ async def test_multi_turn_tool_episode_merges_into_one_exact_sample(calc_gateway
 async def inplace_app(task, _model_unused):
     model = OpenAIChatModel(
         credential=OpenAICredential(api_key="sk-not-used", base_url="http://127.0.0.1:9/v1"),
-        model="gpt-4o-mini", stream=True,
+        model="gpt-4o-mini",
+        stream=True,
         parameters=OpenAIChatModel.Parameters(max_tokens=6),
     )
-    agent = Agent(name="assistant", system_prompt="You are terse.", model=model,
-                  injection_config=InjectionConfig(inject_runtime_state=False))
+    agent = Agent(
+        name="assistant",
+        system_prompt="You are terse.",
+        model=model,
+        injection_config=InjectionConfig(inject_runtime_state=False),
+    )
     await agent.reply(UserMsg(name="user", content=f"secret word {task['word']}"))
     await agent.reply(UserMsg(name="user", content=f"again {task['word']}"))
     return 0.5
 
 
 async def test_in_place_app_is_captured_without_mixing(tiny_gateway):
-    explorer = Explorer(agentscope_rft.workflow(inplace_app), tiny_gateway,
-                        EpisodeSettings(max_concurrency=16))
+    explorer = Explorer(
+        agentscope_rft.workflow(inplace_app), tiny_gateway, EpisodeSettings(max_concurrency=16)
+    )
     tasks = load_tasks([{"id": f"t{i}", "word": f"w{i:02d}x"} for i in range(16)])
     result = await explorer.explore(tasks, group_size=1, batch_id="b")
     await explorer.close()
@@ -82,16 +89,25 @@ async def test_in_place_app_is_captured_without_mixing(tiny_gateway):
             assert call.agent_name == "assistant"
             assert call.model == "gpt-4o-mini"
     # Outside an episode the app's model is untouched (its own client and base URL).
-    model = OpenAIChatModel(credential=OpenAICredential(api_key="k", base_url="http://x:1/v1"),
-                            model="m")
+    model = OpenAIChatModel(
+        credential=OpenAICredential(api_key="k", base_url="http://x:1/v1"), model="m"
+    )
     assert str(model.client.base_url) == "http://x:1/v1/"
 
 
 async def two_agent_app(task, model):
-    solver = Agent(name="solver", system_prompt="Solve it.", model=model,
-                   injection_config=InjectionConfig(inject_runtime_state=False))
-    critic = Agent(name="critic", system_prompt="Criticize the answer.", model=model,
-                   injection_config=InjectionConfig(inject_runtime_state=False))
+    solver = Agent(
+        name="solver",
+        system_prompt="Solve it.",
+        model=model,
+        injection_config=InjectionConfig(inject_runtime_state=False),
+    )
+    critic = Agent(
+        name="critic",
+        system_prompt="Criticize the answer.",
+        model=model,
+        injection_config=InjectionConfig(inject_runtime_state=False),
+    )
     answer = await solver.reply(UserMsg(name="user", content=task["q"]))
     await critic.reply(UserMsg(name="solver", content=answer.get_text_content() or "-"))
     await solver.reply(UserMsg(name="critic", content="Try again."))
@@ -99,10 +115,12 @@ async def two_agent_app(task, model):
 
 
 async def test_two_agent_app_yields_per_agent_trajectories(tiny_gateway):
-    explorer = Explorer(agentscope_rft.workflow(two_agent_app), tiny_gateway,
-                        EpisodeSettings(max_tokens=5))
-    result = await explorer.explore(load_tasks([{"id": "x", "q": "1+1?"}]), group_size=1,
-                                    batch_id="b")
+    explorer = Explorer(
+        agentscope_rft.workflow(two_agent_app), tiny_gateway, EpisodeSettings(max_tokens=5)
+    )
+    result = await explorer.explore(
+        load_tasks([{"id": "x", "q": "1+1?"}]), group_size=1, batch_id="b"
+    )
     await explorer.close()
     [rollout] = result.rollouts
     assert sorted(c.agent_name for c in rollout.calls) == ["critic", "solver", "solver"]
@@ -117,17 +135,29 @@ async def raising_app(task, model):
         raise ValueError("the app broke on purpose")
     if task["kind"] == "hang":
         await asyncio.sleep(3600)
-    agent = Agent(name="a", system_prompt="Hi.", model=model,
-                  injection_config=InjectionConfig(inject_runtime_state=False))
+    agent = Agent(
+        name="a",
+        system_prompt="Hi.",
+        model=model,
+        injection_config=InjectionConfig(inject_runtime_state=False),
+    )
     await agent.reply(UserMsg(name="user", content="hello"))
     return 1.0
 
 
 async def test_failing_and_hanging_episodes_do_not_kill_the_batch(tiny_gateway):
-    explorer = Explorer(agentscope_rft.workflow(raising_app), tiny_gateway,
-                        EpisodeSettings(episode_timeout=2.0, max_retries=1, max_tokens=4))
-    tasks = load_tasks([{"id": "ok", "kind": "ok"}, {"id": "boom", "kind": "raise"},
-                        {"id": "stuck", "kind": "hang"}])
+    explorer = Explorer(
+        agentscope_rft.workflow(raising_app),
+        tiny_gateway,
+        EpisodeSettings(episode_timeout=2.0, max_retries=1, max_tokens=4),
+    )
+    tasks = load_tasks(
+        [
+            {"id": "ok", "kind": "ok"},
+            {"id": "boom", "kind": "raise"},
+            {"id": "stuck", "kind": "hang"},
+        ]
+    )
     result = await explorer.explore(tasks, group_size=1, batch_id="b")
     await explorer.close()
     status = {r.task_id: r for r in result.rollouts}
@@ -144,8 +174,12 @@ async def test_failing_and_hanging_episodes_do_not_kill_the_batch(tiny_gateway):
 
 async def test_emitted_step_rewards_land_on_their_calls(tiny_gateway):
     async def app(task, model):
-        agent = Agent(name="a", system_prompt="Hi.", model=model,
-                      injection_config=InjectionConfig(inject_runtime_state=False))
+        agent = Agent(
+            name="a",
+            system_prompt="Hi.",
+            model=model,
+            injection_config=InjectionConfig(inject_runtime_state=False),
+        )
         await agent.reply(UserMsg(name="user", content="one"))
         agentscope_rft.emit_reward(0.25)  # the latest call: 0
         await agent.reply(UserMsg(name="user", content="two"))
@@ -176,8 +210,11 @@ async def lambda_app(task, model):
 
 async def test_check_workflow_reports_what_was_captured(calc_gateway):
     report = await agentscope_rft.check_workflow(
-        calc_workflow, {"id": "t", "question": calc_app.QUESTION, "answer": "20"},
-        engine=calc_gateway.engine, show=False)
+        calc_workflow,
+        {"id": "t", "question": calc_app.QUESTION, "answer": "20"},
+        engine=calc_gateway.engine,
+        show=False,
+    )
     assert report.rollout.reward == 1.0
     assert len(report.samples) == 1 and report.warnings == []
     assert "3 model call(s)" in report.render()
