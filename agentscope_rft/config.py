@@ -6,9 +6,16 @@ Defaults live only here. Unknown keys are errors with a did-you-mean suggestion.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from agentscope_rft.algorithms.config import AlgorithmConfig
+from agentscope_rft.buffer.config import BufferConfig
+from agentscope_rft.monitor.config import MonitorConfig
 
 
 class Section(BaseModel):
@@ -116,3 +123,283 @@ class GatewayConfig(Section):
     """Port; 0 picks a free one."""
     api_key: str | None = "auto"
     """`auto`: a random per-run key; a string: that key; null: no authentication."""
+
+
+class LoRAConfig(Section):
+    """Low-rank adapters (peft) instead of full fine-tuning."""
+
+    rank: int = Field(default=16, ge=1, le=1024)
+    alpha: int = Field(default=32, gt=0)
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    """Module names to adapt, or `all-linear`."""
+
+
+class TorchTrainerConfig(Section):
+    """The embedded trainer: plain PyTorch on CPU or one GPU."""
+
+    type: Literal["torch"] = "torch"
+    lr: float = Field(default=1e-6, gt=0)
+    """Peak learning rate of the policy (AdamW)."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Decay after warm-up, over the run's steps."""
+    warmup_steps: int = Field(default=0, ge=0)
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
+    """Floor of linear/cosine decay, as a fraction of `lr`."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float | None = Field(default=1.0, gt=0)
+    """Clip the global gradient norm to this (null: no clipping)."""
+    micro_batch_tokens: int = Field(default=8192, ge=16)
+    """Padded tokens per forward/backward pass; gradients accumulate across micro-batches."""
+    mini_batches: int = Field(default=1, ge=1)
+    """Optimizer steps per training step (the batch is split into this many parts)."""
+    epochs: int = Field(default=1, ge=1)
+    """Passes over each batch (PPO epochs)."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Compute dtype; weights and optimizer stay fp32. `auto`: bf16 autocast where it is faster
+    (CUDA with bf16, CPUs with fast bf16 matmuls), else fp32."""
+    device: str = "auto"
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward: less memory, ~30% more time."""
+    lora: LoRAConfig | None = None
+    old_logprobs: Literal["rollout", "recompute"] = "rollout"
+    """Behaviour policy for the importance ratio: the engine's recorded log-probs, or log-probs
+    recomputed by the trainer before the update (then TIS, if on, corrects rollout vs trainer)."""
+    max_seq_len: int | None = Field(default=None, ge=16)
+    """Longest sample trained; longer ones are an error (set explorer limits instead)."""
+
+
+TrainerConfig = TorchTrainerConfig
+
+
+class TasksConfig(Section):
+    """Where tasks come from: JSONL, JSON, Parquet or CSV files (one task per row)."""
+
+    train: str | None = None
+    """Training tasks (required unless `run.mode` is `offline` or `train_only`)."""
+    eval: str | None = None
+    """Held-out tasks, explored greedily every `run.eval_every` steps."""
+    id_field: str = "id"
+    """Column with each task's id (row numbers when missing)."""
+    required_fields: list[str] = Field(default_factory=list)
+    """Columns every task must have (checked when loading, with the row named)."""
+    shuffle: bool = True
+    """Shuffle training tasks every epoch."""
+    eval_limit: int | None = Field(default=None, ge=1)
+    """Use only the first N eval tasks."""
+
+
+class SamplingConfig(Section):
+    """Sampling forced on the workflow's model calls (null keeps what the app asks for)."""
+
+    temperature: float | None = Field(default=1.0, ge=0, le=2)
+    top_p: float | None = Field(default=1.0, gt=0, le=1)
+    top_k: int | None = -1
+    """-1: off. Keep top_p 1 and top_k off when training: the trainer cannot reproduce
+    truncated distributions, so importance ratios would be biased."""
+    max_tokens: int | None = Field(default=None, ge=1)
+
+
+class ExplorerConfig(Section):
+    """How episodes are run."""
+
+    group_size: int = Field(default=8, ge=1)
+    """Episodes per task (the GRPO group)."""
+    tasks_per_step: int = Field(default=8, ge=1)
+    """Tasks explored per training step."""
+    max_concurrency: int = Field(default=32, ge=1)
+    """Episodes running at once."""
+    episode_timeout: float = Field(default=300.0, gt=0)
+    """Seconds before an episode is cancelled and recorded as timed out."""
+    max_retries: int = Field(default=1, ge=0)
+    """Retries of an episode that raised or timed out (a fresh rollout each time)."""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    eval_sampling: SamplingConfig = Field(
+        default_factory=lambda: SamplingConfig(temperature=0.0)
+    )
+    """Sampling for evaluation episodes (greedy by default)."""
+    eval_group_size: int = Field(default=1, ge=1)
+    stream: bool = False
+    """Whether the injected model streams (AgentScope's default is True; off is faster)."""
+    reward_spread: Literal["outcome", "last_call", "each_call", "discounted"] = "outcome"
+    """Where the episode reward goes: each sample's outcome reward, or token rewards at the end
+    of the last call / every call / every call discounted by `reward_gamma`."""
+    reward_gamma: float = Field(default=1.0, ge=0, le=1)
+    success_threshold: float = 1.0
+    """An episode succeeds when its reward reaches this (unless the Reward says otherwise)."""
+    max_sample_length: int | None = Field(default=None, ge=16)
+    """Longest training sample: longer merges split into several samples."""
+    seed: int | None = 0
+    """Each training call without a seed gets one derived from this, its rollout and call
+    number, so exploration is reproducible (null: unseeded)."""
+
+
+class SyncConfig(Section):
+    """How new weights reach the engine after each training step."""
+
+    method: Literal["auto", "state_dict", "checkpoint", "lora"] = "auto"
+    """`auto`: in-process copy for the embedded engine; checkpoint reload (or LoRA adapter when
+    training LoRA with `engine.enable_lora`) for vLLM."""
+
+
+class OfflineConfig(Section):
+    """Training data for `run.mode: offline` (SFT or DPO files)."""
+
+    path: str | None = None
+    """Chat JSONL (`{"messages": [...]}`) for SFT, or `{"prompt", "chosen", "rejected"}` for DPO."""
+    format: Literal["sft", "dpo"] = "sft"
+    batch_size: int = Field(default=8, ge=1)
+    """Samples (SFT) or pairs (DPO) per step."""
+
+
+class RunSettings(Section):
+    """The run as a whole."""
+
+    name: str | None = None
+    """Run name; default: the config file's name."""
+    dir: str | None = None
+    """Run folder; default `runs/<name>`."""
+    steps: int = Field(default=20, ge=1)
+    """Training steps."""
+    mode: Literal["sync", "one_step_off", "async", "offline", "train_only"] = "sync"
+    """`sync`: explore then train, on-policy. `one_step_off`: the explorer runs one batch ahead.
+    `async`: it runs up to `max_staleness` batches ahead. `offline`: SFT/DPO from files.
+    `train_only`: train from a durable buffer that other processes fill."""
+    max_staleness: int = Field(default=2, ge=0)
+    """async: drop samples from policies older than this many versions."""
+    seed: int = 0
+    checkpoint_every: int = Field(default=0, ge=0)
+    """Save a checkpoint every N steps (0: only at the end)."""
+    keep_checkpoints: int = Field(default=2, ge=1)
+    eval_every: int = Field(default=0, ge=0)
+    """Evaluate on `tasks.eval` every N steps (0: never; also before the first step if set)."""
+    overwrite: bool = False
+    """Replace an existing run folder (otherwise an existing folder is an error)."""
+    get_timeout: float = Field(default=3600.0, gt=0)
+    """Seconds the trainer waits for samples before failing with what it waits for."""
+
+
+class RunConfig(Section):
+    """A whole run: `agentscope-rft train --config run.yaml`.
+
+    Example:
+        >>> cfg = RunConfig.model_validate({"workflow": "app.py:run",
+        ...                                 "tasks": {"train": "tasks.jsonl"}})
+        >>> cfg.explorer.group_size
+        8
+    """
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    engine: EngineConfig = Field(default_factory=EmbeddedEngineConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    workflow: str | None = None
+    """The episode function: `package.module:run` or `path/to/app.py:run`."""
+    judge: str | None = None
+    """Optional `async def judge(task, response)` scoring the workflow's response."""
+    tasks: TasksConfig = Field(default_factory=TasksConfig)
+    explorer: ExplorerConfig = Field(default_factory=ExplorerConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = Field(default_factory=TorchTrainerConfig)
+    buffer: BufferConfig = Field(default_factory=BufferConfig)
+    sync: SyncConfig = Field(default_factory=SyncConfig)
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    offline: OfflineConfig = Field(default_factory=OfflineConfig)
+    run: RunSettings = Field(default_factory=RunSettings)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RunConfig:
+        mode = self.run.mode
+        if mode in ("sync", "one_step_off", "async"):
+            if self.workflow is None:
+                raise ValueError(f"run.mode {mode!r} explores: set `workflow: pkg.mod:run`")
+            if self.tasks.train is None:
+                raise ValueError(f"run.mode {mode!r} explores: set `tasks.train: tasks.jsonl`")
+        if mode == "offline":
+            if self.offline.path is None:
+                raise ValueError("run.mode 'offline' trains from files: set `offline.path`")
+            wanted = "dpo" if self.offline.format == "dpo" else "sft"
+            if self.algorithm.objective != wanted:
+                raise ValueError(
+                    f"offline.format {self.offline.format!r} needs algorithm.objective "
+                    f"{wanted!r} (it is {self.algorithm.objective!r})"
+                )
+        if mode == "train_only" and self.buffer.type != "sql":
+            raise ValueError("run.mode 'train_only' reads a durable buffer: set `buffer.type: sql`")
+        return self
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not validate (names the file, key and fix)."""
+
+
+def _format_errors(exc: ValidationError, source: str) -> str:
+    lines = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error["loc"] if not str(p).startswith("function-"))
+        message = error["msg"].removeprefix("Value error, ")
+        lines.append(f"  {where or '(top level)'}: {message}")
+    return f"invalid config {source}:\n" + "\n".join(lines)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (["a", "b", "c"], value parsed as YAML)."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: use key.path=value, e.g. --set trainer.lr=1e-5")
+    key, _, raw = item.partition("=")
+    path = [p for p in key.strip().split(".") if p]
+    if not path:
+        raise ConfigError(f"--set {item!r}: the key is empty")
+    return path, yaml.safe_load(raw) if raw.strip() else None
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    for item in overrides:
+        path, value = parse_override(item)
+        node = data
+        for part in path[:-1]:
+            child = node.get(part)
+            if child is None or isinstance(child, str):
+                child = {} if child is None else {"type": child}
+                node[part] = child
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {item!r}: {part!r} is not a section")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
+    """Read a YAML run config, apply `--set` overrides, and validate.
+
+    Raises:
+        ConfigError: unreadable YAML, or a key or value that does not validate.
+
+    Example:
+        >>> cfg = load_config("examples/quickstart/config.yaml", ["trainer.lr=1e-5"])  # doctest: +SKIP
+    """
+    source = str(path) if path is not None else "(defaults)"
+    data: Any = {}
+    if path is not None:
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"config file {file} does not exist")
+        try:
+            data = yaml.safe_load(file.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {file} is not valid YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {file} must be a mapping of sections")
+    data = apply_overrides(data, overrides)
+    try:
+        config = RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, source)) from exc
+    if config.run.name is None and path is not None:
+        config.run.name = Path(path).stem
+    return config
+
+
+def dump_config(config: RunConfig) -> str:
+    """The resolved config as YAML (saved in the run folder)."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -19,6 +19,7 @@ import collections
 import logging
 import re
 import time
+import zlib
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
@@ -65,7 +66,11 @@ class GatewayState:
     api_key: str | None = None
     model_aliases: set[str] = field(default_factory=set)
     sampling_defaults: JSON = field(default_factory=dict)
-    sampling_overrides: JSON = field(default_factory=dict)
+    sampling_overrides: dict[str, JSON] = field(default_factory=dict)
+    """Forced sampling for attributed calls, by rollout-id prefix (longest match; "" default)."""
+    seed_base: int | None = None
+    """When set, attributed calls without a seed get one derived from it, the rollout id and the
+    call's number within the rollout (reproducible exploration)."""
     created: int = field(default_factory=lambda: int(time.time()))
     counters: collections.Counter[str] = field(default_factory=collections.Counter)
     latencies: collections.deque[float] = field(
@@ -80,6 +85,17 @@ class GatewayState:
         for task in tasks:
             task.cancel()
         return len(tasks)
+
+
+def _overrides_for(state: GatewayState, rollout_id: str | None) -> JSON | None:
+    if rollout_id is None:
+        return None
+    prefixes = [p for p in state.sampling_overrides if rollout_id.startswith(p)]
+    overrides = dict(state.sampling_overrides[max(prefixes, key=len)]) if prefixes else {}
+    if state.seed_base is not None and "seed" not in overrides:
+        number = state.recorder.started(rollout_id)
+        overrides["seed_default"] = zlib.crc32(f"{state.seed_base}:{rollout_id}:{number}".encode())
+    return overrides
 
 
 def _error_response(error: RequestError) -> JSONResponse:
@@ -295,7 +311,7 @@ def create_app(state: GatewayState) -> FastAPI:
                 param="model",
                 code="model_not_found",
             )
-        overrides = state.sampling_overrides if rollout_id is not None else None
+        overrides = _overrides_for(state, rollout_id)
         chat = ChatRequest(
             messages=body.messages,
             sampling=body.sampling(state.sampling_defaults, overrides),

@@ -132,7 +132,11 @@ class ChatCompletionRequest(BaseModel):
         values = {k: v for k, v in values.items() if v is not None}
         for key, value in (defaults or {}).items():
             values.setdefault(key, value)
-        values.update(overrides or {})
+        overrides = dict(overrides or {})
+        seed_default = overrides.pop("seed_default", None)
+        if seed_default is not None:
+            values.setdefault("seed", seed_default)
+        values.update({k: v for k, v in overrides.items() if v is not None})
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         try:
             return SamplingParams(

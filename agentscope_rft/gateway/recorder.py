@@ -26,6 +26,7 @@ class CallRecorder:
     def __init__(self, max_rollouts: int = 10_000) -> None:
         self._calls: collections.OrderedDict[str, list[Call]] = collections.OrderedDict()
         self._in_flight: collections.Counter[str] = collections.Counter()
+        self._started: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._idle: dict[str, asyncio.Event] = {}
         self._max = max_rollouts
         self.total_calls = 0
@@ -33,6 +34,10 @@ class CallRecorder:
     def begin(self, rollout_id: str) -> None:
         """Mark a call of `rollout_id` as in flight (so `take` can wait for it)."""
         self._in_flight[rollout_id] += 1
+        self._started[rollout_id] = self._started.get(rollout_id, 0) + 1
+        self._started.move_to_end(rollout_id)
+        while len(self._started) > self._max:
+            self._started.popitem(last=False)
         self._idle.setdefault(rollout_id, asyncio.Event()).clear()
 
     def end(self, rollout_id: str, calls: list[Call]) -> None:
@@ -49,6 +54,10 @@ class CallRecorder:
             event = self._idle.pop(rollout_id, None)
             if event is not None:
                 event.set()
+
+    def started(self, rollout_id: str) -> int:
+        """How many requests of `rollout_id` have begun (its calls' running numbers)."""
+        return self._started.get(rollout_id, 0)
 
     def calls(self, rollout_id: str) -> list[Call]:
         return list(self._calls.get(rollout_id, []))

@@ -47,7 +47,8 @@ class Gateway:
         recorder: CallRecorder | None = None,
         model_aliases: set[str] | None = None,
         sampling_defaults: JSON | None = None,
-        sampling_overrides: JSON | None = None,
+        sampling_overrides: dict[str, JSON] | None = None,
+        seed_base: int | None = None,
         log_level: str = "warning",
     ) -> None:
         self.engine = engine
@@ -60,6 +61,7 @@ class Gateway:
             model_aliases=model_aliases or set(),
             sampling_defaults=sampling_defaults or {},
             sampling_overrides=sampling_overrides or {},
+            seed_base=seed_base,
         )
         self.app = create_app(self.state)
         self._host = host

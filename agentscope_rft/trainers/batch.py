@@ -1,0 +1,156 @@
+"""Training samples as padded tensors, and their split into micro-batches.
+
+Layout convention (shared with the algorithm library): position t of every [N, T] tensor belongs
+to token t; a log-prob at t scores token t given tokens < t, so position 0 is never trained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from agentscope_rft.algorithms import encode_sample_kinds
+from agentscope_rft.types import Sample
+
+
+class EmptyBatchError(ValueError):
+    """A batch with nothing to train on (rather than silently stepping on nothing)."""
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """A whole training batch, right-padded to its longest sample."""
+
+    samples: list[Sample]
+    input_ids: Tensor  # [N, T]
+    attention_mask: Tensor  # [N, T]
+    loss_mask: Tensor  # [N, T]
+    rollout_logprobs: Tensor  # [N, T]
+    token_rewards: Tensor  # [N, T]
+    rewards: Tensor  # [N]
+    group_ids: Tensor  # [N] advantage groups: (sample group, agent)
+    episode_ids: Tensor  # [N] rollouts
+    temperature: Tensor  # [N]
+    lengths: Tensor  # [N]
+    sample_kinds: Tensor  # [N]
+    pair_index: Tensor  # [N]
+    is_chosen: Tensor  # [N] bool
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+    def select(self, rows: Sequence[int] | Tensor) -> TrainBatch:
+        """The given rows, trimmed to their own longest sample."""
+        index = torch.as_tensor(rows, dtype=torch.long)
+        width = int(self.lengths[index].max()) if len(index) else 0
+        values: dict[str, Any] = {}
+        for name in TrainBatch.__dataclass_fields__:
+            value = getattr(self, name)
+            if name == "samples":
+                values[name] = [value[i] for i in index.tolist()]
+            elif value.dim() == 2:
+                values[name] = value[index, :width]
+            else:
+                values[name] = value[index]
+        return TrainBatch(**values)
+
+
+def _ids(keys: Sequence[object]) -> Tensor:
+    table: dict[object, int] = {}
+    return torch.tensor([table.setdefault(k, len(table)) for k in keys], dtype=torch.long)
+
+
+def build_batch(
+    samples: Sequence[Sample], pad_id: int, max_length: int | None = None
+) -> TrainBatch:
+    """Pad samples into a `TrainBatch`.
+
+    Raises:
+        EmptyBatchError: no samples, or no sample has a trained token.
+        ValueError: a sample longer than `max_length`, or one that trains its first token.
+
+    Example:
+        >>> batch = build_batch(samples, pad_id=2)  # doctest: +SKIP
+    """
+    if not samples:
+        raise EmptyBatchError("the training batch has no samples")
+    if all(s.num_trained_tokens == 0 for s in samples):
+        raise EmptyBatchError(
+            f"none of the {len(samples)} samples has a trained token (all loss masks are 0)"
+        )
+    for s in samples:
+        if s.loss_mask and s.loss_mask[0]:
+            raise ValueError(
+                f"sample {s.sample_id}: its first token cannot be trained (no context)"
+            )
+        if max_length is not None and len(s.token_ids) > max_length:
+            raise ValueError(
+                f"sample {s.sample_id} has {len(s.token_ids)} tokens, more than "
+                f"trainer.max_seq_len={max_length}"
+            )
+    n, width = len(samples), max(len(s.token_ids) for s in samples)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros(n, width, dtype=torch.long)
+    mask = torch.zeros(n, width, dtype=torch.long)
+    logprobs = torch.zeros(n, width)
+    token_rewards = torch.zeros(n, width)
+    for i, s in enumerate(samples):
+        k = len(s.token_ids)
+        ids[i, :k] = torch.tensor(list(s.token_ids))
+        attention[i, :k] = 1
+        mask[i, :k] = torch.tensor(list(s.loss_mask))
+        logprobs[i, :k] = torch.tensor(list(s.logprobs), dtype=torch.float32)
+        if s.token_rewards is not None:
+            token_rewards[i, :k] = torch.tensor(list(s.token_rewards), dtype=torch.float32)
+    pairs = _ids([s.pair_id or f"row-{i}" for i, s in enumerate(samples)])
+    return TrainBatch(
+        samples=list(samples),
+        input_ids=ids,
+        attention_mask=attention,
+        loss_mask=mask,
+        rollout_logprobs=logprobs,
+        token_rewards=token_rewards,
+        rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32),
+        group_ids=_ids([(s.group, s.agent_name) for s in samples]),
+        episode_ids=_ids([s.rollout_id for s in samples]),
+        temperature=torch.tensor([s.temperature or 1.0 for s in samples], dtype=torch.float32),
+        lengths=attention.sum(dim=1),
+        sample_kinds=encode_sample_kinds([s.kind for s in samples]),
+        pair_index=pairs,
+        is_chosen=torch.tensor([s.kind == "dpo_chosen" for s in samples]),
+    )
+
+
+def micro_batches(batch: TrainBatch, token_budget: int) -> list[list[int]]:
+    """Rows grouped so each micro-batch's padded size (rows x longest) stays within the budget.
+
+    Longest samples first, so padding is small; both samples of a DPO pair stay together; a
+    sample longer than the budget gets a micro-batch of its own.
+
+    Example:
+        >>> micro_batches(batch, token_budget=4096)  # doctest: +SKIP
+        [[3, 0], [1, 2, 4]]
+    """
+    units: dict[int, list[int]] = {}
+    for row, pair in enumerate(batch.pair_index.tolist()):
+        units.setdefault(pair, []).append(row)
+    ordered = sorted(units.values(), key=lambda u: -int(batch.lengths[u].max()))
+    out: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for unit in ordered:
+        unit_len = int(batch.lengths[unit].max())
+        new_longest = max(longest, unit_len)
+        if current and new_longest * (len(current) + len(unit)) > token_budget:
+            out.append(current)
+            current, new_longest = [], unit_len
+        current = current + unit
+        longest = new_longest
+    if current:
+        out.append(current)
+    return out

@@ -1,0 +1,119 @@
+"""Trainer weights and checkpoints: HF folders for engines, optimizer state for resuming.
+
+A checkpoint folder holds `model/` (an HF model folder with the full, LoRA-merged weights and the
+tokenizer: servable with `agentscope-rft serve --model <ckpt>/model`), `adapter/` when training
+LoRA, and `trainer.pt` (optimizer, LR schedule, value head, RNG) for exact resumption.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from agentscope_rft.trainers.torch_trainer import TorchTrainer
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "generation_config.json",
+)
+
+
+def _is_peft(model: nn.Module) -> bool:
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+def merged_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """HF-named full weights (LoRA adapters merged in), detached copies.
+
+    Example:
+        >>> weights = merged_state_dict(trainer.model)  # doctest: +SKIP
+    """
+    if not _is_peft(model):
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model.merge_adapter()  # type: ignore[operator]
+    try:
+        base = model.get_base_model()  # type: ignore[operator]
+        out = {}
+        for name, value in base.state_dict().items():
+            if "lora_" in name:
+                continue
+            out[name.replace(".base_layer.", ".")] = value.detach().clone()
+        return out
+    finally:
+        model.unmerge_adapter()  # type: ignore[operator]
+
+
+def copy_tokenizer(source: Path, target: Path) -> None:
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            shutil.copy2(source / name, target / name)
+
+
+def save_hf_model(trainer: TorchTrainer, target: Path, source_model: Path) -> None:
+    """The current policy as an HF model folder (weights + config + tokenizer)."""
+    target.mkdir(parents=True, exist_ok=True)
+    base = trainer._base()
+    base.save_pretrained(
+        target, state_dict=merged_state_dict(trainer.model), safe_serialization=True
+    )
+    copy_tokenizer(source_model, target)
+
+
+def save_trainer_state(trainer: TorchTrainer, directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    if _is_peft(trainer.model):
+        trainer.model.save_pretrained(directory / "adapter")
+    state: dict[str, Any] = {
+        "optimizer": trainer.optimizer.state_dict(),
+        "scheduler": trainer.scheduler.state_dict(),
+        "optimizer_steps": trainer.optimizer_steps,
+        "value_head": trainer.value_head.state_dict() if trainer.value_head else None,
+        "torch_rng": torch.get_rng_state(),
+    }
+    torch.save(state, directory / "trainer.pt")
+
+
+def load_trainer_state(trainer: TorchTrainer, directory: Path) -> None:
+    """Restore weights from `directory/model` (or `adapter`) and the optimizer state."""
+    from safetensors.torch import load_file
+
+    if _is_peft(trainer.model):
+        from peft import set_peft_model_state_dict
+
+        adapter = directory / "adapter"
+        files = sorted(adapter.glob("*.safetensors"))
+        state_dict: dict[str, Tensor] = {}
+        for file in files:
+            state_dict.update(load_file(str(file)))
+        set_peft_model_state_dict(trainer.model, state_dict)
+    else:
+        weights: dict[str, Tensor] = {}
+        for file in sorted((directory / "model").glob("*.safetensors")):
+            weights.update(load_file(str(file)))
+        missing, unexpected = trainer.model.load_state_dict(weights, strict=False)
+        tied = {"lm_head.weight"}
+        if set(missing) - tied or unexpected:
+            raise ValueError(
+                f"checkpoint {directory} does not match the model: missing {missing[:5]}, "
+                f"unexpected {unexpected[:5]}"
+            )
+    state = torch.load(directory / "trainer.pt", map_location="cpu", weights_only=False)
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    trainer.scheduler.load_state_dict(state["scheduler"])
+    trainer.optimizer_steps = int(state["optimizer_steps"])
+    if trainer.value_head is not None and state["value_head"] is not None:
+        trainer.value_head.load_state_dict(state["value_head"])
+    torch.set_rng_state(state["torch_rng"])

@@ -1,0 +1,427 @@
+"""The embedded trainer: plain PyTorch (+ peft for LoRA) on CPU or one GPU.
+
+One `step(samples)` is: drop zero-variance groups, compute reference/old log-probs and values
+when the algorithm needs them, compute advantages, then for each epoch and mini-batch accumulate
+`policy_objective` gradients over token-budgeted micro-batches and take one AdamW step. Log-probs
+are computed only where tokens are trained (the vocabulary projection dominates the cost), with
+each sample's sampling temperature, in fp32 from (optionally bf16-autocast) hidden states.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedModel
+
+from agentscope_rft.algorithms import (
+    AdvantageInputs,
+    AlgorithmConfig,
+    LossInputs,
+    apply_kl_penalty,
+    compute_advantages,
+    kl_estimate,
+    loss_normalizers,
+    policy_objective,
+    rollout_seq_weights,
+    value_loss,
+    zero_variance_groups,
+)
+from agentscope_rft.config import TorchTrainerConfig
+from agentscope_rft.engines.embedded import pick_device, pick_dtype
+from agentscope_rft.models import load_causal_lm, load_tokenizer
+from agentscope_rft.trainers.batch import TrainBatch, build_batch, micro_batches
+from agentscope_rft.trainers.checkpoint import (
+    load_trainer_state,
+    merged_state_dict,
+    save_trainer_state,
+)
+from agentscope_rft.types import Sample
+
+logger = logging.getLogger(__name__)
+
+
+def _unwrap(model: nn.Module) -> PreTrainedModel:
+    """The HF model inside a peft wrapper (or the model itself)."""
+    from peft import PeftModel
+
+    inner = model.get_base_model() if isinstance(model, PeftModel) else model
+    return cast(PreTrainedModel, inner)
+
+
+def _lr_lambda(cfg: TorchTrainerConfig, total_steps: int):  # type: ignore[no-untyped-def]
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / (cfg.warmup_steps + 1)
+        if cfg.lr_schedule == "constant":
+            return 1.0
+        span = max(1, total_steps - cfg.warmup_steps)
+        progress = min(1.0, (step - cfg.warmup_steps) / span)
+        decay = (
+            1.0 - progress
+            if cfg.lr_schedule == "linear"
+            else 0.5 * (1.0 + math.cos(math.pi * progress))
+        )
+        return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * decay
+
+    return factor
+
+
+class TorchTrainer:
+    """Trains a causal LM with the configured algorithm.
+
+    Example:
+        >>> trainer = TorchTrainer(path, TorchTrainerConfig(lr=1e-5), AlgorithmConfig(),
+        ...                        total_steps=100)  # doctest: +SKIP
+        >>> metrics = trainer.step(samples, step=0)  # doctest: +SKIP
+        >>> await engine.load_weights(trainer.state_dict_for_sync(), version=1)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        config: TorchTrainerConfig,
+        algorithm: AlgorithmConfig,
+        *,
+        total_steps: int,
+        seed: int = 0,
+    ) -> None:
+        torch.manual_seed(seed)
+        self.config = config
+        self.algorithm = algorithm
+        self.device = pick_device(config.device)
+        self.autocast_dtype = self._autocast_dtype()
+        self.pad_id = int(load_tokenizer(model_path).pad_token_id or 0)
+        # A PreTrainedModel, or a peft wrapper around one: attributes mypy cannot see.
+        model: Any = load_causal_lm(model_path, dtype=torch.float32, device=str(self.device))
+        if config.gradient_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+            model.config.use_cache = False
+        self.reference: nn.Module | None = None
+        if algorithm.needs_reference() and config.lora is None:
+            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        if config.lora is not None:
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(
+                model,
+                LoraConfig(
+                    r=config.lora.rank,
+                    lora_alpha=config.lora.alpha,
+                    lora_dropout=config.lora.dropout,
+                    target_modules=config.lora.target_modules,
+                    task_type="CAUSAL_LM",
+                ),
+            )
+        self.model: Any = model.train()
+        hidden = int(self._base().config.get_text_config().hidden_size)
+        self.value_head: nn.Linear | None = None
+        groups: list[dict] = [
+            {"params": [p for p in self.model.parameters() if p.requires_grad], "lr": config.lr}
+        ]
+        if algorithm.needs_critic():
+            self.value_head = nn.Linear(hidden, 1).to(self.device)
+            nn.init.zeros_(self.value_head.weight)
+            nn.init.zeros_(self.value_head.bias)
+            groups.append(
+                {
+                    "params": list(self.value_head.parameters()),
+                    "lr": config.lr * algorithm.critic.lr_multiplier,
+                }
+            )
+        self.optimizer = torch.optim.AdamW(
+            groups, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, _lr_lambda(config, total_steps * config.mini_batches * config.epochs)
+        )
+        self.optimizer_steps = 0
+        trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        logger.info(
+            "torch trainer: %s on %s, compute %s, %.1fM trainable parameters%s",
+            Path(model_path).name,
+            self.device,
+            str(self.autocast_dtype or torch.float32).removeprefix("torch."),
+            trainable / 1e6,
+            f", LoRA rank {config.lora.rank}" if config.lora else "",
+        )
+
+    # ------------------------------------------------------------------ set-up helpers
+    def _autocast_dtype(self) -> torch.dtype | None:
+        if self.config.dtype == "float32":
+            return None
+        if self.config.dtype == "bfloat16":
+            return torch.bfloat16
+        chosen = pick_dtype("auto", self.device)
+        return chosen if chosen == torch.bfloat16 else None
+
+    def _autocast(self) -> AbstractContextManager[object]:
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def _base(self) -> PreTrainedModel:
+        return _unwrap(self.model)
+
+    def _reference_context(self) -> tuple[nn.Module, AbstractContextManager[object]]:
+        if self.reference is not None:
+            return self.reference, nullcontext()
+        return self.model, self.model.disable_adapter()
+
+    # ------------------------------------------------------------------ forward
+    def _forward(
+        self, model: nn.Module, mb: TrainBatch, *, entropy: bool, values: bool
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Per-token log-probs and entropy [b, t] at trained positions (0 elsewhere), values."""
+        base = _unwrap(model)
+        ids = mb.input_ids.to(self.device)
+        trained = mb.loss_mask[:, 1:].bool().to(self.device)  # [b, t-1]
+        with self._autocast():
+            hidden = base.get_decoder()(
+                input_ids=ids, attention_mask=mb.attention_mask.to(self.device)
+            ).last_hidden_state  # [b, t, H]
+            selected = hidden[:, :-1][trained]  # [M, H]
+            logits = base.get_output_embeddings()(selected)  # [M, V]
+        temperature = mb.temperature.to(self.device).unsqueeze(1).expand_as(trained)[trained]
+        logp_all = (logits.float() / temperature.unsqueeze(-1)).log_softmax(dim=-1)
+        targets = ids[:, 1:][trained]
+        token_logprobs = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [M]
+        out = ids.new_zeros(ids.shape, dtype=torch.float32)
+        out[:, 1:][trained] = token_logprobs
+        context = nullcontext() if entropy else torch.no_grad()
+        with context:
+            token_entropy = -(logp_all.exp() * logp_all).sum(-1)  # [M]
+        ent = ids.new_zeros(ids.shape, dtype=torch.float32)
+        ent[:, 1:][trained] = token_entropy
+        value_out = None
+        if values:
+            assert self.value_head is not None
+            vals = self.value_head(selected.float()).squeeze(-1)  # [M]
+            value_out = ids.new_zeros(ids.shape, dtype=torch.float32)
+            value_out[:, 1:][trained] = vals
+        return out, ent, value_out
+
+    def _no_grad_pass(self, batch: TrainBatch, *, reference: bool) -> tuple[Tensor, Tensor | None]:
+        """Log-probs (of the reference or current policy) and values over the whole batch."""
+        logprobs = torch.zeros(batch.input_ids.shape)
+        values = torch.zeros(batch.input_ids.shape) if self.value_head and not reference else None
+        model, context = self._reference_context() if reference else (self.model, nullcontext())
+        with torch.no_grad(), context:
+            for rows in micro_batches(batch, self.config.micro_batch_tokens):
+                mb = batch.select(rows)
+                lp, _, vals = self._forward(model, mb, entropy=False, values=values is not None)
+                width = mb.input_ids.shape[1]
+                logprobs[rows, :width] = lp.cpu()
+                if values is not None and vals is not None:
+                    values[rows, :width] = vals.cpu()
+        return logprobs, values
+
+    # ------------------------------------------------------------------ training step
+    def _drop_zero_variance(self, samples: Sequence[Sample]) -> tuple[list[Sample], int]:
+        if not self.algorithm.drops_zero_variance_groups():
+            return list(samples), 0
+        probe = build_batch(samples, self.pad_id)
+        scores = probe.rewards + probe.token_rewards.sum(dim=1)
+        flat = zero_variance_groups(scores, probe.group_ids) & (probe.sample_kinds == 0)
+        dropped_groups = len(set(probe.group_ids[flat].tolist()))
+        return [
+            s for s, drop in zip(samples, flat.tolist(), strict=True) if not drop
+        ], dropped_groups
+
+    def step(self, samples: Sequence[Sample], step: int) -> dict[str, float]:
+        """One training step on a batch; returns metrics (see docs/monitoring.md for names)."""
+        started = time.perf_counter()
+        total_groups = len({(s.group, s.agent_name) for s in samples})
+        samples, dropped = self._drop_zero_variance(samples)
+        metrics: dict[str, float] = {
+            "train/groups": float(total_groups),
+            "train/zero_variance_groups": float(dropped),
+        }
+        if not samples:
+            logger.warning("step %d: all %d groups had equal rewards; no update", step, dropped)
+            return {**metrics, "train/skipped": 1.0, "time/train": time.perf_counter() - started}
+        batch = build_batch(samples, self.pad_id, self.config.max_seq_len)
+        algo = self.algorithm
+        ref = self._no_grad_pass(batch, reference=True)[0] if algo.needs_reference() else None
+        old_values = None
+        if self.config.old_logprobs == "recompute" or self.value_head is not None:
+            current, old_values = self._no_grad_pass(batch, reference=False)
+            old = current if self.config.old_logprobs == "recompute" else batch.rollout_logprobs
+        else:
+            old = batch.rollout_logprobs
+        advantages, returns = self._advantages(batch, old, ref, old_values, metrics)
+        seq_weights = rollout_seq_weights(batch.episode_ids) if algo.normalize_per_rollout else None
+
+        sums: dict[str, float] = defaultdict(float)
+        rows = torch.randperm(len(samples)).tolist()
+        for _ in range(self.config.epochs):
+            for part in range(self.config.mini_batches):
+                mini = rows[part :: self.config.mini_batches]
+                if mini:
+                    self._update(
+                        batch, mini, old, ref, advantages, returns, old_values, seq_weights, sums
+                    )
+        elapsed = time.perf_counter() - started
+        updates = self.config.epochs * self.config.mini_batches
+        metrics.update({k: v / updates for k, v in sums.items()})
+        metrics.update(self._batch_metrics(batch, old, ref))
+        metrics.update(
+            {
+                "lr": float(self.scheduler.get_last_lr()[0]),
+                "train/samples": float(len(samples)),
+                "train/tokens": float(batch.num_tokens),
+                "train/trained_tokens": float(batch.loss_mask.sum()),
+                "tokens_per_s": batch.num_tokens * updates / elapsed,
+                "time/train": elapsed,
+            }
+        )
+        return metrics
+
+    def _advantages(
+        self,
+        batch: TrainBatch,
+        old: Tensor,
+        ref: Tensor | None,
+        values: Tensor | None,
+        metrics: dict[str, float],
+    ) -> tuple[Tensor, Tensor | None]:
+        algo = self.algorithm
+        advantages = torch.zeros(batch.input_ids.shape)
+        if not algo.is_rl():
+            return advantages, None
+        rl = (batch.sample_kinds == 0).nonzero().squeeze(-1)
+        token_rewards = batch.token_rewards[rl]
+        if algo.kl is not None and algo.kl.apply_to == "reward" and ref is not None:
+            kl = kl_estimate(old[rl], ref[rl], algo.kl.estimator)
+            token_rewards = apply_kl_penalty(token_rewards, kl, batch.loss_mask[rl], algo.kl.coef)
+        out = compute_advantages(
+            AdvantageInputs(
+                rewards=batch.rewards[rl],
+                group_ids=batch.group_ids[rl],
+                episode_ids=batch.episode_ids[rl],
+                loss_mask=batch.loss_mask[rl],
+                token_rewards=token_rewards,
+                values=values[rl] if values is not None else None,
+            ),
+            algo,
+        )
+        advantages[rl] = out.advantages
+        metrics.update(out.metrics)
+        returns = None
+        if out.returns is not None:
+            returns = torch.zeros(batch.input_ids.shape)
+            returns[rl] = out.returns
+        return advantages, returns
+
+    def _update(
+        self,
+        batch: TrainBatch,
+        mini: list[int],
+        old: Tensor,
+        ref: Tensor | None,
+        advantages: Tensor,
+        returns: Tensor | None,
+        old_values: Tensor | None,
+        seq_weights: Tensor | None,
+        sums: dict[str, float],
+    ) -> None:
+        """One optimizer step over the mini-batch `mini` (rows of `batch`)."""
+        algo = self.algorithm
+        part = batch.select(mini)
+        weights = seq_weights[mini] if seq_weights is not None else None
+        norms = loss_normalizers(part.loss_mask, algo, weights, part.sample_kinds)
+        self.optimizer.zero_grad(set_to_none=True)
+        for local in micro_batches(part, self.config.micro_batch_tokens):
+            mb = part.select(local)
+            rows = [mini[i] for i in local]
+            width = mb.input_ids.shape[1]
+            logprobs, entropy, values = self._forward(
+                self.model, mb, entropy=algo.needs_entropy(), values=self.value_head is not None
+            )
+            dev = self.device
+            inputs = LossInputs(
+                logprobs=logprobs,
+                old_logprobs=old[rows, :width].to(dev),
+                rollout_logprobs=mb.rollout_logprobs.to(dev),
+                advantages=advantages[rows, :width].to(dev),
+                loss_mask=mb.loss_mask.to(dev),
+                global_num_tokens=norms.num_tokens,
+                global_num_seqs=norms.num_seqs,
+                global_num_sft_tokens=norms.num_sft_tokens,
+                seq_weights=weights[local].to(dev) if weights is not None else None,
+                ref_logprobs=ref[rows, :width].to(dev) if ref is not None else None,
+                entropy=entropy if algo.needs_entropy() else None,
+                sample_kinds=mb.sample_kinds.to(dev),
+                pair_index=mb.pair_index.to(dev),
+                is_chosen=mb.is_chosen.to(dev),
+            )
+            loss, shares = policy_objective(inputs, algo, self.optimizer_steps)
+            if values is not None and returns is not None and old_values is not None:
+                vloss, vshares = value_loss(
+                    values,
+                    old_values[rows, :width].to(dev),
+                    returns[rows, :width].to(dev),
+                    mb.loss_mask.to(dev),
+                    algo,
+                    norms.num_tokens,
+                )
+                loss = loss + vloss
+                shares = {**shares, **vshares}
+            loss.backward()
+            sums["loss"] += float(loss.detach())
+            for key, value in shares.items():
+                sums[key] += value
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        clip = self.config.grad_clip or float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
+        if not torch.isfinite(grad_norm):
+            raise FloatingPointError(f"non-finite gradient norm ({grad_norm}); lower trainer.lr")
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer_steps += 1
+        sums["grad_norm"] += float(grad_norm)
+
+    def _batch_metrics(
+        self, batch: TrainBatch, old: Tensor, ref: Tensor | None
+    ) -> dict[str, float]:
+        mask = batch.loss_mask.bool()
+        out = {
+            "train/rollout_trainer_logprob_diff": (
+                float((batch.rollout_logprobs - old)[mask].abs().mean())
+                if self.config.old_logprobs == "recompute"
+                else 0.0
+            ),
+        }
+        if ref is not None:
+            out["kl/mean"] = float(kl_estimate(old, ref, "k3")[mask].mean())
+        return out
+
+    # ------------------------------------------------------------------ weights and checkpoints
+    def state_dict_for_sync(self) -> dict[str, Tensor]:
+        """Full HF-named weights of the current policy (LoRA merged), for the inference engine."""
+        return merged_state_dict(self.model)
+
+    def parameters_snapshot(self) -> Iterator[tuple[str, Tensor]]:
+        for name, param in self.model.named_parameters():
+            yield name, param.detach().clone()
+
+    def save(self, directory: Path) -> None:
+        save_trainer_state(self, directory)
+
+    def load(self, directory: Path) -> None:
+        load_trainer_state(self, directory)
+
+
+def weights_changed(before: Mapping[str, Tensor], after: Mapping[str, Tensor]) -> bool:
+    return any(not torch.equal(before[k], after[k]) for k in before)
