@@ -38,7 +38,7 @@ UrlOption = Annotated[
 
 
 def _fail(message: str) -> typer.Exit:
-    _stderr.print(f"[bold red]error:[/] {message}", highlight=False)
+    _stderr.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     return typer.Exit(code=2)
 
 
@@ -60,7 +60,7 @@ def export_command(
         count = export_samples(url, out, names, state=state)
     except (BufferFormatError, ValueError) as err:
         raise _fail(str(err)) from err
-    _stderr.print(f"wrote {count} samples to {out}", highlight=False)
+    _stderr.print(f"wrote {count} samples to {out}", highlight=False, soft_wrap=True)
 
 
 @buffer_app.command("import")

@@ -134,12 +134,18 @@ def create_buffer_engine(
             a buffer (when not `create`), or a buffer of another schema version.
     """
     where = describe(url)
-    if url.get_backend_name() == "sqlite":
-        _sqlite_file(url, create)
-        engine = sa.create_engine(url, connect_args={"timeout": busy_timeout})
-        _configure_sqlite(engine, busy_timeout, synchronous)
-    else:
-        engine = sa.create_engine(url, pool_pre_ping=True)
+    try:
+        if url.get_backend_name() == "sqlite":
+            _sqlite_file(url, create)
+            engine = sa.create_engine(url, connect_args={"timeout": busy_timeout})
+            _configure_sqlite(engine, busy_timeout, synchronous)
+        else:
+            engine = sa.create_engine(url, pool_pre_ping=True)
+    except (sa_exc.NoSuchModuleError, ImportError) as err:
+        raise BufferFormatError(
+            f"buffer url {where}: no database driver for {url.drivername!r} ({err}); for "
+            "Postgres use postgresql+psycopg://... and install agentscope-rft[postgres]"
+        ) from err
     try:
         _check_schema(engine, where, create)
     except sa_exc.DatabaseError as err:
