@@ -3,7 +3,8 @@
 `MemoryBuffer` (in-process) and `SQLBuffer` (SQLite file or any SQLAlchemy URL; crash-safe,
 multi-process) implement the `Buffer` protocol; `build_buffer` makes one from `BufferConfig`.
 `export_samples` / `import_samples` move samples between a SQL buffer and JSONL. See
-docs/buffer.md for the guarantees and the storage format.
+docs/buffer.md for the guarantees and the storage format. SFT/DPO files load through
+`agentscope_rft.buffer.offline` (not imported here: it needs transformers).
 """
 
 from agentscope_rft.buffer.base import (
@@ -21,7 +22,6 @@ from agentscope_rft.buffer.export import (
     iter_stored_samples,
 )
 from agentscope_rft.buffer.memory import MemoryBuffer
-from agentscope_rft.buffer.offline import OfflineDataError, load_dpo_samples, load_sft_samples
 from agentscope_rft.buffer.sql import SQLBuffer
 
 __all__ = [
@@ -33,12 +33,9 @@ __all__ = [
     "BufferInputError",
     "BufferTimeout",
     "MemoryBuffer",
-    "OfflineDataError",
     "SQLBuffer",
     "build_buffer",
     "export_samples",
     "import_samples",
     "iter_stored_samples",
-    "load_dpo_samples",
-    "load_sft_samples",
 ]

@@ -211,7 +211,13 @@ class SQLBuffer:
         g = groups_table.c
         ids = list(
             conn.execute(
-                sa.select(g.id).where(g.state == PENDING).order_by(g.id).limit(num_groups)
+                sa.select(g.id)
+                .where(g.state == PENDING)
+                .order_by(g.id)
+                .limit(num_groups)
+                # row-locking databases: skip groups another reader is claiming right now
+                # (SQLite ignores this; its BEGIN IMMEDIATE already serializes claims)
+                .with_for_update(skip_locked=True)
             ).scalars()
         )
         if len(ids) < num_groups:
@@ -222,8 +228,8 @@ class SQLBuffer:
             .values(state=CONSUMED, step=step, updated_at=time.time())
         ).rowcount
         if claimed != len(ids):
-            # another reader took some of them between our SELECT and UPDATE (databases with
-            # row-level locking, e.g. Postgres): roll back, drops included, and pick again
+            # another reader took some of them between our SELECT and UPDATE (a database
+            # without SKIP LOCKED): roll back, drops included, and pick again
             raise _ClaimConflict
         return _Attempt(ids, self._read_groups(conn, ids), len(ids), dropped)
 

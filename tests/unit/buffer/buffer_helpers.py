@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import random
+from collections.abc import Callable
+from dataclasses import dataclass
 
+import pytest
+import sqlalchemy as sa
+
+from agentscope_rft.buffer import Buffer
+from agentscope_rft.buffer.schema import metadata
 from agentscope_rft.types import Sample
 
 
@@ -58,3 +66,31 @@ def stored_form(sample: Sample) -> Sample:
         if sample.token_rewards is None
         else as_float32(list(sample.token_rewards)),
     )
+
+
+POSTGRES_ENV = "AGENTSCOPE_RFT_TEST_POSTGRES_URL"
+
+
+def postgres_url() -> str:
+    url = os.environ.get(POSTGRES_ENV)
+    if not url:
+        pytest.skip(f"set {POSTGRES_ENV} to a throwaway Postgres database to run this test")
+    return url
+
+
+def reset_postgres(url: str) -> None:
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        metadata.drop_all(conn)
+        conn.exec_driver_sql("DROP TABLE IF EXISTS buffer_meta")
+    engine.dispose()
+
+
+@dataclass
+class Storage:
+    """A fresh buffer plus how it gives samples back (SQL: float32 log-probs)."""
+
+    buffer: Buffer
+    expect: Callable[[Sample], Sample]
+    open_again: Callable[[], Buffer] | None
+    """Open the same storage a second time (another 'process'); None for memory."""

@@ -3,44 +3,12 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 
 import pytest
-import sqlalchemy as sa
-from buffer_helpers import stored_form
+from buffer_helpers import Storage, postgres_url, reset_postgres, stored_form
 
-from agentscope_rft.buffer import Buffer, MemoryBuffer, SQLBuffer
-from agentscope_rft.buffer.schema import metadata
-from agentscope_rft.types import Sample
-
-POSTGRES_ENV = "AGENTSCOPE_RFT_TEST_POSTGRES_URL"
-
-
-def postgres_url() -> str:
-    url = os.environ.get(POSTGRES_ENV)
-    if not url:
-        pytest.skip(f"set {POSTGRES_ENV} to a throwaway Postgres database to run this test")
-    return url
-
-
-def reset_postgres(url: str) -> None:
-    engine = sa.create_engine(url)
-    with engine.begin() as conn:
-        metadata.drop_all(conn)
-        conn.exec_driver_sql("DROP TABLE IF EXISTS buffer_meta")
-    engine.dispose()
-
-
-@dataclass
-class Storage:
-    """A fresh buffer plus how it gives samples back (SQL: float32 log-probs)."""
-
-    buffer: Buffer
-    expect: Callable[[Sample], Sample]
-    open_again: Callable[[], Buffer] | None
-    """Open the same storage a second time (another 'process'); None for memory."""
+from agentscope_rft.buffer import MemoryBuffer, SQLBuffer
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])

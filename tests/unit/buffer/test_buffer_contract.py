@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from buffer_helpers import make_group, make_sample
-from conftest import Storage
+from buffer_helpers import Storage, make_group, make_sample
 
 from agentscope_rft.buffer import Buffer, BufferInputError, BufferTimeout
 

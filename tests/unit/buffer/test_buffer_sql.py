@@ -128,3 +128,26 @@ async def test_put_is_one_transaction(tmp_path: Path, monkeypatch: pytest.Monkey
     assert calls["n"] == 1
     assert sum((await buffer.stats()).values()) == 0
     await buffer.close()
+
+
+async def test_a_lost_claim_race_rolls_back_and_picks_again(tmp_path: Path) -> None:
+    # Between our SELECT and UPDATE another reader takes group "a" (possible on databases without
+    # SKIP LOCKED): the claim and the stale drop roll back, and the retry gets whole groups.
+    buffer = SQLBuffer(tmp_path / "buffer.db")
+    for name, version in (("stale", 0), ("a", 1), ("b", 1), ("c", 1)):
+        await buffer.put(make_group(name, 1, policy_version=version))
+    races = []
+
+    def other_reader_takes_a(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+        if statement.startswith("UPDATE buffer_groups") and "consumed" in parameters and not races:
+            races.append(statement)
+            cursor.execute("UPDATE buffer_groups SET state = 'consumed' WHERE group_key = 'a'")
+
+    sa.event.listen(buffer._engine, "before_cursor_execute", other_reader_takes_a)
+    batch = await buffer.get(2, step=1, min_policy_version=1, timeout=1)
+
+    assert len(races) == 1
+    assert [s.group_id for s in batch] == ["a", "b"]  # the race was rolled back
+    stats = await buffer.stats()
+    assert (stats["dropped_groups"], stats["consumed_groups"], stats["pending_groups"]) == (1, 2, 1)
+    await buffer.close()
