@@ -9,6 +9,7 @@ a `get` sees `put`s from other processes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -101,10 +102,20 @@ class SQLBuffer:
             raise RuntimeError(f"the buffer {self.where} is closed")
 
     async def put(self, samples: Sequence[Sample]) -> None:
-        """Store whole groups in one transaction; a bad sample raises and stores nothing."""
+        """Store whole groups in one transaction; a bad sample raises and stores nothing.
+
+        Cancelling a `put` waits for its transaction to end before `CancelledError` propagates;
+        the groups may then be stored (check `stats` before putting them again).
+        """
         self._check_open()
         if samples:
-            await asyncio.to_thread(self._put, list(samples))
+            work = asyncio.ensure_future(asyncio.to_thread(self._put, list(samples)))
+            try:
+                await asyncio.shield(work)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    await work
+                raise
 
     def _put(self, samples: list[Sample]) -> None:
         by_group: dict[str, list[tuple[Sample, dict[str, Any]]]] = {}

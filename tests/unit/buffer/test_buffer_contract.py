@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 from buffer_helpers import Storage, make_group, make_sample
@@ -170,3 +171,13 @@ async def test_get_rejects_impossible_requests(storage: Storage, num_groups) -> 
 async def test_empty_put_is_a_no_op(storage: Storage) -> None:
     await storage.buffer.put([])
     assert sum((await storage.buffer.stats()).values()) == 0
+
+
+async def test_a_cancelled_put_stores_whole_groups_or_nothing(storage: Storage) -> None:
+    task = asyncio.create_task(storage.buffer.put(make_group("a", 4) + make_group("b", 4)))
+    await asyncio.sleep(0)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    stats = await storage.buffer.stats()
+    assert (stats["pending_groups"], stats["pending_samples"]) in ((0, 0), (2, 8))
