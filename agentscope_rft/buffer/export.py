@@ -1,0 +1,190 @@
+"""Samples between a SQL buffer and JSONL files: `export_samples` and `import_samples`.
+
+One JSON object per line with the chosen `Sample` fields; arrays are JSON lists (log-probs at
+float32 precision, as stored). Export writes a temporary file and renames it, so an interrupted
+export never leaves a partial file under the target name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import sqlalchemy as sa
+
+from agentscope_rft.buffer.base import BufferInputError
+from agentscope_rft.buffer.codec import decode_sample, encode_sample, sample_to_json
+from agentscope_rft.buffer.schema import (
+    SAMPLE_COLUMNS,
+    create_buffer_engine,
+    groups_table,
+    samples_table,
+    to_url,
+)
+from agentscope_rft.types import Sample
+
+ExportState = Literal["all", "pending", "consumed", "dropped"]
+
+SAMPLE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Sample))
+"""Every field a line may carry."""
+
+DEFAULT_EXPORT_FIELDS: tuple[str, ...] = (
+    "sample_id",
+    "kind",
+    "rollout_id",
+    "task_id",
+    "group_id",
+    "agent_name",
+    "policy_version",
+    "reward",
+    "stop_reason",
+    "token_ids",
+    "loss_mask",
+    "logprobs",
+)
+"""What `export_samples` writes by default: enough to train on and to trace a sample back."""
+
+REQUIRED_FIELDS: tuple[str, ...] = tuple(
+    f.name
+    for f in dataclasses.fields(Sample)
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+)
+
+
+def _check_fields(fields: Sequence[str]) -> tuple[str, ...]:
+    unknown = [name for name in fields if name not in SAMPLE_FIELDS]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], SAMPLE_FIELDS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(
+            f"unknown sample field {unknown[0]!r}{hint} (fields: {', '.join(SAMPLE_FIELDS)})"
+        )
+    if not fields:
+        raise ValueError("no fields to export")
+    return tuple(dict.fromkeys(fields))
+
+
+def iter_stored_samples(
+    url: str | Path, *, state: ExportState = "all", page_size: int = 256
+) -> Iterator[Sample]:
+    """The samples of a SQL buffer in insertion order, read in pages (any size of buffer).
+
+    Raises:
+        BufferFormatError: no such buffer, not a buffer, or another schema version.
+
+    Example:
+        >>> for sample in iter_stored_samples("runs/demo/buffer.db", state="consumed"):
+        ...     print(sample.rollout_id)  # doctest: +SKIP
+    """
+    engine = create_buffer_engine(to_url(url), create=False)
+    s, g = samples_table.c, groups_table.c
+    try:
+        last_id = -1
+        while True:
+            query = sa.select(s.id, *SAMPLE_COLUMNS).where(s.id > last_id)
+            if state != "all":
+                query = query.join(groups_table, g.id == s.group_ref).where(g.state == state)
+            with engine.connect().execution_options(read_only=True) as conn, conn.begin():
+                rows = conn.execute(query.order_by(s.id).limit(page_size)).mappings().all()
+            if not rows:
+                return
+            for row in rows:
+                yield decode_sample(row)
+            last_id = rows[-1]["id"]
+    finally:
+        engine.dispose()
+
+
+def export_samples(
+    url: str | Path,
+    out_path: str | Path,
+    fields: Sequence[str] = DEFAULT_EXPORT_FIELDS,
+    *,
+    state: ExportState = "all",
+) -> int:
+    """Write the samples of a SQL buffer to a JSONL file; returns how many.
+
+    Args:
+        url: the buffer's SQLAlchemy URL or SQLite file path.
+        out_path: the JSONL file to write (replaced when it exists).
+        fields: `Sample` fields per line, in this order.
+        state: which samples: all, or those of `pending` / `consumed` / `dropped` groups.
+
+    Raises:
+        ValueError: an unknown field name.
+        BufferFormatError: no such buffer, not a buffer, or another schema version.
+
+    Example:
+        >>> export_samples("runs/demo/buffer.db", "samples.jsonl")  # doctest: +SKIP
+        1024
+    """
+    names = _check_fields(fields)
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    count = 0
+    try:
+        with partial.open("w", encoding="utf-8") as handle:
+            for sample in iter_stored_samples(url, state=state):
+                handle.write(json.dumps(sample_to_json(sample, names), ensure_ascii=False))
+                handle.write("\n")
+                count += 1
+        os.replace(partial, out)
+    finally:
+        partial.unlink(missing_ok=True)
+    return count
+
+
+def _sample_from_line(record: Any, where: str) -> Sample:
+    if not isinstance(record, dict):
+        raise BufferInputError(f"{where}: each line must be a JSON object")
+    for key in record:
+        if key not in SAMPLE_FIELDS:
+            close = difflib.get_close_matches(str(key), SAMPLE_FIELDS, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise BufferInputError(f"{where}: unknown field {key!r}{hint}")
+    missing = [name for name in REQUIRED_FIELDS if name not in record]
+    if missing:
+        raise BufferInputError(
+            f"{where}: missing field {missing[0]!r} (required: {', '.join(REQUIRED_FIELDS)})"
+        )
+    if record.get("metrics") is None:
+        record.pop("metrics", None)
+    try:
+        sample = Sample(**record)
+    except (TypeError, ValueError) as err:
+        raise BufferInputError(f"{where}: {err}") from err
+    encode_sample(sample, where)
+    return sample
+
+
+def import_samples(path: str | Path) -> list[Sample]:
+    """Samples from a JSONL file such as `export_samples` writes (blank lines are skipped).
+
+    Raises:
+        BufferInputError: a bad line; the message names the file, the line and the field.
+
+    Example:
+        >>> samples = import_samples("samples.jsonl")  # doctest: +SKIP
+        >>> await buffer.put(samples)  # doctest: +SKIP
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise BufferInputError(f"{path}: no such file")
+    samples: list[Sample] = []
+    with path.open(encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise BufferInputError(f"{where}: not valid JSON ({err.msg})") from err
+            samples.append(_sample_from_line(record, where))
+    return samples

@@ -1,0 +1,134 @@
+"""JSONL export and import, and the `buffer` CLI sub-app."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from buffer_helpers import make_group, stored_form
+from typer.testing import CliRunner
+
+from agentscope_rft.buffer import (
+    DEFAULT_EXPORT_FIELDS,
+    BufferFormatError,
+    BufferInputError,
+    SQLBuffer,
+    export_samples,
+    import_samples,
+)
+from agentscope_rft.buffer.cli import buffer_app
+from agentscope_rft.buffer.export import SAMPLE_FIELDS
+
+
+@pytest.fixture
+async def filled(tmp_path: Path) -> Path:
+    """A buffer with groups a (consumed), b and c (pending)."""
+    path = tmp_path / "buffer.db"
+    buffer = SQLBuffer(path)
+    for name in "abc":
+        await buffer.put(make_group(name, 2))
+    await buffer.get(1, step=1, timeout=1)
+    await buffer.close()
+    return path
+
+
+def test_default_export_has_the_documented_fields(filled: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out" / "samples.jsonl"
+    assert export_samples(filled, out) == 6
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    required = {"token_ids", "loss_mask", "logprobs", "reward", "rollout_id", "task_id"}
+    required |= {"policy_version", "agent_name", "stop_reason", "kind", "group_id", "sample_id"}
+    assert set(lines[0]) == required == set(DEFAULT_EXPORT_FIELDS)
+    assert [line["rollout_id"] for line in lines] == [f"{g}-r{i}" for g in "abc" for i in (0, 1)]
+    assert not list(tmp_path.glob("out/*.partial"))
+
+
+def test_export_all_fields_round_trips_through_import(filled: Path, tmp_path: Path) -> None:
+    out = tmp_path / "all.jsonl"
+    export_samples(filled, out, SAMPLE_FIELDS)
+    expected = [stored_form(s) for name in "abc" for s in make_group(name, 2)]
+    assert import_samples(out) == expected
+
+
+def test_export_by_state(filled: Path, tmp_path: Path) -> None:
+    out = tmp_path / "pending.jsonl"
+    assert export_samples(filled, out, ["rollout_id"], state="pending") == 4
+    assert out.read_text().splitlines()[0] == '{"rollout_id": "b-r0"}'
+    assert export_samples(filled, out, ["rollout_id"], state="dropped") == 0
+
+
+def test_export_errors(filled: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown sample field 'rewards'; did you mean 'reward'"):
+        export_samples(filled, tmp_path / "x.jsonl", ["rewards"])
+    with pytest.raises(BufferFormatError, match="no such buffer file"):
+        export_samples(tmp_path / "nope.db", tmp_path / "x.jsonl")
+    assert not (tmp_path / "nope.db").exists()
+
+
+GOOD = '{"token_ids": [1, 2], "loss_mask": [0, 1], "logprobs": [0, -1], "reward": 1, '
+GOOD += '"rollout_id": "r", "task_id": "t"}'
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", r"bad.jsonl:2: not valid JSON"),
+        ("[1, 2]", r"bad.jsonl:2: each line must be a JSON object"),
+        (GOOD.replace('"reward"', '"rewrd"'), r"bad.jsonl:2: unknown field 'rewrd'; did you mean"),
+        (GOOD.replace(', "task_id": "t"', ""), r"bad.jsonl:2: missing field 'task_id'"),
+        (GOOD.replace("[0, 1]", "[0, 1, 1]"), r"bad.jsonl:2: .* differ in length"),
+        (GOOD.replace("[1, 2]", '["a", "b"]'), r"bad.jsonl:2: field 'token_ids' must hold int"),
+    ],
+)
+def test_import_names_file_line_and_field(tmp_path: Path, line: str, message: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(GOOD + "\n" + line + "\n")
+    with pytest.raises(BufferInputError, match=message):
+        import_samples(path)
+
+
+def test_import_skips_blank_lines_and_fills_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "ok.jsonl"
+    path.write_text("\n" + GOOD + "\n\n")
+    (sample,) = import_samples(path)
+    assert (sample.kind, sample.policy_version, sample.group) == ("rl", 0, "t")
+    with pytest.raises(BufferInputError, match="no such file"):
+        import_samples(tmp_path / "missing.jsonl")
+
+
+runner = CliRunner()
+
+
+def test_cli_export_stats_and_import(filled: Path, tmp_path: Path) -> None:
+    out = tmp_path / "s.jsonl"
+    result = runner.invoke(buffer_app, ["export", "--url", str(filled), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "wrote 6 samples" in result.output
+    assert len(out.read_text().splitlines()) == 6
+
+    result = runner.invoke(buffer_app, ["stats", "--url", f"sqlite:///{filled}"])
+    assert result.exit_code == 0, result.output
+    assert re.search(r"pending\s*│\s*2\s*│\s*4\s*│", result.output)
+    assert re.search(r"consumed\s*│\s*1\s*│\s*2\s*│", result.output)
+
+    copy = tmp_path / "copy.db"
+    full = tmp_path / "full.jsonl"
+    runner.invoke(
+        buffer_app, ["export", "--url", str(filled), "--out", str(full), "--fields", "all"]
+    )
+    result = runner.invoke(buffer_app, ["import", "--url", str(copy), "--input", str(full)])
+    assert result.exit_code == 0, result.output
+    assert export_samples(copy, tmp_path / "again.jsonl", SAMPLE_FIELDS) == 6
+    assert (tmp_path / "again.jsonl").read_text() == full.read_text()
+
+
+def test_cli_errors_are_one_clear_line(tmp_path: Path) -> None:
+    result = runner.invoke(buffer_app, ["stats", "--url", str(tmp_path / "missing.db")])
+    assert result.exit_code == 2
+    assert "missing.db: no such buffer file" in result.output
+    result = runner.invoke(
+        buffer_app, ["export", "--url", str(tmp_path / "x.db"), "--out", "o", "--fields", "bogus"]
+    )
+    assert result.exit_code == 2 and "unknown sample field 'bogus'" in result.output
