@@ -141,6 +141,118 @@ async def _serve(engine: Engine, host: str, port: int, api_key: str | None) -> N
     await engine.close()
 
 
+ConfigOption = Annotated[str | None, typer.Option("--config", "-c", help="Run config (YAML).")]
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a config value: key.path=value (repeatable)."),
+]
+
+
+def _user_errors(*more: type[BaseException]) -> tuple[type[BaseException], ...]:
+    from agentscope_rft.api import WorkflowError
+    from agentscope_rft.buffer.base import BufferFormatError, BufferTimeout
+    from agentscope_rft.config import ConfigError
+    from agentscope_rft.explorer.tasks import TaskSetError
+    from agentscope_rft.models import ModelNotFoundError
+    from agentscope_rft.runtime.components import RunFolderError
+
+    return (
+        ConfigError,
+        RunFolderError,
+        TaskSetError,
+        WorkflowError,
+        ModelNotFoundError,
+        BufferFormatError,
+        BufferTimeout,
+    )
+
+
+@app.command()
+def train(
+    config: ConfigOption = None,
+    set_: SetOption = None,
+    resume: Annotated[
+        str | None, typer.Option(help="Continue the run in this folder from its checkpoint.")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
+) -> None:
+    """Train an AgentScope app with reinforcement fine-tuning (or SFT/DPO offline)."""
+    setup_logging(log_level)
+    from pathlib import Path
+
+    from agentscope_rft.config import load_config
+    from agentscope_rft.runtime.components import load_resumed_config, run_dir_for
+    from agentscope_rft.runtime.local import train as run_training
+
+    try:
+        if resume is not None:
+            run_dir = Path(resume)
+            cfg = load_resumed_config(run_dir, set_ or [])
+        else:
+            if config is None:
+                raise fail("give --config run.yaml (or --resume runs/<name>)")
+            cfg = load_config(config, set_ or [])
+            run_dir = run_dir_for(cfg)
+        last = asyncio.run(run_training(cfg, run_dir, resume=resume is not None))
+    except _user_errors() as exc:
+        raise fail(str(exc)) from exc
+    shown = {
+        k: round(v, 4)
+        for k, v in last.items()
+        if k in ("reward/mean", "success_rate", "loss", "time/step")
+    }
+    console.print(f"[bold green]done[/] {run_dir}: {shown}; curve: {run_dir / 'reward_curve.png'}")
+
+
+@app.command()
+def explore(
+    config: ConfigOption = None,
+    set_: SetOption = None,
+    split: Annotated[str, typer.Option(help="Task split: train or eval.")] = "train",
+    limit: Annotated[int | None, typer.Option(help="Only the first N tasks.")] = None,
+    group_size: Annotated[int | None, typer.Option(help="Episodes per task.")] = None,
+    out: Annotated[str | None, typer.Option(help="Output folder.")] = None,
+    log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
+) -> None:
+    """Run the workflow over a task set without training: a baseline evaluation.
+
+    Writes samples to the buffer (SQLite by default) and per-task rewards to results.jsonl.
+    """
+    setup_logging(log_level)
+    from pathlib import Path
+
+    from agentscope_rft.config import load_config
+    from agentscope_rft.runtime.components import run_dir_for
+    from agentscope_rft.runtime.explore import explore as run_explore
+
+    if config is None:
+        raise fail("give --config run.yaml")
+    try:
+        cfg = load_config(config, set_ or [])
+        out_dir = Path(out) if out else run_dir_for(cfg) / f"explore-{split}"
+        summary = asyncio.run(
+            run_explore(cfg, out_dir, split=split, limit=limit, group_size=group_size)
+        )
+    except _user_errors(ValueError) as exc:
+        raise fail(str(exc)) from exc
+    table = Table(title=f"explore {split}: {out_dir}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key in (
+        "reward/mean",
+        "reward/std",
+        "success_rate",
+        "rollouts_per_s",
+        "explore/rollouts",
+        "explore/failed",
+        "explore/timeout",
+        "trajectory/merge_rate",
+        "response_length/mean",
+    ):
+        table.add_row(key, f"{summary.get(key, 0.0):.4g}")
+    Console().print(table)
+
+
 @app.command("install-vllm")
 def install_vllm(
     target: Annotated[str, typer.Option(help="Where to create the environment.")] = ".venv-vllm",
@@ -181,6 +293,17 @@ def doctor(
             check.name, "[green]ok[/]" if check.ok else "[yellow]missing[/]", check.detail
         )
     Console().print(table)
+
+
+def _mount_subcommands() -> None:
+    from agentscope_rft.buffer.cli import buffer_app
+    from agentscope_rft.monitor import plot_command
+
+    app.command("plot")(plot_command)
+    app.add_typer(buffer_app, name="buffer")
+
+
+_mount_subcommands()
 
 
 def main() -> None:

@@ -215,9 +215,7 @@ class ExplorerConfig(Section):
     max_retries: int = Field(default=1, ge=0)
     """Retries of an episode that raised or timed out (a fresh rollout each time)."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    eval_sampling: SamplingConfig = Field(
-        default_factory=lambda: SamplingConfig(temperature=0.0)
-    )
+    eval_sampling: SamplingConfig = Field(default_factory=lambda: SamplingConfig(temperature=0.0))
     """Sampling for evaluation episodes (greedy by default)."""
     eval_group_size: int = Field(default=1, ge=1)
     stream: bool = False
@@ -307,6 +305,19 @@ class RunConfig(Section):
     offline: OfflineConfig = Field(default_factory=OfflineConfig)
     run: RunSettings = Field(default_factory=RunSettings)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_types(cls, data: Any) -> Any:
+        """`engine: vllm` or `engine: {dtype: ...}` (no `type`) mean the obvious thing."""
+        if isinstance(data, dict):
+            for section, default in (("engine", "embedded"), ("trainer", "torch")):
+                value = data.get(section)
+                if isinstance(value, str):
+                    data = {**data, section: {"type": value}}
+                elif isinstance(value, dict) and "type" not in value:
+                    data = {**data, section: {"type": default, **value}}
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
         mode = self.run.mode
@@ -376,7 +387,8 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunCo
         ConfigError: unreadable YAML, or a key or value that does not validate.
 
     Example:
-        >>> cfg = load_config("examples/quickstart/config.yaml", ["trainer.lr=1e-5"])  # doctest: +SKIP
+        >>> path = "examples/quickstart/config.yaml"
+        >>> cfg = load_config(path, ["trainer.lr=1e-5"])  # doctest: +SKIP
     """
     source = str(path) if path is not None else "(defaults)"
     data: Any = {}

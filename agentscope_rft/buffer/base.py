@@ -79,6 +79,10 @@ class Buffer(Protocol):
         order; returns how many samples that gives back."""
         ...
 
+    async def discard_pending(self) -> int:
+        """Drop every group not yet trained on; returns how many samples that was."""
+        ...
+
     async def stats(self) -> dict[str, float]:
         """Counts of groups and samples by state; the keys are `STATS_KEYS`."""
         ...

@@ -76,7 +76,13 @@ class BufferConfig(BaseModel):
     @model_validator(mode="after")
     def _keys_match_type(self) -> BufferConfig:
         for buffer_type, keys in _ONLY_FOR.items():
-            used = [key for key in keys if key in self.model_fields_set]
+            # A saved resolved config lists every key with its default: only set values count.
+            used = [
+                key
+                for key in keys
+                if key in self.model_fields_set
+                and getattr(self, key) != type(self).model_fields[key].default
+            ]
             if used and self.type != buffer_type:
                 raise ValueError(
                     f"buffer keys {used} apply to type {buffer_type!r} only; set "

@@ -185,6 +185,16 @@ class MemoryBuffer:
             self._condition().notify_all()
             return sum(len(g.samples) for g in back)
 
+    async def discard_pending(self) -> int:
+        """Forget every pending group (a resumed run re-explores them); returns samples."""
+        self._check_open()
+        async with self._condition():
+            gone = sum(len(g.samples) for g in self._pending)
+            for group in self._pending:
+                self._count("pending", -1, -len(group.samples))
+            self._pending.clear()
+            return gone
+
     async def stats(self) -> dict[str, float]:
         """Counts of groups and samples by state (`STATS_KEYS`)."""
         self._check_open()

@@ -281,6 +281,23 @@ class SQLBuffer:
             )
         return int(count)
 
+    async def discard_pending(self) -> int:
+        """Mark every pending group dropped (a resumed run re-explores them); returns samples."""
+        self._check_open()
+        return await asyncio.to_thread(self._discard_pending)
+
+    def _discard_pending(self) -> int:
+        g = groups_table.c
+        pending = g.state == PENDING
+        with self._engine.begin() as conn:
+            count = conn.execute(
+                sa.select(sa.func.coalesce(sa.func.sum(g.num_samples), 0)).where(pending)
+            ).scalar_one()
+            conn.execute(
+                sa.update(groups_table).where(pending).values(state=DROPPED, updated_at=time.time())
+            )
+        return int(count)
+
     async def stats(self) -> dict[str, float]:
         """Counts of groups and samples by state (`STATS_KEYS`)."""
         self._check_open()

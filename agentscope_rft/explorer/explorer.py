@@ -221,7 +221,7 @@ class Explorer:
         no_calls: list[str] = []
 
         async def one(task: Task, index: int) -> Rollout:
-            rollout = await self.run_episode(task, f"{batch_id}.{index}-{uuid.uuid4().hex[:8]}")
+            rollout = await self.run_episode(task, f"{batch_id}.{index}")
             if on_rollout is not None:
                 on_rollout(rollout)
             return rollout

@@ -19,8 +19,8 @@ import collections
 import logging
 import re
 import time
-import zlib
 import uuid
+import zlib
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, cast

@@ -274,6 +274,8 @@ class TorchTrainer:
                     )
         elapsed = time.perf_counter() - started
         updates = self.config.epochs * self.config.mini_batches
+        entropy_sum, entropy_tokens = sums.pop("entropy/sum"), sums.pop("entropy/tokens")
+        metrics["entropy/mean"] = entropy_sum / max(entropy_tokens, 1.0)
         metrics.update({k: v / updates for k, v in sums.items()})
         metrics.update(self._batch_metrics(batch, old, ref))
         metrics.update(
@@ -380,6 +382,9 @@ class TorchTrainer:
                 shares = {**shares, **vshares}
             loss.backward()
             sums["loss"] += float(loss.detach())
+            trained = mb.loss_mask.to(dev).bool()
+            sums["entropy/sum"] += float(entropy.detach()[trained].sum())
+            sums["entropy/tokens"] += float(trained.sum())
             for key, value in shares.items():
                 sums[key] += value
         params = [p for g in self.optimizer.param_groups for p in g["params"]]

@@ -9,7 +9,6 @@ watchdogs) belongs to the loop that started it.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,10 +19,6 @@ from agentscope_rft.chat.template import HERMES_CHATML_TEMPLATE
 from agentscope_rft.engines.vllm import VLLMEngine
 from agentscope_rft.engines.vllm_env import VLLMNotFoundError, find_vllm_python
 from agentscope_rft.models import EMBEDDED_MODEL, resolve_model
-
-# `engine_contract` lives in tests/integration; `tests.integration...` cannot be imported because
-# verl installs a top-level package named `tests` into site-packages.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _vllm_python() -> tuple[Path | None, str]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from engine_contract import run_contract
 
 from agentscope_rft.engines.vllm import VLLMEngine
+
+from ..engine_contract import run_contract
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
 

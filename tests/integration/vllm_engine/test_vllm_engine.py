@@ -6,13 +6,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ADD_TOOL, FEW_SHOT_TOOL_MESSAGES
-from engine_contract import choices_of, collect
 
 from agentscope_rft.engines.base import ChatRequest, PromptReady
 from agentscope_rft.engines.vllm import VLLMEngine
 from agentscope_rft.models import load_causal_lm
 from agentscope_rft.types import SamplingParams
+
+from ..engine_contract import choices_of, collect
+from .conftest import ADD_TOOL, FEW_SHOT_TOOL_MESSAGES
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
 

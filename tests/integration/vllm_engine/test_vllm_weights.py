@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_contract import choices_of, collect
 
 from agentscope_rft.engines.base import ChatRequest, EngineError
 from agentscope_rft.engines.vllm import VLLMEngine
 from agentscope_rft.models import load_causal_lm
 from agentscope_rft.types import SamplingParams
+
+from ..engine_contract import choices_of, collect
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
 

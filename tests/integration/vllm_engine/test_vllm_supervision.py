@@ -10,8 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import VLLM_PYTHON
-from engine_contract import choices_of, collect
 
 from agentscope_rft.engines.base import ChatRequest
 from agentscope_rft.engines.vllm import VLLMEngine
@@ -19,6 +17,9 @@ from agentscope_rft.engines.vllm_env import VLLMNotFoundError
 from agentscope_rft.engines.vllm_server import VLLMServerError
 from agentscope_rft.models import ModelNotFoundError
 from agentscope_rft.types import SamplingParams
+
+from ..engine_contract import choices_of, collect
+from .conftest import VLLM_PYTHON
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
 

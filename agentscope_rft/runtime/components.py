@@ -1,0 +1,153 @@
+"""Building a run's components from its config, and the run folder's files."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentscope_rft.config import ConfigError, RunConfig, dump_config
+from agentscope_rft.explorer.explorer import EpisodeSettings, ExploreResult
+from agentscope_rft.types import Rollout
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "state.json"
+CHECKPOINTS = "checkpoints"
+
+
+class RunFolderError(ValueError):
+    """A run folder that cannot be used as asked (exists, or has nothing to resume)."""
+
+
+def run_dir_for(config: RunConfig) -> Path:
+    name = config.run.name or "run"
+    if config.run.dir is None:
+        logger.info("run.dir not set: using runs/%s", name)
+    return Path(config.run.dir or Path("runs") / name)
+
+
+def prepare_run_dir(config: RunConfig, run_dir: Path, *, resume: bool) -> None:
+    """Create the run folder (never silently replacing one) and save the resolved config."""
+    if resume:
+        if not (run_dir / STATE_FILE).is_file():
+            raise RunFolderError(f"{run_dir} has no checkpoint to resume from ({STATE_FILE})")
+    elif run_dir.exists() and any(run_dir.iterdir()):
+        if not config.run.overwrite:
+            raise RunFolderError(
+                f"run folder {run_dir} already exists: resume it with `agentscope-rft train "
+                f"--resume {run_dir}`, pick another run.name, or pass --set run.overwrite=true"
+            )
+        logger.warning("run.overwrite: replacing %s", run_dir)
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump_config(config))
+
+
+def episode_settings(config: RunConfig, max_model_len: int) -> EpisodeSettings:
+    ex = config.explorer
+    max_length = ex.max_sample_length or config.trainer.max_seq_len or max_model_len
+    if ex.max_sample_length is None:
+        logger.info("explorer.max_sample_length not set: using %d tokens", max_length)
+    return EpisodeSettings(
+        episode_timeout=ex.episode_timeout,
+        max_retries=ex.max_retries,
+        max_concurrency=ex.max_concurrency,
+        model_stream=ex.stream,
+        max_tokens=ex.sampling.max_tokens,
+        reward_spread=ex.reward_spread,
+        reward_gamma=ex.reward_gamma,
+        success_threshold=ex.success_threshold,
+        max_sample_length=max_length,
+    )
+
+
+def sampling_rules(config: RunConfig) -> dict[str, dict[str, Any]]:
+    """Gateway sampling overrides: training rollouts by default, `eval` rollouts greedy."""
+
+    def values(section: Any) -> dict[str, Any]:
+        return {k: v for k, v in section.model_dump().items() if v is not None}
+
+    return {"": values(config.explorer.sampling), "eval": values(config.explorer.eval_sampling)}
+
+
+@dataclass
+class RolloutLog:
+    """Appends one compact JSON line per rollout to `rollouts.jsonl` (for inspection)."""
+
+    path: Path
+
+    def write(self, step: int, phase: str, result: ExploreResult) -> None:
+        with open(self.path, "a", encoding="utf-8") as handle:
+            for rollout in result.rollouts:
+                handle.write(json.dumps(_rollout_line(step, phase, rollout)) + "\n")
+
+
+def _rollout_line(step: int, phase: str, rollout: Rollout) -> dict[str, Any]:
+    return {
+        "step": step,
+        "phase": phase,
+        "rollout_id": rollout.rollout_id,
+        "task_id": rollout.task_id,
+        "reward": rollout.reward,
+        "success": rollout.success,
+        "status": str(rollout.status),
+        "error": (rollout.error or "")[-1000:] or None,
+        "calls": [
+            {
+                "agent": call.agent_name,
+                "prompt_tokens": len(call.prompt_ids),
+                "completion_tokens": len(call.completion_ids),
+                "finish_reason": call.finish_reason,
+                "content": call.content,
+                "tool_calls": [[t.name, t.arguments] for t in call.tool_calls],
+                "policy_version": call.policy_version,
+            }
+            for call in rollout.calls
+        ],
+    }
+
+
+def write_state(run_dir: Path, state: dict[str, Any]) -> None:
+    tmp = run_dir / (STATE_FILE + ".tmp")
+    tmp.write_text(json.dumps(state, indent=1))
+    tmp.replace(run_dir / STATE_FILE)
+
+
+def read_state(run_dir: Path) -> dict[str, Any]:
+    try:
+        state: dict[str, Any] = json.loads((run_dir / STATE_FILE).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise RunFolderError(f"cannot read {run_dir / STATE_FILE}: {exc}") from exc
+    return state
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return run_dir / CHECKPOINTS / f"step-{step:06d}"
+
+
+def prune_checkpoints(run_dir: Path, keep: int) -> None:
+    folders = sorted((run_dir / CHECKPOINTS).glob("step-*"))
+    for old in folders[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def load_resumed_config(run_dir: Path, overrides: list[str]) -> RunConfig:
+    from agentscope_rft.config import load_config
+
+    config_file = run_dir / "config.yaml"
+    if not config_file.is_file():
+        raise ConfigError(f"{run_dir} has no config.yaml to resume with")
+    return load_config(config_file, overrides)
+
+
+class Stopwatch:
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started

@@ -1,0 +1,133 @@
+"""`agentscope-rft explore`: run a workflow over a task set without training (a baseline).
+
+Samples go to the buffer (an SQLite file by default, so they can be exported or trained on
+later with `run.mode: train_only`), per-task results to `results.jsonl`, a summary to
+`summary.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from agentscope_rft.api import load_workflow
+from agentscope_rft.buffer.config import BufferConfig, build_buffer
+from agentscope_rft.config import RunConfig, dump_config
+from agentscope_rft.engines.factory import build_engine
+from agentscope_rft.explorer.explorer import Explorer, ExploreResult
+from agentscope_rft.explorer.tasks import load_tasks
+from agentscope_rft.explorer.trajectory import TrajectoryStats
+from agentscope_rft.gateway.server import Gateway
+from agentscope_rft.runtime.components import RolloutLog, episode_settings, sampling_rules
+from agentscope_rft.types import Rollout
+
+logger = logging.getLogger(__name__)
+
+
+def _task_result(task_id: str, rollouts: list[Rollout]) -> dict[str, Any]:
+    rewards = [r.reward for r in rollouts if r.ok]
+    return {
+        "task_id": task_id,
+        "rewards": [r.reward if r.ok else None for r in rollouts],
+        "mean_reward": sum(rewards) / len(rewards) if rewards else None,
+        "success_rate": sum(r.success for r in rollouts) / len(rollouts),
+        "failed": sum(not r.ok for r in rollouts),
+        "errors": sorted(
+            {
+                (r.error or "").strip().splitlines()[-1][:200]
+                for r in rollouts
+                if not r.ok and r.error
+            }
+        ),
+    }
+
+
+async def explore(
+    config: RunConfig,
+    out_dir: Path,
+    *,
+    split: str = "train",
+    limit: int | None = None,
+    group_size: int | None = None,
+) -> dict[str, float]:
+    """Explore every task of a split; returns the summary metrics.
+
+    Example:
+        >>> summary = asyncio.run(explore(config, Path("runs/x/explore")))  # doctest: +SKIP
+    """
+    source = config.tasks.train if split == "train" else config.tasks.eval
+    if source is None:
+        raise ValueError(f"tasks.{split} is not set in the config")
+    tasks = load_tasks(
+        source, id_field=config.tasks.id_field, required_fields=config.tasks.required_fields
+    )[:limit]
+    workflow = load_workflow(config.workflow or "", config.judge)
+    groups = group_size or (
+        config.explorer.group_size if split == "train" else config.explorer.eval_group_size
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.yaml").write_text(dump_config(config))
+    buffer_config = config.buffer
+    if buffer_config.type == "memory":
+        logger.info(
+            "explore keeps its samples: buffer.type memory -> sql (%s)", out_dir / "buffer.db"
+        )
+        buffer_config = BufferConfig(type="sql")
+    buffer = build_buffer(buffer_config, out_dir)
+    engine = build_engine(config.model, config.engine, log_dir=out_dir / "logs")
+    await engine.start()
+    results_path = out_dir / "results.jsonl"
+    results_path.write_text("")
+    log = RolloutLog(out_dir / "rollouts.jsonl")
+    log.path.write_text("")
+    all_rollouts: list[Rollout] = []
+    stats = TrajectoryStats()
+    started = time.perf_counter()
+    rules = sampling_rules(config)
+    if split != "train":
+        rules[""] = rules["eval"]
+    try:
+        async with Gateway(
+            engine, sampling_overrides=rules, seed_base=config.explorer.seed, generate_api_key=True
+        ) as gateway:
+            explorer = Explorer(workflow, gateway, episode_settings(config, engine.max_model_len))
+            chunk = max(1, config.explorer.max_concurrency // groups)
+            columns = [
+                TextColumn("exploring"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+            ]
+            with Progress(*columns, transient=True) as progress:
+                bar = progress.add_task("episodes", total=len(tasks) * groups)
+                for first in range(0, len(tasks), chunk):
+                    result: ExploreResult = await explorer.explore(
+                        tasks[first : first + chunk],
+                        group_size=groups,
+                        batch_id=f"{split}{first}",
+                        on_rollout=lambda _: progress.advance(bar),
+                    )
+                    log.write(0, split, result)
+                    stats.merge(result.trajectory)
+                    all_rollouts.extend(result.rollouts)
+                    by_group: dict[str, list[Any]] = {}
+                    for sample in result.samples:
+                        by_group.setdefault(sample.group, []).append(sample)
+                    for group in by_group.values():
+                        await buffer.put(group)
+                    with open(results_path, "a") as handle:
+                        for task in tasks[first : first + chunk]:
+                            mine = [r for r in result.rollouts if r.task_id == task.id]
+                            handle.write(json.dumps(_task_result(task.id, mine)) + "\n")
+            await explorer.close()
+    finally:
+        await engine.close()
+        await buffer.close()
+    summary = ExploreResult(all_rollouts, [], stats, time.perf_counter() - started).metrics()
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary

@@ -1,0 +1,258 @@
+"""The local runtime: one process, asyncio; engine, gateway, explorer, buffer and trainer together.
+
+`train` is the whole training loop. The explorer and the trainer are two coroutines joined by the
+buffer; `run.mode` only sets how far the explorer may run ahead of the trainer: 0 batches
+(`sync`, on-policy), 1 (`one_step_off`) or `run.max_staleness` (`async`). Training runs in a
+worker thread, so the gateway keeps serving episodes while weights update.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from agentscope_rft.api import load_workflow
+from agentscope_rft.buffer.config import build_buffer
+from agentscope_rft.config import RunConfig
+from agentscope_rft.engines.base import Engine
+from agentscope_rft.engines.factory import build_engine
+from agentscope_rft.explorer.explorer import Explorer
+from agentscope_rft.explorer.tasks import TaskSampler, load_tasks
+from agentscope_rft.gateway.server import Gateway
+from agentscope_rft.models import resolve_model
+from agentscope_rft.monitor import Monitor
+from agentscope_rft.runtime.components import (
+    RolloutLog,
+    checkpoint_dir,
+    episode_settings,
+    prepare_run_dir,
+    prune_checkpoints,
+    read_state,
+    sampling_rules,
+    write_state,
+)
+from agentscope_rft.runtime.offline import offline_batches
+from agentscope_rft.trainers.checkpoint import save_hf_model
+from agentscope_rft.trainers.torch_trainer import TorchTrainer
+
+logger = logging.getLogger(__name__)
+
+LEAD = {"sync": 0, "one_step_off": 1}
+
+
+async def _sync_weights(engine: Engine, trainer: TorchTrainer, version: int) -> float:
+    started = time.perf_counter()
+    weights = await asyncio.to_thread(trainer.state_dict_for_sync)
+    await engine.load_weights(weights, version)
+    return time.perf_counter() - started
+
+
+async def train(config: RunConfig, run_dir: Path, *, resume: bool = False) -> dict[str, float]:
+    """Run training as configured; returns the last step's metrics.
+
+    Example:
+        >>> asyncio.run(train(load_config("run.yaml"), Path("runs/run")))  # doctest: +SKIP
+    """
+    prepare_run_dir(config, run_dir, resume=resume)
+    mode, steps = config.run.mode, config.run.steps
+    model_path = resolve_model(config.model.name_or_path)
+    trainer = await asyncio.to_thread(
+        TorchTrainer,
+        model_path,
+        config.trainer,
+        config.algorithm,
+        total_steps=steps,
+        seed=config.run.seed,
+    )
+    buffer = build_buffer(config.buffer, run_dir)
+    start = 0
+    state: dict[str, Any] = {}
+    if resume:
+        state = read_state(run_dir)
+        start = int(state["step"])
+        await asyncio.to_thread(trainer.load, checkpoint_dir(run_dir, start))
+        logger.info("resuming %s after step %d", run_dir, start)
+        if mode == "train_only":
+            await buffer.requeue_after(start)
+        else:  # explored-ahead groups are re-explored (same seeds), not trained twice
+            await buffer.discard_pending()
+    if mode in ("offline", "train_only"):
+        engine, gateway, explorer, sampler, eval_tasks = None, None, None, None, []
+    else:
+        engine = build_engine(config.model, config.engine, log_dir=run_dir / "logs")
+        await engine.start()
+        if start:
+            await _sync_weights(engine, trainer, version=start)
+        gateway = Gateway(
+            engine,
+            host=config.gateway.host,
+            port=config.gateway.port,
+            api_key=None if config.gateway.api_key == "auto" else config.gateway.api_key,
+            generate_api_key=config.gateway.api_key == "auto",
+            sampling_overrides=sampling_rules(config),
+            seed_base=config.explorer.seed,
+        )
+        await gateway.start()
+        workflow = load_workflow(config.workflow or "", config.judge)  # checked by the config
+        required = config.tasks.required_fields
+        sampler = TaskSampler(
+            load_tasks(
+                config.tasks.train or "", id_field=config.tasks.id_field, required_fields=required
+            ),
+            shuffle=config.tasks.shuffle,
+            seed=config.run.seed,
+        )
+        if "sampler" in state:
+            sampler.load_state_dict(state["sampler"])
+        eval_tasks = (
+            load_tasks(config.tasks.eval, id_field=config.tasks.id_field, required_fields=required)[
+                : config.tasks.eval_limit
+            ]
+            if config.tasks.eval
+            else []
+        )
+        explorer = Explorer(workflow, gateway, episode_settings(config, engine.max_model_len))
+
+    lead = LEAD.get(mode, config.run.max_staleness)
+    stale_limit = 0 if mode == "sync" else lead
+    produced: asyncio.Queue[tuple[int, int, dict[str, float]]] = asyncio.Queue()
+    sampler_states: dict[int, dict[str, int]] = {}  # task position before exploring each step
+    version_changed = asyncio.Condition()
+    rollout_log = RolloutLog(run_dir / "rollouts.jsonl")
+    last: dict[str, float] = {}
+    monitor = Monitor(
+        run_dir,
+        config.monitor,
+        run_name=config.run.name or run_dir.name,
+        resolved_config=config.model_dump(mode="json"),
+        resume=resume,
+    )
+
+    async def evaluate(step: int) -> None:
+        if explorer is None or not eval_tasks or not config.run.eval_every:
+            return
+        result = await explorer.explore(
+            eval_tasks, group_size=config.explorer.eval_group_size, batch_id=f"eval{step}"
+        )
+        rollout_log.write(step, "eval", result)
+        monitor.log(
+            step,
+            {k: v for k, v in result.metrics().items() if not k.startswith("trajectory/")},
+            phase="eval",
+        )
+
+    async def explore_loop(progress: Any) -> None:
+        assert explorer is not None and sampler is not None and engine is not None
+        for step in range(start, steps):
+            needed = step - lead
+            async with version_changed:
+                while engine.policy_version < needed:
+                    await version_changed.wait()
+            sampler_states[step] = sampler.state_dict()
+            tasks = sampler.next_batch(config.explorer.tasks_per_step)
+            progress.reset("explore", total=len(tasks) * config.explorer.group_size)
+            result = await explorer.explore(
+                tasks,
+                group_size=config.explorer.group_size,
+                batch_id=f"s{step}",
+                on_rollout=lambda _: progress.advance("explore"),
+            )
+            rollout_log.write(step, "train", result)
+            groups: dict[str, list[Any]] = {}
+            for sample in result.samples:
+                groups.setdefault(sample.group, []).append(sample)
+            for group in groups.values():
+                await buffer.put(group)
+            await produced.put((step, len(groups), result.metrics()))
+
+    async def train_loop(progress: Any) -> None:
+        nonlocal last
+        offline = offline_batches(config, trainer) if mode == "offline" else None
+        for step in range(start, steps):
+            step_started = time.perf_counter()
+            metrics: dict[str, float] = {}
+            if offline is not None:
+                samples = next(offline)
+            else:
+                if mode == "train_only":
+                    num_groups = config.explorer.tasks_per_step
+                else:
+                    _, num_groups, metrics = await produced.get()
+                if num_groups == 0:
+                    logger.warning("step %d: no episode produced samples; nothing to train", step)
+                    last = {**metrics, "train/skipped": 1.0}
+                    monitor.log(step, last)
+                    continue
+                samples = await buffer.get(
+                    num_groups,
+                    step=step,
+                    min_policy_version=max(0, step - stale_limit),
+                    timeout=config.run.get_timeout,
+                )
+            progress.reset("train", total=1)
+            metrics.update(await asyncio.to_thread(trainer.step, samples, step))
+            progress.advance("train")
+            done = step + 1
+            if engine is not None:
+                metrics["time/sync"] = await _sync_weights(engine, trainer, version=done)
+            if done == steps or (
+                config.run.checkpoint_every and done % config.run.checkpoint_every == 0
+            ):
+                await save_checkpoint(done)  # before the explorer moves on (sync mode)
+            if engine is not None:
+                async with version_changed:
+                    version_changed.notify_all()
+            metrics["policy_version"] = float(done)
+            metrics["time/step"] = time.perf_counter() - step_started
+            last = metrics
+            monitor.log(step, metrics)
+            progress.advance("run")
+            if config.run.eval_every and done % config.run.eval_every == 0:
+                await evaluate(done)
+
+    async def save_checkpoint(done: int) -> None:
+        target = checkpoint_dir(run_dir, done)
+        await asyncio.to_thread(trainer.save, target)
+        await asyncio.to_thread(save_hf_model, trainer, target / "model", model_path)
+        saved: dict[str, Any] = {"step": done}
+        if sampler is not None:  # resume re-explores from the first batch not yet trained
+            saved["sampler"] = sampler_states.get(done, sampler.state_dict())
+        write_state(run_dir, saved)
+        prune_checkpoints(run_dir, config.run.keep_checkpoints)
+
+    try:
+        with monitor, monitor.progress() as progress:
+            progress.reset("run", total=steps, completed=start)
+            if start == 0 and config.run.eval_every:
+                await evaluate(0)
+            jobs = [train_loop(progress)]
+            if explorer is not None:
+                jobs.append(explore_loop(progress))
+            await _run_together(jobs)
+    finally:
+        if explorer is not None:
+            await explorer.close()
+        if gateway is not None:
+            await gateway.stop()
+        if engine is not None:
+            await engine.close()
+        await buffer.close()
+    return last
+
+
+async def _run_together(jobs: list[Any]) -> None:
+    """Run coroutines until all finish; the first failure cancels the others and is raised."""
+    tasks = [asyncio.ensure_future(job) for job in jobs]
+    try:
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            task.result()
+        if pending:
+            await asyncio.gather(*pending)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,56 @@
+"""Offline training data (`run.mode: offline`): SFT or DPO samples from files, in batches."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from agentscope_rft.chat.template import ChatRenderer
+from agentscope_rft.config import RunConfig
+from agentscope_rft.models import load_tokenizer, resolve_model
+from agentscope_rft.types import Sample
+
+if TYPE_CHECKING:
+    from agentscope_rft.trainers.torch_trainer import TorchTrainer
+
+logger = logging.getLogger(__name__)
+
+
+def offline_batches(
+    config: RunConfig, trainer: TorchTrainer | None = None
+) -> Iterator[list[Sample]]:
+    """Endless shuffled batches of `offline.batch_size` samples (DPO: pairs), epoch by epoch.
+
+    Example:
+        >>> batch = next(offline_batches(config))  # doctest: +SKIP
+    """
+    from agentscope_rft.buffer.offline import load_dpo_samples, load_sft_samples
+
+    assert config.offline.path is not None
+    renderer = ChatRenderer(load_tokenizer(resolve_model(config.model.name_or_path)))
+    load = load_dpo_samples if config.offline.format == "dpo" else load_sft_samples
+    samples = load(config.offline.path, renderer)
+    units: dict[str, list[Sample]] = {}
+    for sample in samples:
+        units.setdefault(sample.pair_id or sample.sample_id or str(len(units)), []).append(sample)
+    order = list(units)
+    logger.info(
+        "offline data: %d %s from %s",
+        len(order),
+        "pairs" if config.offline.format == "dpo" else "samples",
+        config.offline.path,
+    )
+    rng = random.Random(config.run.seed)
+    epoch_order: list[str] = []
+    while True:
+        if len(epoch_order) < config.offline.batch_size:
+            shuffled = order[:]
+            rng.shuffle(shuffled)
+            epoch_order += shuffled
+        chosen, epoch_order = (
+            epoch_order[: config.offline.batch_size],
+            epoch_order[config.offline.batch_size :],
+        )
+        yield [s for key in chosen for s in units[key]]
