@@ -125,7 +125,7 @@ def test_bad_configs_are_clear_and_runs_are_not_overwritten(tmp_path, toy_tasks)
         load_config(
             None, [f"workflow={APP}", f"tasks.train={toy_tasks}", "explorer.group_size=many"]
         )
-    with pytest.raises(ConfigError, match="set `workflow: pkg.mod:run`"):
+    with pytest.raises(ConfigError, match=r"set `workflow: pkg\.mod:run`"):
         load_config(None, [f"tasks.train={toy_tasks}"])
     with pytest.raises(ConfigError, match="not valid YAML"):
         (tmp_path / "broken.yaml").write_text("explorer: [unclosed")
@@ -151,7 +151,7 @@ async def test_unreadable_task_file_and_broken_workflow(tiny_model_path, tmp_pat
     with pytest.raises(TaskSetError, match=r"tasks.jsonl line 2: invalid JSON"):
         await train(config, tmp_path / "r1")
     missing = toy_config(tiny_model_path, tmp_path / "nope.jsonl", tmp_path / "r2", "run.steps=1")
-    with pytest.raises(TaskSetError, match="nope.jsonl does not exist"):
+    with pytest.raises(TaskSetError, match=r"nope\.jsonl does not exist"):
         await train(missing, tmp_path / "r2")
     good = tmp_path / "good.jsonl"
     good.write_text('{"id": "a", "prompt": "x"}\n')
