@@ -35,15 +35,15 @@ from agentscope_rft.runtime.components import (
     write_state,
 )
 from agentscope_rft.runtime.offline import offline_batches
-from agentscope_rft.trainers.checkpoint import save_hf_model
-from agentscope_rft.trainers.torch_trainer import TorchTrainer
+from agentscope_rft.trainers.base import Trainer
+from agentscope_rft.trainers.factory import build_trainer
 
 logger = logging.getLogger(__name__)
 
 LEAD = {"sync": 0, "one_step_off": 1}
 
 
-async def _sync_weights(engine: Engine, trainer: TorchTrainer, version: int) -> float:
+async def _sync_weights(engine: Engine, trainer: Trainer, version: int) -> float:
     started = time.perf_counter()
     weights = await asyncio.to_thread(trainer.state_dict_for_sync)
     await engine.load_weights(weights, version)
@@ -60,9 +60,9 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False) -> di
     mode, steps = config.run.mode, config.run.steps
     model_path = resolve_model(config.model.name_or_path)
     trainer = await asyncio.to_thread(
-        TorchTrainer,
-        model_path,
+        build_trainer,
         config.trainer,
+        model_path,
         config.algorithm,
         total_steps=steps,
         seed=config.run.seed,
@@ -170,7 +170,7 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False) -> di
 
     async def train_loop(progress: Any) -> None:
         nonlocal last
-        offline = offline_batches(config, trainer) if mode == "offline" else None
+        offline = offline_batches(config) if mode == "offline" else None
         for step in range(start, steps):
             step_started = time.perf_counter()
             metrics: dict[str, float] = {}
@@ -216,7 +216,7 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False) -> di
     async def save_checkpoint(done: int) -> None:
         target = checkpoint_dir(run_dir, done)
         await asyncio.to_thread(trainer.save, target)
-        await asyncio.to_thread(save_hf_model, trainer, target / "model", model_path)
+        await asyncio.to_thread(trainer.export_hf, target / "model")
         saved: dict[str, Any] = {"step": done}
         if sampler is not None:  # resume re-explores from the first batch not yet trained
             saved["sampler"] = sampler_states.get(done, sampler.state_dict())
@@ -240,6 +240,7 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False) -> di
         if engine is not None:
             await engine.close()
         await buffer.close()
+        trainer.close()
     return last
 
 

@@ -5,22 +5,16 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from agentscope_rft.chat.template import ChatRenderer
 from agentscope_rft.config import RunConfig
 from agentscope_rft.models import load_tokenizer, resolve_model
 from agentscope_rft.types import Sample
 
-if TYPE_CHECKING:
-    from agentscope_rft.trainers.torch_trainer import TorchTrainer
-
 logger = logging.getLogger(__name__)
 
 
-def offline_batches(
-    config: RunConfig, trainer: TorchTrainer | None = None
-) -> Iterator[list[Sample]]:
+def offline_batches(config: RunConfig) -> Iterator[list[Sample]]:
     """Endless shuffled batches of `offline.batch_size` samples (DPO: pairs), epoch by epoch.
 
     Example:

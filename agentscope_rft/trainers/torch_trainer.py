@@ -14,7 +14,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, cast
@@ -43,6 +43,7 @@ from agentscope_rft.trainers.batch import TrainBatch, build_batch, micro_batches
 from agentscope_rft.trainers.checkpoint import (
     load_trainer_state,
     merged_state_dict,
+    save_hf_model,
     save_trainer_state,
 )
 from agentscope_rft.types import Sample
@@ -96,6 +97,7 @@ class TorchTrainer:
         seed: int = 0,
     ) -> None:
         torch.manual_seed(seed)
+        self.model_path = Path(model_path)
         self.config = config
         self.algorithm = algorithm
         self.device = pick_device(config.device)
@@ -417,15 +419,17 @@ class TorchTrainer:
         """Full HF-named weights of the current policy (LoRA merged), for the inference engine."""
         return merged_state_dict(self.model)
 
-    def parameters_snapshot(self) -> Iterator[tuple[str, Tensor]]:
-        for name, param in self.model.named_parameters():
-            yield name, param.detach().clone()
+    def export_hf(self, target: Path) -> None:
+        save_hf_model(self, target, self.model_path)
 
     def save(self, directory: Path) -> None:
         save_trainer_state(self, directory)
 
     def load(self, directory: Path) -> None:
         load_trainer_state(self, directory)
+
+    def close(self) -> None:
+        return None
 
 
 def weights_changed(before: Mapping[str, Tensor], after: Mapping[str, Tensor]) -> bool:
