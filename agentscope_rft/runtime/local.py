@@ -198,15 +198,17 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False) -> di
             done = step + 1
             if engine is not None:
                 metrics["time/sync"] = await _sync_weights(engine, trainer, version=done)
+            metrics["time/step"] = time.perf_counter() - step_started
             if done == steps or (
                 config.run.checkpoint_every and done % config.run.checkpoint_every == 0
             ):
+                saving = time.perf_counter()
                 await save_checkpoint(done)  # before the explorer moves on (sync mode)
+                metrics["time/checkpoint"] = time.perf_counter() - saving
             if engine is not None:
                 async with version_changed:
                     version_changed.notify_all()
             metrics["policy_version"] = float(done)
-            metrics["time/step"] = time.perf_counter() - step_started
             last = metrics
             monitor.log(step, metrics)
             progress.advance("run")
