@@ -11,12 +11,12 @@ import contextlib
 import json
 import re
 import tempfile
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import bm25s
+import numpy as np
 
 from environments.paths import cache_root
 from environments.search.corpus import CorpusError, Document, corpus_fingerprint, load_corpus
@@ -135,8 +135,6 @@ class SearchIndex:
             self._by_title.setdefault(document.title.casefold().strip(), position)
         self._retriever = retriever
         self._vocabulary: dict[str, int] = retriever.vocab_dict
-        # bm25s keeps no mutable state in `retrieve`, but it is not documented as thread-safe.
-        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._documents)
@@ -213,15 +211,14 @@ class SearchIndex:
         query_tokens = [token for token in tokenize(query) if token in self._vocabulary]
         if not query_tokens or k < 1:
             return []
-        with self._lock:
-            results = self._retriever.retrieve(
-                [query_tokens], k=min(k, len(self._documents)), show_progress=False, n_threads=0
-            )
-        ranked = [
-            (int(position), float(score))
-            for position, score in zip(results.documents[0], results.scores[0], strict=True)
-            if score > 0
-        ]
+        # [num_documents] BM25 scores; top-k over the matching pages only (numpy's argpartition
+        # over the whole, mostly-zero array is slow on 100k pages).
+        scores = self._retriever.get_scores(query_tokens)
+        matching = np.flatnonzero(scores > 0)
+        if len(matching) > k:
+            matching = matching[np.argpartition(-scores[matching], k - 1)[:k]]
+        best = matching[np.argsort(-scores[matching], kind="stable")]
+        ranked = [(int(position), float(scores[position])) for position in best]
         exact = self._by_title.get(query.casefold().strip())
         if exact is not None:
             top_score = ranked[0][1] if ranked else 1.0
