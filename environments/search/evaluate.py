@@ -1,6 +1,6 @@
 """Scores the scripted and random solvers on a search task set, with index and query timings.
 
-    python -m environments.search.evaluate --split test
+python -m environments.search.evaluate --split test
 """
 
 from __future__ import annotations
