@@ -42,7 +42,7 @@ def goal_text(household: Household, seed: int) -> str:
     Example:
         >>> from environments.alfworld.tasks import make_household
         >>> goal_text(make_household("pick_heat_then_place_in_recep", "kitchen-train-0", 1), 0)
-        'heat some apple and put it in countertop'
+        'heat some bread and put it in countertop'
     """
     templates = goal_library.gdict[household.task_type]["templates"]
     template = random.Random(f"goal-{seed}").choice(templates)

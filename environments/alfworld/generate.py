@@ -14,6 +14,7 @@ import argparse
 import json
 import random
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from environments.jsonl import write_jsonl
 from environments.progress import progress_bar
 
 
-def candidates(split: str, layouts_per_room: int, seed: int) -> Any:
+def candidates(split: str, layouts_per_room: int, seed: int) -> Iterator[dict[str, Any]]:
     """An endless, deterministic stream of task rows (not yet checked) for one split."""
     rng = random.Random(f"alfworld-{split}-{seed}")
     layouts = {room: [f"{room}-{split}-{i}" for i in range(layouts_per_room)] for room in ROOMS}

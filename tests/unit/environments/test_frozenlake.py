@@ -87,7 +87,7 @@ def test_slippery_episodes_are_reproducible_from_the_seed() -> None:
 
 
 def test_oracle_wins_every_committed_and_fresh_task_random_rarely() -> None:
-    rows = load_tasks("test") + make_tasks("fresh", 100, seed=5)
+    rows = load_tasks("test") + make_tasks("fresh", 50, seed=5)
     rng = random.Random(0)
     assert all(oracle_episode(row) == (True, row["shortest_path"]) for row in rows)
     assert sum(random_episode(row, rng)[0] for row in rows) < 0.1 * len(rows)
