@@ -35,8 +35,15 @@ def setup_logging(level: str = "INFO") -> None:
         handlers=[RichHandler(console=console, show_path=False, rich_tracebacks=False)],
         force=True,
     )
-    for noisy in ("httpx", "httpx2", "httpcore", "httpcore2", "uvicorn.access", "datasets",
-                  "filelock"):
+    for noisy in (
+        "httpx",
+        "httpx2",
+        "httpcore",
+        "httpcore2",
+        "uvicorn.access",
+        "datasets",
+        "filelock",
+    ):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:

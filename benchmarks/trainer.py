@@ -23,9 +23,16 @@ import tempfile
 import time
 from pathlib import Path
 
-PROMPTS = ["Write a poem about the sea.", "Describe a busy city street.",
-           "Tell a story about a dragon.", "Explain how rain forms.", "Describe a winter forest.",
-           "Write about an old train station.", "Describe a jazz concert.", "Tell me about bread."]
+PROMPTS = [
+    "Write a poem about the sea.",
+    "Describe a busy city street.",
+    "Tell a story about a dragon.",
+    "Explain how rain forms.",
+    "Describe a winter forest.",
+    "Write about an old train station.",
+    "Describe a jazz concert.",
+    "Tell me about bread.",
+]
 
 
 def matmul_flops() -> float:
@@ -43,7 +50,7 @@ def matmul_flops() -> float:
 
 
 # ----------------------------------------------------------------------------- ours
-WORKFLOW = '''
+WORKFLOW = """
 import openai
 from agentscope_rft.integration.agentscope import current_scope
 
@@ -55,7 +62,7 @@ async def run(task, model):
         max_tokens=TOKENS, extra_body={"ignore_eos": True})
     text = r.choices[0].message.content or ""
     return sum(c in "aeiou" for c in text) / max(1, len(text))
-'''
+"""
 
 
 def run_ours(args: argparse.Namespace, work: Path) -> dict:
@@ -67,16 +74,30 @@ def run_ours(args: argparse.Namespace, work: Path) -> dict:
 
     (work / "bench_app.py").write_text(WORKFLOW.replace("TOKENS", str(args.tokens)))
     tasks = work / "tasks.jsonl"
-    tasks.write_text("".join(js.dumps({"id": i, "prompt": p}) + "\n"
-                             for i, p in enumerate(PROMPTS[: args.prompts])))
-    config = load_config(None, [
-        f"workflow={work / 'bench_app.py'}:run", f"tasks.train={tasks}",
-        f"explorer.group_size={args.group}", f"explorer.tasks_per_step={args.prompts}",
-        f"explorer.sampling.max_tokens={args.tokens}", "algorithm.filter_zero_variance_groups=false",
-        "trainer.lr=1e-6", f"run.steps={args.steps + 1}", f"run.dir={work / 'run'}",
-        "run.name=bench", "monitor.tensorboard=false", "monitor.plot_every=0",
-        "monitor.console=false", "tasks.shuffle=false",
-    ])
+    tasks.write_text(
+        "".join(
+            js.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate(PROMPTS[: args.prompts])
+        )
+    )
+    config = load_config(
+        None,
+        [
+            f"workflow={work / 'bench_app.py'}:run",
+            f"tasks.train={tasks}",
+            f"explorer.group_size={args.group}",
+            f"explorer.tasks_per_step={args.prompts}",
+            f"explorer.sampling.max_tokens={args.tokens}",
+            "algorithm.filter_zero_variance_groups=false",
+            "trainer.lr=1e-6",
+            f"run.steps={args.steps + 1}",
+            f"run.dir={work / 'run'}",
+            "run.name=bench",
+            "monitor.tensorboard=false",
+            "monitor.plot_every=0",
+            "monitor.console=false",
+            "tasks.shuffle=false",
+        ],
+    )
     started = time.perf_counter()
     asyncio.run(train(config, work / "run"))
     total = time.perf_counter() - started
@@ -84,8 +105,12 @@ def run_ours(args: argparse.Namespace, work: Path) -> dict:
     steps = [r for r in rows if r.get("phase") == "train" and "time/step" in r][1:]
     per_step = sum(r["time/step"] for r in steps) / len(steps)  # explore + train + sync
     trained = sum(r["train/trained_tokens"] for r in steps) / len(steps)
-    return {"name": "agentscope-rft (embedded engine + torch trainer)", "s_per_step": per_step,
-            "trained_tokens_per_step": trained, "wall_s": total}
+    return {
+        "name": "agentscope-rft (embedded engine + torch trainer)",
+        "s_per_step": per_step,
+        "trained_tokens_per_step": trained,
+        "wall_s": total,
+    }
 
 
 # ----------------------------------------------------------------------------- TRL
@@ -100,8 +125,10 @@ def run_trl(args: argparse.Namespace, work: Path) -> dict:
     path = resolve_model(EMBEDDED_MODEL)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    data = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]}
-                              for p in PROMPTS[: args.prompts]] * (args.steps + 2))
+    data = Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": p}]} for p in PROMPTS[: args.prompts]]
+        * (args.steps + 2)
+    )
 
     def vowel_share(completions: list, **_: object) -> list[float]:
         texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
@@ -118,21 +145,42 @@ def run_trl(args: argparse.Namespace, work: Path) -> dict:
 
     bf16 = args.trl_bf16
     config = GRPOConfig(
-        output_dir=str(work / "trl"), per_device_train_batch_size=args.prompts * args.group,
-        num_generations=args.group, max_completion_length=args.tokens, learning_rate=1e-6,
-        max_steps=args.steps + 1, logging_steps=1, save_strategy="no", report_to=[],
-        use_cpu=True, bf16=bf16, temperature=1.0, beta=0.0,
-        generation_kwargs={"min_new_tokens": args.tokens}, dataloader_num_workers=0,
-        steps_per_generation=1, shuffle_dataset=False,
+        output_dir=str(work / "trl"),
+        per_device_train_batch_size=args.prompts * args.group,
+        num_generations=args.group,
+        max_completion_length=args.tokens,
+        learning_rate=1e-6,
+        max_steps=args.steps + 1,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        bf16=bf16,
+        temperature=1.0,
+        beta=0.0,
+        generation_kwargs={"min_new_tokens": args.tokens},
+        dataloader_num_workers=0,
+        steps_per_generation=1,
+        shuffle_dataset=False,
     )
-    trainer = GRPOTrainer(model=model, reward_funcs=vowel_share, args=config, train_dataset=data,
-                          processing_class=tokenizer, callbacks=[Timer()])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=vowel_share,
+        args=config,
+        train_dataset=data,
+        processing_class=tokenizer,
+        callbacks=[Timer()],
+    )
     started = time.perf_counter()
     trainer.train()
     total = time.perf_counter() - started
     per_step = sum(times[1:]) / len(times[1:])
-    return {"name": f"TRL 1.16 GRPOTrainer ({'bf16' if bf16 else 'fp32'})", "s_per_step": per_step,
-            "trained_tokens_per_step": args.prompts * args.group * args.tokens, "wall_s": total}
+    return {
+        "name": f"TRL 1.16 GRPOTrainer ({'bf16' if bf16 else 'fp32'})",
+        "s_per_step": per_step,
+        "trained_tokens_per_step": args.prompts * args.group * args.tokens,
+        "wall_s": total,
+    }
 
 
 def child(args: argparse.Namespace) -> None:
@@ -155,18 +203,22 @@ def main(args: argparse.Namespace) -> None:
         if done.returncode != 0 or not line:
             print(done.stderr[-4000:], file=sys.stderr)
             raise SystemExit(f"{side} failed")
-        results.append(json.loads(line[-1][len("RESULT "):]))
+        results.append(json.loads(line[-1][len("RESULT ") :]))
     base = results[-1]["s_per_step"]
-    print(f"\nSmolLM2-135M ({params / 1e6:.1f}M params), {args.prompts} prompts x {args.group} "
-          f"completions x {args.tokens} tokens, {args.steps} measured steps, {os.cpu_count()} "
-          f"CPUs, bf16 matmul {flops / 1e9:.0f} GFLOP/s\n")
+    print(
+        f"\nSmolLM2-135M ({params / 1e6:.1f}M params), {args.prompts} prompts x {args.group} "
+        f"completions x {args.tokens} tokens, {args.steps} measured steps, {os.cpu_count()} "
+        f"CPUs, bf16 matmul {flops / 1e9:.0f} GFLOP/s\n"
+    )
     print("| | s/step | trained tokens/s | peak RSS (GB) | MFU-style | speed-up vs TRL |")
     print("|---|---:|---:|---:|---:|---:|")
     for r in results:
         tps = r["trained_tokens_per_step"] / r["s_per_step"]
         mfu = tps * 6 * params / flops
-        print(f"| {r['name']} | {r['s_per_step']:.1f} | {tps:.1f} | {r['peak_rss_gb']:.2f} | "
-              f"{mfu:.1%} | {base / r['s_per_step']:.2f}x |")
+        print(
+            f"| {r['name']} | {r['s_per_step']:.1f} | {tps:.1f} | {r['peak_rss_gb']:.2f} | "
+            f"{mfu:.1%} | {base / r['s_per_step']:.2f}x |"
+        )
 
 
 if __name__ == "__main__":
