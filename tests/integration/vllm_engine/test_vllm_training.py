@@ -14,7 +14,7 @@ from .conftest import VLLM_PYTHON
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
-async def test_training_loop_runs_on_vllm(tiny_model_path, tmp_path):
+async def test_training_loop_runs_on_vllm(vllm_tiny_model_path, tmp_path):
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(
         "".join(
@@ -25,7 +25,7 @@ async def test_training_loop_runs_on_vllm(tiny_model_path, tmp_path):
     config = load_config(
         None,
         [
-            f"model.name_or_path={tiny_model_path}",
+            f"model.name_or_path={vllm_tiny_model_path}",
             "workflow=tests/integration/toy_app.py:run",
             f"tasks.train={tasks}",
             "engine.type=vllm",
