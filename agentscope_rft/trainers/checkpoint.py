@@ -72,6 +72,24 @@ def save_hf_model(trainer: TorchTrainer, target: Path, source_model: Path) -> No
     copy_tokenizer(source_model, target)
 
 
+def save_hf_weights(state: dict[str, Tensor], source_model: Path, target: Path) -> None:
+    """An HF model folder from a full HF-named state dict and the source model's config and
+    tokenizer (for trainers whose model is not an HF module in this process, e.g. verl's).
+
+    Example:
+        >>> state = trainer.state_dict_for_sync()  # doctest: +SKIP
+        >>> save_hf_weights(state, model_path, run_dir / "model")  # doctest: +SKIP
+    """
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    target.mkdir(parents=True, exist_ok=True)
+    with init_empty_weights():
+        shell = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source_model))
+    shell.save_pretrained(target, state_dict=state, safe_serialization=True)
+    copy_tokenizer(source_model, target)
+
+
 def save_trainer_state(trainer: TorchTrainer, directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     if _is_peft(trainer.model):
