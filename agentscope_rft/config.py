@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from agentscope_rft.algorithms.config import AlgorithmConfig
 from agentscope_rft.buffer.config import BufferConfig
@@ -229,6 +236,13 @@ class VerlTrainerConfig(TrainerSettings):
     attn_implementation: str = "sdpa"
     """The HF attention implementation (`sdpa`, `flash_attention_2`, `eager`)."""
     ray: VerlRayConfig = Field(default_factory=VerlRayConfig)
+
+    @field_validator("fsdp_size")
+    @classmethod
+    def _fsdp_size(cls, value: int) -> int:
+        if value == 0 or value < -1:
+            raise ValueError(f"fsdp_size must be -1 (all ranks) or >= 1, got {value}")
+        return value
 
     @property
     def world_size(self) -> int:

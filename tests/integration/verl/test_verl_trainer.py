@@ -15,9 +15,6 @@ projection summing in another order; Adam amplifies it where a gradient element 
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -154,3 +151,99 @@ def test_kl_entropy_mini_batches_and_recompute_equal_the_torch_trainer(
     assert got[-1]["kl/mean"] > 0 and "actor/kl_loss" in got[-1]
     after = verl_trainer.state_dict_for_sync()
     _assert_same_weights(after, torch_trainer.state_dict_for_sync(), start)
+
+
+def _without_timings(metrics: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in metrics.items() if k not in TIMINGS}
+
+
+def test_save_and_load_resume_exactly_and_export_hf(tiny_model_path: str, tmp_path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    config = VerlTrainerConfig(
+        device="cpu",
+        micro_batch_size=2,
+        mini_batches=2,
+        lr_schedule="linear",
+        warmup_steps=1,
+        **SHARED,
+    )
+    samples = make_batch()
+    first = VerlTrainer(tiny_model_path, config, AlgorithmConfig(), total_steps=3)
+    first.step(samples, 0)
+    first.save(tmp_path / "ckpt")
+    want_metrics = first.step(samples, 1)  # the permutation comes from the saved RNG state
+    want = first.state_dict_for_sync()
+    first.close()
+
+    second = VerlTrainer(tiny_model_path, config, AlgorithmConfig(), total_steps=3, seed=7)
+    with pytest.raises(ValueError, match="not a verl trainer checkpoint"):
+        second.load(tmp_path)
+    second.load(tmp_path / "ckpt")
+    got_metrics = second.step(samples, 1)
+    got = second.state_dict_for_sync()
+    assert _without_timings(got_metrics) == _without_timings(want_metrics)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+    second.export_hf(tmp_path / "hf")
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    for name, tensor in reloaded.state_dict().items():
+        assert torch.equal(tensor, got[name]), name
+    assert (tmp_path / "hf" / "tokenizer.json").is_file()
+    second.close()
+
+
+def test_lora_step_syncs_merged_weights_and_saves_the_adapter(
+    tiny_model_path: str, tmp_path
+) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    config = VerlTrainerConfig(
+        device="cpu", lora={"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}, **SHARED
+    )
+    # KL to the reference = the policy with its adapter disabled (no second engine)
+    algorithm = AlgorithmConfig.model_validate({"kl": {"coef": 0.05}})
+    trainer = VerlTrainer(tiny_model_path, config, algorithm, total_steps=2)
+    before = trainer.state_dict_for_sync()
+    metrics = trainer.step(make_batch(), 0)
+    assert metrics["loss"] != 0 and metrics["grad_norm"] > 0
+    assert metrics["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # B = 0: policy = reference
+    after = trainer.state_dict_for_sync()
+    changed = {k for k in after if not torch.equal(after[k], before[k])}
+    assert changed and all(".q_proj." in k or ".v_proj." in k for k in changed)
+
+    trainer.save(tmp_path / "ckpt")
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(base, tmp_path / "ckpt" / "adapter").merge_and_unload()
+    for name, tensor in merged.state_dict().items():
+        torch.testing.assert_close(after[name], tensor, rtol=0, atol=1e-6, msg=name)
+    trainer.close()
+
+
+@pytest.mark.slow
+def test_two_ray_ranks_equal_the_torch_trainer(tiny_model_path: str) -> None:
+    """`n_gpus_per_node: 2` on CPU: two Ray actors (a local Ray started and stopped by the
+    trainer), each with a reference engine; the batch is sharded over both ranks."""
+    ray = pytest.importorskip("ray")
+    algorithm = AlgorithmConfig.model_validate({"kl": {"coef": 0.05}})
+    torch_trainer = TorchTrainer(
+        tiny_model_path,
+        TorchTrainerConfig(device="cpu", **SHARED),
+        algorithm,
+        total_steps=2,
+    )
+    config = VerlTrainerConfig(
+        device="cpu", n_gpus_per_node=2, micro_batch_size=2, ray={"num_cpus": 2}, **SHARED
+    )
+    verl_trainer = VerlTrainer(tiny_model_path, config, algorithm, total_steps=2)
+    try:
+        samples = make_batch()
+        start = torch_trainer.state_dict_for_sync()
+        got, want = _run(verl_trainer, samples, 2), _run(torch_trainer, samples, 2)
+        _assert_same_steps(got, want)
+        after = verl_trainer.state_dict_for_sync()
+        _assert_same_weights(after, torch_trainer.state_dict_for_sync(), start)
+    finally:
+        verl_trainer.close()
+    assert not ray.is_initialized()
