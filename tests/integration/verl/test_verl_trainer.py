@@ -20,47 +20,19 @@ import torch
 
 pytest.importorskip("verl", reason="verl is not installed (pip install 'agentscope-rft[verl]')")
 
+from verl_reference import TRAINER_LR, TRAINER_SETTINGS, grpo_samples, run_steps
+
 from agentscope_rft.algorithms import AlgorithmConfig
 from agentscope_rft.config import TorchTrainerConfig, VerlTrainerConfig
 from agentscope_rft.trainers.torch_trainer import TorchTrainer
 from agentscope_rft.trainers.verl.trainer import VerlTrainer
-from agentscope_rft.types import Sample
 
-LR = 1e-2
 UPDATE_RTOL = 1e-4  # of the update's norm
 ELEMENT_RTOL = 1e-2  # of the largest element update
-SHARED = {"lr": LR, "weight_decay": 0.01, "grad_clip": 1.0, "dtype": "float32"}
-
-
-def make_batch(num: int = 8, seed: int = 0) -> list[Sample]:
-    """Groups of 4 with mixed rewards, mixed temperatures, two-turn samples whose tool result
-    (inside the trained span) is masked, and engine log-probs a little off the policy's."""
-    gen = torch.Generator().manual_seed(seed)
-    samples = []
-    for i in range(num):
-        n = 8 + 3 * (i % 4)
-        prompt = 3 + i % 3
-        mask = [0] * prompt + [1] * (n - prompt)
-        if i % 2 == 0:
-            mask[prompt + 2] = 0
-        ids = torch.randint(3, 4000, (n,), generator=gen).tolist()
-        logprobs = [(-9.0 - 0.3 * j) if m else 0.0 for j, m in enumerate(mask)]
-        samples.append(
-            Sample(
-                token_ids=ids,
-                loss_mask=mask,
-                logprobs=logprobs,
-                reward=float((i * 7) % 3) / 2,
-                rollout_id=f"r{i}",
-                task_id=f"t{i // 4}",
-                temperature=1.0 if i % 3 else 0.7,
-            )
-        )
-    return samples
 
 
 def _trainers(model: str, algorithm: AlgorithmConfig, **shared: object):
-    settings = {**SHARED, **shared}
+    settings = {**TRAINER_SETTINGS, **shared}
     torch_trainer = TorchTrainer(
         model,
         TorchTrainerConfig(device="cpu", micro_batch_tokens=48, **settings),
@@ -74,14 +46,6 @@ def _trainers(model: str, algorithm: AlgorithmConfig, **shared: object):
         total_steps=4,
     )
     return torch_trainer, verl_trainer
-
-
-def _run(trainer, samples: list[Sample], steps: int) -> list[dict[str, float]]:
-    out = []
-    for step in range(steps):
-        torch.manual_seed(100 + step)  # same mini-batch permutation in both trainers
-        out.append(trainer.step(samples, step))
-    return out
 
 
 TIMINGS = {"time/train", "tokens_per_s", "perf/mfu"}
@@ -101,7 +65,7 @@ def _assert_same_weights(got: Weights, want: Weights, start: Weights) -> None:
     assert set(got) == set(want) == set(start)
     worst = max((got[k] - want[k]).abs().max().item() for k in want)
     largest = max((want[k] - start[k]).abs().max().item() for k in want)
-    assert largest >= LR  # real updates (an Adam step moves an element by ~lr): not vacuous
+    assert largest >= TRAINER_LR  # real updates (Adam moves an element by ~lr): not vacuous
     assert worst <= ELEMENT_RTOL * largest, f"max weight difference {worst:.3g} ({largest=:.3g})"
     gap = sum(float(((got[k] - want[k]) ** 2).sum()) for k in want) ** 0.5
     update = sum(float(((want[k] - start[k]) ** 2).sum()) for k in want) ** 0.5
@@ -109,12 +73,12 @@ def _assert_same_weights(got: Weights, want: Weights, start: Weights) -> None:
 
 
 def test_grpo_steps_equal_the_torch_trainer(tiny_model_path: str) -> None:
-    samples = make_batch()
+    samples = grpo_samples()
     torch_trainer, verl_trainer = _trainers(tiny_model_path, AlgorithmConfig())
     before = verl_trainer.state_dict_for_sync()
     start = torch_trainer.state_dict_for_sync()
     assert all(torch.equal(before[k], start[k]) for k in start)
-    got, want = _run(verl_trainer, samples, 2), _run(torch_trainer, samples, 2)
+    got, want = run_steps(verl_trainer, samples, 2), run_steps(torch_trainer, samples, 2)
     _assert_same_steps(got, want)
     after = verl_trainer.state_dict_for_sync()
     _assert_same_weights(after, torch_trainer.state_dict_for_sync(), start)
@@ -144,9 +108,9 @@ def test_kl_entropy_mini_batches_and_recompute_equal_the_torch_trainer(
         lr_schedule="cosine",
         warmup_steps=1,
     )
-    samples = make_batch()
+    samples = grpo_samples()
     start = torch_trainer.state_dict_for_sync()
-    got, want = _run(verl_trainer, samples, 2), _run(torch_trainer, samples, 2)
+    got, want = run_steps(verl_trainer, samples, 2), run_steps(torch_trainer, samples, 2)
     _assert_same_steps(got, want)
     assert got[-1]["kl/mean"] > 0 and "actor/kl_loss" in got[-1]
     after = verl_trainer.state_dict_for_sync()
@@ -166,9 +130,9 @@ def test_save_and_load_resume_exactly_and_export_hf(tiny_model_path: str, tmp_pa
         mini_batches=2,
         lr_schedule="linear",
         warmup_steps=1,
-        **SHARED,
+        **TRAINER_SETTINGS,
     )
-    samples = make_batch()
+    samples = grpo_samples()
     first = VerlTrainer(tiny_model_path, config, AlgorithmConfig(), total_steps=3)
     first.step(samples, 0)
     first.save(tmp_path / "ckpt")
@@ -199,14 +163,13 @@ def test_lora_step_syncs_merged_weights_and_saves_the_adapter(
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    config = VerlTrainerConfig(
-        device="cpu", lora={"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}, **SHARED
-    )
+    lora = {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    config = VerlTrainerConfig(device="cpu", lora=lora, **TRAINER_SETTINGS)
     # KL to the reference = the policy with its adapter disabled (no second engine)
     algorithm = AlgorithmConfig.model_validate({"kl": {"coef": 0.05}})
     trainer = VerlTrainer(tiny_model_path, config, algorithm, total_steps=2)
     before = trainer.state_dict_for_sync()
-    metrics = trainer.step(make_batch(), 0)
+    metrics = trainer.step(grpo_samples(), 0)
     assert metrics["loss"] != 0 and metrics["grad_norm"] > 0
     assert metrics["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # B = 0: policy = reference
     after = trainer.state_dict_for_sync()
@@ -229,18 +192,18 @@ def test_two_ray_ranks_equal_the_torch_trainer(tiny_model_path: str) -> None:
     algorithm = AlgorithmConfig.model_validate({"kl": {"coef": 0.05}})
     torch_trainer = TorchTrainer(
         tiny_model_path,
-        TorchTrainerConfig(device="cpu", **SHARED),
+        TorchTrainerConfig(device="cpu", **TRAINER_SETTINGS),
         algorithm,
         total_steps=2,
     )
     config = VerlTrainerConfig(
-        device="cpu", n_gpus_per_node=2, micro_batch_size=2, ray={"num_cpus": 2}, **SHARED
+        device="cpu", n_gpus_per_node=2, micro_batch_size=2, ray={"num_cpus": 2}, **TRAINER_SETTINGS
     )
     verl_trainer = VerlTrainer(tiny_model_path, config, algorithm, total_steps=2)
     try:
-        samples = make_batch()
+        samples = grpo_samples()
         start = torch_trainer.state_dict_for_sync()
-        got, want = _run(verl_trainer, samples, 2), _run(torch_trainer, samples, 2)
+        got, want = run_steps(verl_trainer, samples, 2), run_steps(torch_trainer, samples, 2)
         _assert_same_steps(got, want)
         after = verl_trainer.state_dict_for_sync()
         _assert_same_weights(after, torch_trainer.state_dict_for_sync(), start)
