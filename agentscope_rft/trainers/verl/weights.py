@@ -44,11 +44,13 @@ def iter_weights(engine: Any) -> tuple[Iterator[tuple[str, torch.Tensor]], dict[
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
-    """A full (unsharded) copy of a parameter; collective for FSDP2 DTensors."""
+    """A full (unsharded) copy of a parameter; collective for FSDP2 DTensors. A shard parked in
+    CPU memory (`param_offload`) is gathered on the device, as verl's own export does."""
     from torch.distributed.tensor import DTensor
+    from verl.utils.device import get_device_id
 
     if isinstance(tensor, DTensor):
-        return tensor.full_tensor()
+        return tensor.to(get_device_id()).full_tensor()
     return tensor.detach()
 
 

@@ -43,6 +43,13 @@ def test_one_line_switches_the_trainer() -> None:
     assert isinstance(config, VerlTrainerConfig)
     assert (config.world_size, config.lr, config.ray.address) == (8, 2e-6, "auto")
     assert config.lora is not None and config.lora.rank == 8
+    # the resolved config saved in the run folder loads back the same (resume)
+    import yaml
+
+    from agentscope_rft.config import RunConfig, dump_config
+
+    saved = load_config(None, [*BASE, "trainer.type=verl", "trainer.nnodes=2"])
+    assert RunConfig.model_validate(yaml.safe_load(dump_config(saved))) == saved
     # the shared settings mean the same thing in both trainers
     shared = set(TorchTrainerConfig.model_fields) & set(VerlTrainerConfig.model_fields)
     assert {"lr", "micro_batch_tokens", "mini_batches", "epochs", "lora", "dtype"} <= shared
