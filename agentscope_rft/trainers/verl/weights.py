@@ -14,7 +14,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -50,7 +50,8 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     from verl.utils.device import get_device_id
 
     if isinstance(tensor, DTensor):
-        return tensor.to(get_device_id()).full_tensor()
+        moved = cast(DTensor, tensor.to(get_device_id()))  # `.to` keeps the DTensor type
+        return moved.full_tensor()
     return tensor.detach()
 
 
