@@ -122,6 +122,8 @@ class VerlTrainer:
                 address=ray_cfg.address,
                 num_cpus=ray_cfg.num_cpus if local else None,
                 include_dashboard=False,
+                # verl's workers print per-rank progress; it stays in Ray's session logs
+                # (/tmp/ray/session_latest/logs); their errors still reach this process.
                 log_to_driver=False,
             )
             self._owns_ray = True
@@ -134,6 +136,7 @@ class VerlTrainer:
         kind = "GPU" if settings.device == "cuda" else "CPU"
         available = ray.cluster_resources().get(kind, 0.0)
         if available < needed:
+            self.close()  # a Ray started here stops again
             raise VerlConfigError(
                 f"the trainer needs {needed} {kind}s in the Ray cluster ({self.config.nnodes} "
                 f"node(s) x n_gpus_per_node {self.config.n_gpus_per_node}) but it has "
@@ -346,7 +349,7 @@ class VerlTrainer:
         logger.info("verl: checkpoint %s loaded in %.1fs", directory, time.perf_counter() - started)
 
     def close(self) -> None:
-        close = getattr(self.backend, "close", None)
+        close = getattr(getattr(self, "backend", None), "close", None)
         if close is not None:
             close()
         if self._owns_ray:

@@ -25,6 +25,7 @@ from verl_reference import TRAINER_LR, TRAINER_SETTINGS, grpo_samples, run_steps
 from agentscope_rft.algorithms import AlgorithmConfig
 from agentscope_rft.config import TorchTrainerConfig, VerlTrainerConfig
 from agentscope_rft.trainers.torch_trainer import TorchTrainer
+from agentscope_rft.trainers.verl.placement import VerlConfigError
 from agentscope_rft.trainers.verl.trainer import VerlTrainer
 
 UPDATE_RTOL = 1e-4  # of the update's norm
@@ -199,6 +200,10 @@ def test_two_ray_ranks_equal_the_torch_trainer(tiny_model_path: str) -> None:
     config = VerlTrainerConfig(
         device="cpu", n_gpus_per_node=2, micro_batch_size=2, ray={"num_cpus": 2}, **TRAINER_SETTINGS
     )
+    too_many = config.model_copy(update={"n_gpus_per_node": 4})
+    with pytest.raises(VerlConfigError, match=r"needs 4 CPUs in the Ray cluster .* it has 2"):
+        VerlTrainer(tiny_model_path, too_many, algorithm, total_steps=2)
+    assert not ray.is_initialized()  # the Ray it started is stopped again
     verl_trainer = VerlTrainer(tiny_model_path, config, algorithm, total_steps=2)
     try:
         samples = grpo_samples()
