@@ -15,6 +15,9 @@ projection summing in another order; Adam amplifies it where a gradient element 
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+
 import pytest
 import torch
 
@@ -118,6 +121,23 @@ def test_kl_entropy_mini_batches_and_recompute_equal_the_torch_trainer(
     _assert_same_weights(after, torch_trainer.state_dict_for_sync(), start)
 
 
+@pytest.mark.parametrize("objective", ["sft", "sft_rl_mix"])
+def test_sft_objectives_equal_the_torch_trainer(tiny_model_path: str, objective: str) -> None:
+    """Demonstrations (kind `sft`) alone, and mixed with RL samples (CHORD)."""
+    samples = [
+        dataclasses.replace(s, kind="sft") if objective == "sft" or i % 4 == 3 else s
+        for i, s in enumerate(grpo_samples())
+    ]
+    algorithm = AlgorithmConfig.model_validate({"objective": objective})
+    torch_trainer, verl_trainer = _trainers(tiny_model_path, algorithm)
+    start = torch_trainer.state_dict_for_sync()
+    got, want = run_steps(verl_trainer, samples, 2), run_steps(torch_trainer, samples, 2)
+    _assert_same_steps(got, want)
+    assert got[0]["sft/loss"] > 0
+    after = verl_trainer.state_dict_for_sync()
+    _assert_same_weights(after, torch_trainer.state_dict_for_sync(), start)
+
+
 def _without_timings(metrics: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in metrics.items() if k not in TIMINGS}
 
@@ -215,3 +235,21 @@ def test_two_ray_ranks_equal_the_torch_trainer(tiny_model_path: str) -> None:
     finally:
         verl_trainer.close()
     assert not ray.is_initialized()
+
+
+def test_batches_are_padded_or_trimmed_to_the_micro_batch(
+    tiny_model_path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    samples = grpo_samples()  # 8 samples, micro-batches of 3
+    for padding, message in (
+        ("pad", "padded with 1 fully-masked samples to 9"),
+        ("trim", "mini-batch of 8 samples trimmed by 2 to 6"),
+    ):
+        config = VerlTrainerConfig(
+            device="cpu", micro_batch_size=3, batch_padding=padding, **TRAINER_SETTINGS
+        )
+        trainer = VerlTrainer(tiny_model_path, config, AlgorithmConfig(), total_steps=1)
+        with caplog.at_level(logging.INFO, logger="agentscope_rft.trainers.verl"):
+            metrics = trainer.step(samples, 0)
+        assert message in caplog.text
+        assert metrics["grad_norm"] > 0
