@@ -35,7 +35,15 @@ def setup_logging(level: str = "INFO") -> None:
         handlers=[RichHandler(console=console, show_path=False, rich_tracebacks=False)],
         force=True,
     )
-    for noisy in ("httpx", "httpcore", "uvicorn.access", "datasets", "filelock"):
+    for noisy in (
+        "httpx",
+        "httpx2",
+        "httpcore",
+        "httpcore2",
+        "uvicorn.access",
+        "datasets",
+        "filelock",
+    ):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
@@ -188,9 +196,7 @@ def train(
         if resume is not None:
             run_dir = Path(resume)
             cfg = load_resumed_config(run_dir, set_ or [])
-        else:
-            if config is None:
-                raise fail("give --config run.yaml (or --resume runs/<name>)")
+        else:  # without --config, --set alone must give what a run needs
             cfg = load_config(config, set_ or [])
             run_dir = run_dir_for(cfg)
         last = asyncio.run(run_training(cfg, run_dir, resume=resume is not None))
@@ -225,8 +231,6 @@ def explore(
     from agentscope_rft.runtime.components import run_dir_for
     from agentscope_rft.runtime.explore import explore as run_explore
 
-    if config is None:
-        raise fail("give --config run.yaml")
     try:
         cfg = load_config(config, set_ or [])
         out_dir = Path(out) if out else run_dir_for(cfg) / f"explore-{split}"

@@ -28,7 +28,9 @@ from agentscope_rft.monitor.config import MonitorConfig
 class Section(BaseModel):
     """Base for config sections: unknown keys are errors that suggest the closest known key."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, use_attribute_docstrings=True
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -90,6 +92,7 @@ class VLLMEngineConfig(Section):
     port: int | None = Field(default=None, ge=1, le=65535)
     """First port for started servers; default: free ports."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights and compute dtype of the vLLM server."""
     enforce_eager: bool = False
     """Skip CUDA graphs / torch.compile: much faster start-up, slower decoding."""
     kv_cache_space_gib: float = Field(default=2.0, gt=0)
@@ -99,23 +102,31 @@ class VLLMEngineConfig(Section):
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables for the server processes."""
     startup_timeout: float = Field(default=600.0, gt=0)
+    """Seconds to wait for a server to become healthy."""
     max_restarts: int = Field(default=3, ge=0)
     """Restarts of a crashed server before the engine gives up."""
     request_timeout: float = Field(default=600.0, gt=0)
+    """Seconds one request to vLLM may take."""
     sync_mode: Literal["wait", "keep"] = "wait"
     """Weight sync: `wait` drains in-flight requests first; `keep` freezes and resumes them."""
     chat_rendering: Literal["engine", "vllm"] = "engine"
     """`engine`: our chat template and tool parser with token-id prompts (identical records to
     the embedded engine, prompt-token reuse); `vllm`: vLLM's chat endpoint and tool parser."""
     tool_call_parser: str = "hermes"
+    """vLLM's tool-call parser (`chat_rendering: vllm` only)."""
     reuse_prompt_tokens: bool = True
+    """Reuse the sampled tokens of a rollout's earlier calls in later prompts (`chat_rendering:
+    engine`)."""
     enable_lora: bool = False
     """Serve LoRA adapters (weight sync loads one adapter per policy version)."""
     max_lora_rank: int = Field(default=16, ge=1)
+    """Largest LoRA rank the server accepts (`enable_lora`)."""
     max_loras: int = Field(default=2, ge=1)
+    """LoRA adapters held at once (`enable_lora`)."""
     weight_transfer: Literal["nccl"] | None = None
     """GPU only: stream weights from the trainer over NCCL instead of a checkpoint reload."""
     seed: int = 0
+    """Seed of the vLLM servers."""
 
 
 EngineConfig = Annotated[EmbeddedEngineConfig | VLLMEngineConfig, Field(discriminator="type")]
@@ -136,8 +147,11 @@ class LoRAConfig(Section):
     """Low-rank adapters (peft) instead of full fine-tuning."""
 
     rank: int = Field(default=16, ge=1, le=1024)
+    """Adapter rank r."""
     alpha: int = Field(default=32, gt=0)
+    """Adapter scaling alpha (the update is scaled by alpha / r)."""
     dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout on the adapter input."""
     target_modules: list[str] | Literal["all-linear"] = "all-linear"
     """Module names to adapt, or `all-linear`."""
 
@@ -154,10 +168,13 @@ class TrainerSettings(Section):
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     """Decay after warm-up, over the run's steps."""
     warmup_steps: int = Field(default=0, ge=0)
+    """Steps of linear warm-up from near zero to `lr`."""
     min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
     """Floor of linear/cosine decay, as a fraction of `lr`."""
     weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
     grad_clip: float | None = Field(default=1.0, gt=0)
     """Clip the global gradient norm to this (null: no clipping)."""
     micro_batch_tokens: int = Field(default=8192, ge=16)
@@ -173,6 +190,7 @@ class TrainerSettings(Section):
     gradient_checkpointing: bool = False
     """Recompute activations in backward: less memory, ~30% more time."""
     lora: LoRAConfig | None = None
+    """Train LoRA adapters instead of all weights (null: full fine-tuning)."""
     old_logprobs: Literal["rollout", "recompute"] = "rollout"
     """Behaviour policy for the importance ratio: the engine's recorded log-probs, or log-probs
     recomputed by the trainer before the update (then TIS, if on, corrects rollout vs trainer)."""
@@ -274,11 +292,14 @@ class SamplingConfig(Section):
     """Sampling forced on the workflow's model calls (null keeps what the app asks for)."""
 
     temperature: float | None = Field(default=1.0, ge=0, le=2)
+    """Sampling temperature (the trainer divides logits by the same value)."""
     top_p: float | None = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling; 1 is off."""
     top_k: int | None = -1
     """-1: off. Keep top_p 1 and top_k off when training: the trainer cannot reproduce
     truncated distributions, so importance ratios would be biased."""
     max_tokens: int | None = Field(default=None, ge=1)
+    """Completion length limit per call (null: the app's own, else the context left)."""
 
 
 class ExplorerConfig(Section):
@@ -298,12 +319,14 @@ class ExplorerConfig(Section):
     eval_sampling: SamplingConfig = Field(default_factory=lambda: SamplingConfig(temperature=0.0))
     """Sampling for evaluation episodes (greedy by default)."""
     eval_group_size: int = Field(default=1, ge=1)
+    """Episodes per evaluation task."""
     stream: bool = False
     """Whether the injected model streams (AgentScope's default is True; off is faster)."""
     reward_spread: Literal["outcome", "last_call", "each_call", "discounted"] = "outcome"
     """Where the episode reward goes: each sample's outcome reward, or token rewards at the end
     of the last call / every call / every call discounted by `reward_gamma`."""
     reward_gamma: float = Field(default=1.0, ge=0, le=1)
+    """Discount for `reward_spread: discounted` (per call from the end)."""
     success_threshold: float = 1.0
     """An episode succeeds when its reward reaches this (unless the Reward says otherwise)."""
     max_sample_length: int | None = Field(default=None, ge=16)
@@ -327,6 +350,7 @@ class OfflineConfig(Section):
     path: str | None = None
     """Chat JSONL (`{"messages": [...]}`) for SFT, or `{"prompt", "chosen", "rejected"}` for DPO."""
     format: Literal["sft", "dpo"] = "sft"
+    """`sft`: chat JSONL; `dpo`: prompt/chosen/rejected JSONL."""
     batch_size: int = Field(default=8, ge=1)
     """Samples (SFT) or pairs (DPO) per step."""
 
@@ -347,9 +371,11 @@ class RunSettings(Section):
     max_staleness: int = Field(default=2, ge=0)
     """async: drop samples from policies older than this many versions."""
     seed: int = 0
+    """Seed of task order, trainer initialization and mini-batch order."""
     checkpoint_every: int = Field(default=0, ge=0)
     """Save a checkpoint every N steps (0: only at the end)."""
     keep_checkpoints: int = Field(default=2, ge=1)
+    """Checkpoints kept (the oldest are deleted)."""
     eval_every: int = Field(default=0, ge=0)
     """Evaluate on `tasks.eval` every N steps (0: never; also before the first step if set)."""
     overwrite: bool = False
@@ -370,6 +396,7 @@ class RunConfig(Section):
 
     model: ModelConfig = Field(default_factory=ModelConfig)
     engine: EngineConfig = Field(default_factory=EmbeddedEngineConfig)
+    """The inference engine: `embedded` (default) or `vllm`."""
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     workflow: str | None = None
     """The episode function: `package.module:run` or `path/to/app.py:run`."""
@@ -378,10 +405,13 @@ class RunConfig(Section):
     tasks: TasksConfig = Field(default_factory=TasksConfig)
     explorer: ExplorerConfig = Field(default_factory=ExplorerConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    """Advantage estimator, policy loss, KL, objective: see algorithms.md."""
     trainer: TrainerConfig = Field(default_factory=TorchTrainerConfig)
     buffer: BufferConfig = Field(default_factory=BufferConfig)
+    """Where samples wait between explorer and trainer."""
     sync: SyncConfig = Field(default_factory=SyncConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    """Console, TensorBoard, W&B, MLflow, plots."""
     offline: OfflineConfig = Field(default_factory=OfflineConfig)
     run: RunSettings = Field(default_factory=RunSettings)
 

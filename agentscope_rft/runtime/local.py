@@ -42,6 +42,7 @@ from agentscope_rft.trainers.factory import build_trainer
 logger = logging.getLogger(__name__)
 
 LEAD = {"sync": 0, "one_step_off": 1}
+MAX_EMPTY_STEPS = 3
 
 
 async def _sync_weights(engine: Engine, trainer: Trainer, version: int) -> float:
@@ -122,7 +123,9 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False) -> di
     stale_limit = 0 if mode == "sync" else lead
     produced: asyncio.Queue[tuple[int, int, dict[str, float]]] = asyncio.Queue()
     sampler_states: dict[int, dict[str, int]] = {}  # task position before exploring each step
-    version_changed = asyncio.Condition()
+    trained = asyncio.Condition()  # notified after every trainer step (skipped ones included)
+    steps_done = start
+    policy_version = start  # of the weights the engine serves
     rollout_log = RolloutLog(run_dir / "rollouts.jsonl")
     last: dict[str, float] = {}
     monitor = Monitor(
@@ -149,10 +152,9 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False) -> di
     async def explore_loop(progress: Any) -> None:
         assert explorer is not None and sampler is not None and engine is not None
         for step in range(start, steps):
-            needed = step - lead
-            async with version_changed:
-                while engine.policy_version < needed:
-                    await version_changed.wait()
+            async with trained:
+                while steps_done < step - lead:
+                    await trained.wait()
             sampler_states[step] = sampler.state_dict()
             tasks = sampler.next_batch(config.explorer.tasks_per_step)
             progress.reset("explore", total=len(tasks) * config.explorer.group_size)
@@ -170,8 +172,15 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False) -> di
                 await buffer.put(group)
             await produced.put((step, len(groups), result.metrics()))
 
+    async def finish_step(done: int) -> None:
+        nonlocal steps_done
+        async with trained:
+            steps_done = done
+            trained.notify_all()
+
     async def train_loop(progress: Any) -> None:
-        nonlocal last
+        nonlocal last, policy_version
+        empty_in_a_row = 0
         offline = offline_batches(config) if mode == "offline" else None
         for step in range(start, steps):
             step_started = time.perf_counter()
@@ -184,14 +193,23 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False) -> di
                 else:
                     _, num_groups, metrics = await produced.get()
                 if num_groups == 0:
+                    empty_in_a_row += 1
                     logger.warning("step %d: no episode produced samples; nothing to train", step)
                     last = {**metrics, "train/skipped": 1.0}
                     monitor.log(step, last)
+                    if empty_in_a_row >= MAX_EMPTY_STEPS:
+                        raise RuntimeError(
+                            f"{MAX_EMPTY_STEPS} steps in a row produced no training samples "
+                            "(every episode failed or made no model call); the errors are in "
+                            f"{run_dir / 'rollouts.jsonl'}"
+                        )
+                    await finish_step(step + 1)
                     continue
+                empty_in_a_row = 0
                 samples = await buffer.get(
                     num_groups,
                     step=step,
-                    min_policy_version=max(0, step - stale_limit),
+                    min_policy_version=max(0, policy_version - stale_limit),
                     timeout=config.run.get_timeout,
                 )
             progress.reset("train", total=1)
@@ -200,15 +218,16 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False) -> di
             done = step + 1
             if engine is not None:
                 metrics["time/sync"] = await _sync_weights(engine, trainer, version=done)
+            policy_version = done
+            metrics["time/step"] = time.perf_counter() - step_started
             if done == steps or (
                 config.run.checkpoint_every and done % config.run.checkpoint_every == 0
             ):
+                saving = time.perf_counter()
                 await save_checkpoint(done)  # before the explorer moves on (sync mode)
-            if engine is not None:
-                async with version_changed:
-                    version_changed.notify_all()
+                metrics["time/checkpoint"] = time.perf_counter() - saving
+            await finish_step(done)
             metrics["policy_version"] = float(done)
-            metrics["time/step"] = time.perf_counter() - step_started
             last = metrics
             monitor.log(step, metrics)
             progress.advance("run")

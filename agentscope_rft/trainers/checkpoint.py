@@ -36,13 +36,16 @@ def _is_peft(model: nn.Module) -> bool:
 
 
 def merged_state_dict(model: nn.Module) -> dict[str, Tensor]:
-    """HF-named full weights (LoRA adapters merged in), detached copies.
+    """HF-named full weights (LoRA adapters merged in).
+
+    Without LoRA these are the live parameters (no copy): use them before the next optimizer
+    step, as the training loop's weight sync does. With LoRA they are merged copies.
 
     Example:
         >>> weights = merged_state_dict(trainer.model)  # doctest: +SKIP
     """
     if not _is_peft(model):
-        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return {k: v.detach() for k, v in model.state_dict().items()}
     model.merge_adapter()  # type: ignore[operator]
     try:
         base = model.get_base_model()  # type: ignore[operator]

@@ -83,7 +83,7 @@ def test_cuda_verl_trainer_equals_the_torch_trainer(tiny_model_path: str, algori
         total_steps=2,
     )
     samples = grpo_samples()
-    start = torch_trainer.state_dict_for_sync()
+    start = {k: v.clone() for k, v in torch_trainer.state_dict_for_sync().items()}
     got, want = run_steps(verl_trainer, samples, 2), run_steps(torch_trainer, samples, 2)
     for g, w in zip(got, want, strict=True):
         for key in ("loss", "grad_norm", "actor/pg_loss", "entropy/mean"):

@@ -164,3 +164,46 @@ async def test_unreadable_task_file_and_broken_workflow(tiny_model_path, tmp_pat
     )
     with pytest.raises(WorkflowError, match="has no 'nothing_here'"):
         await train(wrong, tmp_path / "r3")
+
+
+@pytest.mark.parametrize(("mode", "lag"), [("one_step_off", 1), ("async", 2)])
+async def test_off_policy_modes_explore_ahead(tiny_model_path, toy_tasks, tmp_path, mode, lag):
+    run_dir = tmp_path / mode
+    config = toy_config(
+        tiny_model_path,
+        toy_tasks,
+        run_dir,
+        "run.steps=5",
+        f"run.mode={mode}",
+        f"run.max_staleness={lag}",
+        "trainer.lr=1e-2",
+    )
+    last = await train(config, run_dir)
+    assert last["policy_version"] == 5.0
+    rollouts = [json.loads(x) for x in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+    for r in rollouts:
+        for call in r["calls"]:
+            # batch s is explored with a policy at most `lag` versions behind step s
+            assert r["step"] - lag <= call["policy_version"] <= r["step"]
+    # The explorer ran ahead: some step waited less for samples than exploring them took.
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "time/step" in r][1:]
+    assert any(r["time/step"] < r["time/explore"] for r in steps), steps
+
+
+async def test_a_run_whose_episodes_all_fail_stops_with_the_cause(
+    tiny_model_path, toy_tasks, tmp_path
+):
+    run_dir = tmp_path / "broken"
+    config = toy_config(
+        tiny_model_path,
+        toy_tasks,
+        run_dir,
+        "run.steps=10",
+        "workflow=tests/integration/toy_app.py:broken",
+        "explorer.max_retries=0",
+    )
+    with pytest.raises(RuntimeError, match="3 steps in a row produced no training samples"):
+        await asyncio.wait_for(train(config, run_dir), timeout=300)
+    errors = [json.loads(x)["error"] for x in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+    assert len(errors) == 3 * 32 and all("the app is broken" in e for e in errors)

@@ -20,3 +20,7 @@ async def run(task: dict, model) -> float:
     )
     reply = await agent.reply(UserMsg(name="user", content=task["prompt"]))
     return uppercase_share(reply.get_text_content() or "")
+
+
+async def broken(task: dict, model) -> float:
+    raise RuntimeError("the app is broken")

@@ -289,7 +289,7 @@ class VerlTrainer:
         data["temperature"] = torch.where(real, part.temperature[rows], 1.0)
         data["seq_weights"] = torch.where(real, seq_weights[rows], 1.0)
         data["sample_kinds"] = torch.where(real, part.sample_kinds[rows], 0)
-        # padding rows pair with nothing: ids past every real pair
+        # padding rows pair with nothing: negative ids, which no real pair has
         data["pair_index"] = torch.where(real, part.pair_index[rows], -1 - torch.arange(len(index)))
         data["is_chosen"] = torch.where(real, part.is_chosen[rows], False)
         return data

@@ -80,7 +80,7 @@ def test_grpo_steps_equal_the_torch_trainer(tiny_model_path: str) -> None:
     samples = grpo_samples()
     torch_trainer, verl_trainer = _trainers(tiny_model_path, AlgorithmConfig())
     before = verl_trainer.state_dict_for_sync()
-    start = torch_trainer.state_dict_for_sync()
+    start = {k: v.clone() for k, v in torch_trainer.state_dict_for_sync().items()}
     assert all(torch.equal(before[k], start[k]) for k in start)
     got, want = run_steps(verl_trainer, samples, 2), run_steps(torch_trainer, samples, 2)
     _assert_same_steps(got, want)
@@ -113,7 +113,7 @@ def test_kl_entropy_mini_batches_and_recompute_equal_the_torch_trainer(
         warmup_steps=1,
     )
     samples = grpo_samples()
-    start = torch_trainer.state_dict_for_sync()
+    start = {k: v.clone() for k, v in torch_trainer.state_dict_for_sync().items()}
     got, want = run_steps(verl_trainer, samples, 2), run_steps(torch_trainer, samples, 2)
     _assert_same_steps(got, want)
     assert got[-1]["kl/mean"] > 0 and "actor/kl_loss" in got[-1]
@@ -130,7 +130,7 @@ def test_sft_objectives_equal_the_torch_trainer(tiny_model_path: str, objective:
     ]
     algorithm = AlgorithmConfig.model_validate({"objective": objective})
     torch_trainer, verl_trainer = _trainers(tiny_model_path, algorithm)
-    start = torch_trainer.state_dict_for_sync()
+    start = {k: v.clone() for k, v in torch_trainer.state_dict_for_sync().items()}
     got, want = run_steps(verl_trainer, samples, 2), run_steps(torch_trainer, samples, 2)
     _assert_same_steps(got, want)
     assert got[0]["sft/loss"] > 0
@@ -227,7 +227,7 @@ def test_two_ray_ranks_equal_the_torch_trainer(tiny_model_path: str) -> None:
     verl_trainer = VerlTrainer(tiny_model_path, config, algorithm, total_steps=2)
     try:
         samples = grpo_samples()
-        start = torch_trainer.state_dict_for_sync()
+        start = {k: v.clone() for k, v in torch_trainer.state_dict_for_sync().items()}
         got, want = run_steps(verl_trainer, samples, 2), run_steps(torch_trainer, samples, 2)
         _assert_same_steps(got, want)
         after = verl_trainer.state_dict_for_sync()

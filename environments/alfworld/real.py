@@ -1,0 +1,144 @@
+"""Real ALFWorld data: task rows for downloaded games, and export of generated games.
+
+With the data that `alfworld-download` fetches (`$ALFWORLD_DATA/json_2.1.1/<split>/...`), each
+game folder holds `game.tw-pddl` and `traj_data.json`; `find_games` turns them into task rows
+that `AlfworldEnv` plays unchanged. `export_games` writes generated tasks in the same layout, so
+alfworld's own tools (`alfworld-play-tw`, `AlfredTWEnv`) run them too.
+
+    python -m environments.alfworld.real --split valid_unseen --out alfworld_valid_unseen.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from environments.alfworld.games import goal_text, write_game_dir
+from environments.alfworld.tasks import TASK_TYPES, check_task_type, make_household
+from environments.jsonl import write_jsonl
+
+SPLITS = ("train", "valid_seen", "valid_unseen")
+
+
+def data_root(data_dir: str | Path | None = None) -> Path:
+    """The ALFWorld data folder: `data_dir`, else `$ALFWORLD_DATA`.
+
+    Raises:
+        FileNotFoundError: If neither is set, or the folder has no `json_2.1.1`.
+    """
+    root = data_dir or os.environ.get("ALFWORLD_DATA")
+    if not root:
+        raise FileNotFoundError(
+            "ALFWORLD_DATA is not set; point it at the folder `alfworld-download` fills "
+            "(the one that contains json_2.1.1/), or use the generated tasks"
+        )
+    root = Path(root).expanduser()
+    if not (root / "json_2.1.1").is_dir():
+        raise FileNotFoundError(
+            f"{root}: no json_2.1.1/ folder; ALFWORLD_DATA must point at downloaded ALFWorld data"
+        )
+    return root
+
+
+def find_games(
+    split: str = "valid_unseen",
+    data_dir: str | Path | None = None,
+    task_types: Iterable[str] = TASK_TYPES,
+) -> list[dict[str, Any]]:
+    """Task rows for the solvable games of one ALFWorld split, as alfworld itself selects them.
+
+    Args:
+        split: `train`, `valid_seen` (ALFWorld's in-distribution eval) or `valid_unseen`
+            (out-of-distribution: unseen rooms).
+        data_dir: The data folder; default `$ALFWORLD_DATA`.
+        task_types: Keep only these task types.
+
+    Returns:
+        Rows `{"id", "source", "split", "task_type", "goal", "game_file"}`, sorted by path.
+
+    Raises:
+        FileNotFoundError: If there is no data, or the split has no games.
+        ValueError: On an unknown split or task type.
+
+    Example:
+        >>> rows = find_games("valid_unseen")  # doctest: +SKIP
+        >>> len(rows)  # doctest: +SKIP
+        134
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown ALFWorld split {split!r}; choose one of {', '.join(SPLITS)}")
+    wanted = {check_task_type(task_type) for task_type in task_types}
+    base = data_root(data_dir) / "json_2.1.1" / split
+    rows = []
+    for traj_path in sorted(base.rglob("traj_data.json")):
+        folder = traj_path.parent
+        game_path = folder / "game.tw-pddl"
+        # The same filters as alfworld's AlfredTWEnv.collect_game_files.
+        if "movable" in str(folder) or "Sliced" in str(folder) or not game_path.is_file():
+            continue
+        traj = json.loads(traj_path.read_text())
+        if traj["task_type"] not in wanted or not json.loads(game_path.read_text()).get("solvable"):
+            continue
+        annotations = traj.get("turk_annotations", {}).get("anns", [])
+        rows.append(
+            {
+                "id": f"alfworld-{split}-{folder.parent.name}-{folder.name}",
+                "source": "alfworld",
+                "split": split,
+                "task_type": traj["task_type"],
+                "goal": annotations[0]["task_desc"] if annotations else "",
+                "game_file": str(game_path),
+            }
+        )
+    if not rows:
+        raise FileNotFoundError(f"{base}: no solvable games of types {sorted(wanted)}")
+    return rows
+
+
+def export_games(tasks: Iterable[dict[str, Any]], out: str | Path, split: str) -> list[Path]:
+    """Writes generated tasks as ALFWorld game folders under `out/json_2.1.1/<split>/`.
+
+    Args:
+        tasks: Generated task rows (`task_type`, `layout`, `seed`; `expert_plan` if present
+            becomes the game's walkthrough).
+        out: The data root to write (use it as `ALFWORLD_DATA`).
+        split: One of `SPLITS`.
+
+    Returns:
+        The written `game.tw-pddl` paths.
+
+    Example:
+        >>> from environments.alfworld.tasks import load_tasks
+        >>> tasks = load_tasks("test")[:2]
+        >>> paths = export_games(tasks, "/tmp/alfworld", "valid_unseen")  # doctest: +SKIP
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown ALFWorld split {split!r}; choose one of {', '.join(SPLITS)}")
+    paths = []
+    for task in tasks:
+        household = make_household(task["task_type"], task["layout"], task["seed"])
+        folder = Path(out) / "json_2.1.1" / split / f"{task['task_type']}-{task['layout']}"
+        folder /= f"trial_{task['id']}"
+        goal = goal_text(household, task["seed"])
+        plan = list(task.get("expert_plan") or [])
+        paths.append(write_game_dir(folder, household, goal, str(task["id"]), plan))
+    return paths
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command-line entry point: write task rows for a downloaded ALFWorld split."""
+    parser = argparse.ArgumentParser(description="Task rows for downloaded ALFWorld games.")
+    parser.add_argument("--split", default="valid_unseen", choices=SPLITS)
+    parser.add_argument("--data", help="ALFWorld data folder (default: $ALFWORLD_DATA)")
+    parser.add_argument("--out", type=Path, required=True, help="JSONL file to write")
+    args = parser.parse_args(argv)
+    rows = find_games(args.split, args.data)
+    print(f"{write_jsonl(args.out, rows)} games -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()

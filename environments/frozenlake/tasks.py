@@ -1,0 +1,45 @@
+"""FrozenLake task files and the episode reward."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from environments.frozenlake.env import StepResult
+from environments.jsonl import TaskFileError, read_jsonl
+
+DATA_DIR = Path(__file__).parent / "data"
+"""The committed task sets: 1,000 train and 200 test maps, sizes 4 to 8."""
+
+
+def load_tasks(split_or_path: str | Path = "test") -> list[dict[str, Any]]:
+    """FrozenLake rows: `"train"`/`"test"` for the shipped sets, or a JSONL path.
+
+    Raises:
+        TaskFileError: On a broken line or a malformed map.
+
+    Example:
+        >>> load_tasks("test")[0]["map"][0][0]
+        'S'
+    """
+    shipped = split_or_path in ("train", "test")
+    path = DATA_DIR / f"{split_or_path}.jsonl" if shipped else split_or_path
+    rows = read_jsonl(path, required=("id", "map"))
+    for row in rows:
+        desc = row["map"]
+        if (
+            not isinstance(desc, list)
+            or not desc
+            or any(not isinstance(line, str) or len(line) != len(desc[0]) for line in desc)
+            or "".join(desc).count("S") != 1
+            or set("".join(desc)) - set("SFHG")
+        ):
+            raise TaskFileError(
+                f"{path}: task {row['id']!r}: 'map' must be equal-length rows of S/F/H/G with one S"
+            )
+    return rows
+
+
+def reward(result: StepResult) -> float:
+    """The episode reward from its last step: 1.0 if the goal was reached, else 0.0."""
+    return 1.0 if result.won else 0.0

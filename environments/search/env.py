@@ -1,0 +1,59 @@
+"""Entry points for a search workflow: the shipped (or a user's) corpus, task files, reward."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+from environments.jsonl import TaskFileError, read_jsonl
+from environments.search.index import SearchIndex
+
+DATA_DIR = Path(__file__).parent / "data"
+"""The committed default data: 2,000 generated pages, 1,000 train and 200 test questions."""
+
+
+@functools.cache
+def load_index(corpus: str | Path = DATA_DIR / "corpus.jsonl") -> SearchIndex:
+    """The search index of a corpus file, built once per process (and cached on disk).
+
+    Args:
+        corpus: A JSONL corpus (`{"id", "title", "text"}` per line); the default is the shipped
+            synthetic encyclopedia. Point it at your own file to search real data.
+
+    Returns:
+        The shared, read-only index.
+
+    Example:
+        >>> index = load_index()
+        >>> index.search("capital", k=1)[0].doc_id.startswith("d")
+        True
+    """
+    return SearchIndex.from_jsonl(corpus)
+
+
+def load_tasks(split_or_path: str | Path = "test") -> list[dict[str, Any]]:
+    """Question rows: `"train"`/`"test"` for the shipped sets, or a path to your own JSONL.
+
+    A row needs `id`, `question` and `answer` (a string or a list of accepted strings); the
+    generated sets also carry `type`, `hops`, `supporting_ids`, `supporting_titles`, `program`.
+
+    Example:
+        >>> len(load_tasks("test"))
+        200
+    """
+    path = (
+        DATA_DIR / f"{split_or_path}.jsonl" if split_or_path in ("train", "test") else split_or_path
+    )
+    rows = read_jsonl(path, required=("id", "question", "answer"))
+    for row in rows:
+        answer = row["answer"]
+        if not (
+            isinstance(answer, str)
+            or (isinstance(answer, list) and answer and all(isinstance(a, str) for a in answer))
+        ):
+            raise TaskFileError(
+                f"{path}: task {row['id']!r}: 'answer' must be a string or a non-empty list of "
+                "strings"
+            )
+    return rows

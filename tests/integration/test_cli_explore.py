@@ -1,0 +1,116 @@
+"""`agentscope-rft explore` then `buffer export`, as a user runs them."""
+
+import json
+import subprocess
+import sys
+
+import yaml
+
+
+def test_explore_writes_results_and_exportable_samples(calc_model_path, tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(
+        "".join(
+            json.dumps({"id": f"q{i}", "question": "What is (2+3)*4?", "answer": "20"}) + "\n"
+            for i in range(3)
+        )
+    )
+    config = tmp_path / "calc.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"name_or_path": calc_model_path},
+                "engine": {"dtype": "float32"},
+                "workflow": "tests.integration.test_explorer:calc_workflow",
+                "tasks": {"train": str(tasks)},
+                "explorer": {"group_size": 2, "sampling": {"temperature": 0.0}},
+                "run": {"dir": str(tmp_path / "run")},
+            }
+        )
+    )
+    out = tmp_path / "explore"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentscope_rft.cli",
+            "explore",
+            "--config",
+            str(config),
+            "--limit",
+            "2",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "reward/mean" in done.stdout
+    results = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["task_id"] for r in results] == ["q0", "q1"]
+    assert all(r["rewards"] == [1.0, 1.0] for r in results)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["explore/rollouts"] == 4 and summary["trajectory/merge_rate"] == 1.0
+
+    exported = tmp_path / "samples.jsonl"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentscope_rft.cli",
+            "buffer",
+            "export",
+            "--url",
+            str(out / "buffer.db"),
+            "--out",
+            str(exported),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(x) for x in exported.read_text().splitlines()]
+    assert len(rows) == 4
+    for field in (
+        "token_ids",
+        "loss_mask",
+        "logprobs",
+        "reward",
+        "rollout_id",
+        "task_id",
+        "policy_version",
+        "agent_name",
+        "stop_reason",
+    ):
+        assert field in rows[0]
+    assert rows[0]["agent_name"] == "calc" and rows[0]["reward"] == 1.0
+    assert len(rows[0]["token_ids"]) == len(rows[0]["loss_mask"]) == len(rows[0]["logprobs"])
+
+
+def test_explore_with_a_broken_workflow_path_fails_clearly(tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "a"}\n')
+    config = tmp_path / "bad.yaml"
+    config.write_text(
+        yaml.safe_dump({"workflow": "no_such_module:run", "tasks": {"train": str(tasks)}})
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentscope_rft.cli",
+            "explore",
+            "--config",
+            str(config),
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2
+    assert "no_such_module:run" in done.stderr and "does not import" in done.stderr
