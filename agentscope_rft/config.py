@@ -407,6 +407,8 @@ class RunConfig(Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     """Advantage estimator, policy loss, KL, objective: see algorithms.md."""
     trainer: TrainerConfig = Field(default_factory=TorchTrainerConfig)
+    """The trainer: `torch` (default; plain PyTorch, CPU or one GPU) or `verl` (verl's FSDP engine:
+    multi-GPU, multi-node)."""
     buffer: BufferConfig = Field(default_factory=BufferConfig)
     """Where samples wait between explorer and trainer."""
     sync: SyncConfig = Field(default_factory=SyncConfig)
