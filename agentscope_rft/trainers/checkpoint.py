@@ -87,8 +87,17 @@ def save_hf_weights(state: dict[str, Tensor], source_model: Path, target: Path) 
     from transformers import AutoConfig, AutoModelForCausalLM
 
     target.mkdir(parents=True, exist_ok=True)
+    config = AutoConfig.from_pretrained(source_model)
     with init_empty_weights():
-        shell = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source_model))
+        shell = AutoModelForCausalLM.from_config(config)
+    # A tied weight (lm_head = embeddings) is written once, as `save_pretrained` of the live
+    # model does; a gathered state dict holds it as two equal tensors.
+    tied = getattr(shell, "_tied_weights_keys", None) or {}
+    if isinstance(tied, dict) and config.get_text_config().tie_word_embeddings:
+        state = dict(state)
+        for name, source in tied.items():
+            if name in state and source in state and torch.equal(state[name], state[source]):
+                del state[name]
     shell.save_pretrained(target, state_dict=state, safe_serialization=True)
     copy_tokenizer(source_model, target)
 
