@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from agentscope_rft.algorithms.config import AlgorithmConfig
 from agentscope_rft.buffer.config import BufferConfig
@@ -149,10 +156,13 @@ class LoRAConfig(Section):
     """Module names to adapt, or `all-linear`."""
 
 
-class TorchTrainerConfig(Section):
-    """The embedded trainer: plain PyTorch on CPU or one GPU."""
+class TrainerSettings(Section):
+    """What every trainer backend means the same way: optimizer, schedule, batching, model.
 
-    type: Literal["torch"] = "torch"
+    `TorchTrainerConfig` and `VerlTrainerConfig` extend it with their own placement keys, so a run
+    switches backends by changing `type` (and adding placement keys), not by renaming settings.
+    """
+
     lr: float = Field(default=1e-6, gt=0)
     """Peak learning rate of the policy (AdamW)."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
@@ -168,16 +178,15 @@ class TorchTrainerConfig(Section):
     grad_clip: float | None = Field(default=1.0, gt=0)
     """Clip the global gradient norm to this (null: no clipping)."""
     micro_batch_tokens: int = Field(default=8192, ge=16)
-    """Padded tokens per forward/backward pass; gradients accumulate across micro-batches."""
+    """Tokens per forward/backward pass; gradients accumulate across micro-batches. torch: padded
+    tokens (rows x longest); verl: real tokens per rank (its dynamic batching packs rows)."""
     mini_batches: int = Field(default=1, ge=1)
     """Optimizer steps per training step (the batch is split into this many parts)."""
     epochs: int = Field(default=1, ge=1)
     """Passes over each batch (PPO epochs)."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Compute dtype; weights and optimizer stay fp32. `auto`: bf16 autocast where it is faster
-    (CUDA with bf16, CPUs with fast bf16 matmuls), else fp32."""
-    device: str = "auto"
-    """`auto` (CUDA if available), `cpu`, `cuda` or `cuda:N`."""
+    """Compute dtype; weights and optimizer stay fp32. `auto`: bf16 where it is faster (CUDA with
+    bf16; torch also on CPUs with fast bf16 matmuls), else fp32."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward: less memory, ~30% more time."""
     lora: LoRAConfig | None = None
@@ -189,7 +198,77 @@ class TorchTrainerConfig(Section):
     """Longest sample trained; longer ones are an error (set explorer limits instead)."""
 
 
-TrainerConfig = TorchTrainerConfig
+class TorchTrainerConfig(TrainerSettings):
+    """The embedded trainer: plain PyTorch on CPU or one GPU."""
+
+    type: Literal["torch"] = "torch"
+    device: str = "auto"
+    """`auto` (CUDA if available), `cpu`, `cuda` or `cuda:N`."""
+
+
+class VerlRayConfig(Section):
+    """Ray for a verl trainer with more than one rank (one Ray actor per rank)."""
+
+    address: str | None = None
+    """Ray cluster to join (`auto`, `ray://head:10001`, `head:6379`); null: join the cluster this
+    process already belongs to, else start a local Ray (stopped again by `close()`)."""
+    num_cpus: int | None = Field(default=None, ge=1)
+    """CPUs of an auto-started local Ray (null: Ray counts them). On `device: cpu` every rank
+    takes one."""
+
+
+class VerlTrainerConfig(TrainerSettings):
+    """verl's FSDP training engine (verl==0.9.1): multi-GPU and multi-node, same algorithms.
+
+    Example:
+        >>> cfg = VerlTrainerConfig(n_gpus_per_node=4, micro_batch_size=2, lr=1e-6)
+        >>> cfg.strategy, cfg.world_size
+        ('fsdp2', 4)
+    """
+
+    type: Literal["verl"] = "verl"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """`auto`: CUDA if visible, else CPU (gloo; fsdp2 only: for tests and small models)."""
+    n_gpus_per_node: int = Field(default=1, ge=1)
+    """Trainer ranks per node: GPUs (one rank each), or processes on `device: cpu`. More than one
+    rank in total runs the ranks as Ray actors; one rank runs in the trainer's process."""
+    nnodes: int = Field(default=1, ge=1)
+    """Nodes the trainer spans (Ray places `n_gpus_per_node` ranks on each)."""
+    strategy: Literal["fsdp2", "fsdp"] = "fsdp2"
+    """FSDP2 (`fully_shard`, default) or FSDP1 (`fsdp`, CUDA only)."""
+    fsdp_size: int = Field(default=-1)
+    """Ranks a parameter is sharded over (-1: all ranks; e.g. `n_gpus_per_node` gives hybrid
+    sharding: shard within a node, replicate across nodes)."""
+    micro_batch_size: int | None = Field(default=None, ge=1)
+    """Rows per forward/backward on each rank; null: pack rows up to `micro_batch_tokens` real
+    tokens per rank (verl's dynamic batching)."""
+    param_offload: bool = False
+    """Keep parameters in CPU memory outside the training step (a GPU shared with vLLM)."""
+    optimizer_offload: bool = False
+    """Keep AdamW state in CPU memory outside the training step."""
+    batch_padding: Literal["pad", "trim"] = "pad"
+    """A mini-batch that does not split into ranks x micro_batch_size: `pad` adds fully-masked
+    rows (no loss, no gradient), `trim` drops trailing samples. Both are logged."""
+    remove_padding: bool = True
+    """Pack each micro-batch into one sequence without padding (verl's `use_remove_padding`)."""
+    attn_implementation: str = "sdpa"
+    """The HF attention implementation (`sdpa`, `flash_attention_2`, `eager`)."""
+    ray: VerlRayConfig = Field(default_factory=VerlRayConfig)
+
+    @field_validator("fsdp_size")
+    @classmethod
+    def _fsdp_size(cls, value: int) -> int:
+        if value == 0 or value < -1:
+            raise ValueError(f"fsdp_size must be -1 (all ranks) or >= 1, got {value}")
+        return value
+
+    @property
+    def world_size(self) -> int:
+        """Trainer ranks in total."""
+        return self.n_gpus_per_node * self.nnodes
+
+
+TrainerConfig = Annotated[TorchTrainerConfig | VerlTrainerConfig, Field(discriminator="type")]
 
 
 class TasksConfig(Section):
@@ -328,6 +407,8 @@ class RunConfig(Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     """Advantage estimator, policy loss, KL, objective: see algorithms.md."""
     trainer: TrainerConfig = Field(default_factory=TorchTrainerConfig)
+    """The trainer: `torch` (default; plain PyTorch, CPU or one GPU) or `verl` (verl's FSDP engine:
+    multi-GPU, multi-node)."""
     buffer: BufferConfig = Field(default_factory=BufferConfig)
     """Where samples wait between explorer and trainer."""
     sync: SyncConfig = Field(default_factory=SyncConfig)

@@ -66,6 +66,15 @@ def episode_settings(config: RunConfig, max_model_len: int) -> EpisodeSettings:
     )
 
 
+def nominal_batch_size(config: RunConfig) -> int:
+    """Samples per training step as configured (episodes that split into several samples, and
+    dropped zero-variance groups, make real batches differ)."""
+    if config.run.mode == "offline":
+        pairs = 2 if config.offline.format == "dpo" else 1
+        return config.offline.batch_size * pairs
+    return config.explorer.tasks_per_step * config.explorer.group_size
+
+
 def sampling_rules(config: RunConfig) -> dict[str, dict[str, Any]]:
     """Gateway sampling overrides: training rollouts by default, `eval` rollouts greedy."""
 

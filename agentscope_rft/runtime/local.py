@@ -28,6 +28,7 @@ from agentscope_rft.runtime.components import (
     RolloutLog,
     checkpoint_dir,
     episode_settings,
+    nominal_batch_size,
     prepare_run_dir,
     prune_checkpoints,
     read_state,
@@ -67,6 +68,7 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False) -> di
         config.algorithm,
         total_steps=steps,
         seed=config.run.seed,
+        batch_size=nominal_batch_size(config),
     )
     buffer = build_buffer(config.buffer, run_dir)
     start = 0

@@ -75,6 +75,33 @@ def save_hf_model(trainer: TorchTrainer, target: Path, source_model: Path) -> No
     copy_tokenizer(source_model, target)
 
 
+def save_hf_weights(state: dict[str, Tensor], source_model: Path, target: Path) -> None:
+    """An HF model folder from a full HF-named state dict and the source model's config and
+    tokenizer (for trainers whose model is not an HF module in this process, e.g. verl's).
+
+    Example:
+        >>> state = trainer.state_dict_for_sync()  # doctest: +SKIP
+        >>> save_hf_weights(state, model_path, run_dir / "model")  # doctest: +SKIP
+    """
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    target.mkdir(parents=True, exist_ok=True)
+    config = AutoConfig.from_pretrained(source_model)
+    with init_empty_weights():
+        shell = AutoModelForCausalLM.from_config(config)
+    # A tied weight (lm_head = embeddings) is written once, as `save_pretrained` of the live
+    # model does; a gathered state dict holds it as two equal tensors.
+    tied = getattr(shell, "_tied_weights_keys", None) or {}
+    if isinstance(tied, dict) and config.get_text_config().tie_word_embeddings:
+        state = dict(state)
+        for name, source in tied.items():
+            if name in state and source in state and torch.equal(state[name], state[source]):
+                del state[name]
+    shell.save_pretrained(target, state_dict=state, safe_serialization=True)
+    copy_tokenizer(source_model, target)
+
+
 def save_trainer_state(trainer: TorchTrainer, directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     if _is_peft(trainer.model):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -24,17 +23,12 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from agentscope_rft.algorithms import (
-    AdvantageInputs,
     AlgorithmConfig,
     LossInputs,
-    apply_kl_penalty,
-    compute_advantages,
-    kl_estimate,
     loss_normalizers,
     policy_objective,
     rollout_seq_weights,
     value_loss,
-    zero_variance_groups,
 )
 from agentscope_rft.config import TorchTrainerConfig
 from agentscope_rft.engines.embedded import pick_device, pick_dtype
@@ -45,6 +39,16 @@ from agentscope_rft.trainers.checkpoint import (
     merged_state_dict,
     save_hf_model,
     save_trainer_state,
+)
+from agentscope_rft.trainers.common import (
+    LRSchedule,
+    batch_advantages,
+    batch_metrics,
+    count_groups,
+    drop_zero_variance,
+    mini_batch_rows,
+    step_metrics,
+    total_optimizer_steps,
 )
 from agentscope_rft.types import Sample
 
@@ -57,24 +61,6 @@ def _unwrap(model: nn.Module) -> PreTrainedModel:
 
     inner = model.get_base_model() if isinstance(model, PeftModel) else model
     return cast(PreTrainedModel, inner)
-
-
-def _lr_lambda(cfg: TorchTrainerConfig, total_steps: int):  # type: ignore[no-untyped-def]
-    def factor(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / (cfg.warmup_steps + 1)
-        if cfg.lr_schedule == "constant":
-            return 1.0
-        span = max(1, total_steps - cfg.warmup_steps)
-        progress = min(1.0, (step - cfg.warmup_steps) / span)
-        decay = (
-            1.0 - progress
-            if cfg.lr_schedule == "linear"
-            else 0.5 * (1.0 + math.cos(math.pi * progress))
-        )
-        return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * decay
-
-    return factor
 
 
 class TorchTrainer:
@@ -146,7 +132,7 @@ class TorchTrainer:
             groups, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, _lr_lambda(config, total_steps * config.mini_batches * config.epochs)
+            self.optimizer, LRSchedule.of(config, total_optimizer_steps(config, total_steps))
         )
         self.optimizer_steps = 0
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
@@ -230,22 +216,11 @@ class TorchTrainer:
         return logprobs, values
 
     # ------------------------------------------------------------------ training step
-    def _drop_zero_variance(self, samples: Sequence[Sample]) -> tuple[list[Sample], int]:
-        if not self.algorithm.drops_zero_variance_groups():
-            return list(samples), 0
-        probe = build_batch(samples, self.pad_id)
-        scores = probe.rewards + probe.token_rewards.sum(dim=1)
-        flat = zero_variance_groups(scores, probe.group_ids) & (probe.sample_kinds == 0)
-        dropped_groups = len(set(probe.group_ids[flat].tolist()))
-        return [
-            s for s, drop in zip(samples, flat.tolist(), strict=True) if not drop
-        ], dropped_groups
-
     def step(self, samples: Sequence[Sample], step: int) -> dict[str, float]:
         """One training step on a batch; returns metrics (see docs/monitoring.md for names)."""
         started = time.perf_counter()
-        total_groups = len({(s.group, s.agent_name) for s in samples})
-        samples, dropped = self._drop_zero_variance(samples)
+        total_groups = count_groups(samples)
+        samples, dropped = drop_zero_variance(samples, self.algorithm, self.pad_id)
         metrics: dict[str, float] = {
             "train/groups": float(total_groups),
             "train/zero_variance_groups": float(dropped),
@@ -262,71 +237,22 @@ class TorchTrainer:
             old = current if self.config.old_logprobs == "recompute" else batch.rollout_logprobs
         else:
             old = batch.rollout_logprobs
-        advantages, returns = self._advantages(batch, old, ref, old_values, metrics)
+        advantages, returns = batch_advantages(batch, old, ref, old_values, algo, metrics)
         seq_weights = rollout_seq_weights(batch.episode_ids) if algo.normalize_per_rollout else None
 
         sums: dict[str, float] = defaultdict(float)
-        rows = torch.randperm(len(samples)).tolist()
+        parts = mini_batch_rows(len(samples), self.config.mini_batches)
         for _ in range(self.config.epochs):
-            for part in range(self.config.mini_batches):
-                mini = rows[part :: self.config.mini_batches]
-                if mini:
-                    self._update(
-                        batch, mini, old, ref, advantages, returns, old_values, seq_weights, sums
-                    )
-        elapsed = time.perf_counter() - started
+            for mini in parts:
+                self._update(
+                    batch, mini, old, ref, advantages, returns, old_values, seq_weights, sums
+                )
         updates = self.config.epochs * self.config.mini_batches
-        entropy_sum, entropy_tokens = sums.pop("entropy/sum"), sums.pop("entropy/tokens")
-        metrics["entropy/mean"] = entropy_sum / max(entropy_tokens, 1.0)
-        metrics.update({k: v / updates for k, v in sums.items()})
-        metrics.update(self._batch_metrics(batch, old, ref))
-        metrics.update(
-            {
-                "lr": float(self.scheduler.get_last_lr()[0]),
-                "train/samples": float(len(samples)),
-                "train/tokens": float(batch.num_tokens),
-                "train/trained_tokens": float(batch.loss_mask.sum()),
-                "tokens_per_s": batch.num_tokens * updates / elapsed,
-                "time/train": elapsed,
-            }
-        )
+        metrics.update(step_metrics(sums, updates, batch, time.perf_counter() - started))
+        recomputed = self.config.old_logprobs == "recompute"
+        metrics.update(batch_metrics(batch, old, ref, recomputed))
+        metrics["lr"] = float(self.scheduler.get_last_lr()[0])
         return metrics
-
-    def _advantages(
-        self,
-        batch: TrainBatch,
-        old: Tensor,
-        ref: Tensor | None,
-        values: Tensor | None,
-        metrics: dict[str, float],
-    ) -> tuple[Tensor, Tensor | None]:
-        algo = self.algorithm
-        advantages = torch.zeros(batch.input_ids.shape)
-        if not algo.is_rl():
-            return advantages, None
-        rl = (batch.sample_kinds == 0).nonzero().squeeze(-1)
-        token_rewards = batch.token_rewards[rl]
-        if algo.kl is not None and algo.kl.apply_to == "reward" and ref is not None:
-            kl = kl_estimate(old[rl], ref[rl], algo.kl.estimator)
-            token_rewards = apply_kl_penalty(token_rewards, kl, batch.loss_mask[rl], algo.kl.coef)
-        out = compute_advantages(
-            AdvantageInputs(
-                rewards=batch.rewards[rl],
-                group_ids=batch.group_ids[rl],
-                episode_ids=batch.episode_ids[rl],
-                loss_mask=batch.loss_mask[rl],
-                token_rewards=token_rewards,
-                values=values[rl] if values is not None else None,
-            ),
-            algo,
-        )
-        advantages[rl] = out.advantages
-        metrics.update(out.metrics)
-        returns = None
-        if out.returns is not None:
-            returns = torch.zeros(batch.input_ids.shape)
-            returns[rl] = out.returns
-        return advantages, returns
 
     def _update(
         self,
@@ -398,21 +324,6 @@ class TorchTrainer:
         self.scheduler.step()
         self.optimizer_steps += 1
         sums["grad_norm"] += float(grad_norm)
-
-    def _batch_metrics(
-        self, batch: TrainBatch, old: Tensor, ref: Tensor | None
-    ) -> dict[str, float]:
-        mask = batch.loss_mask.bool()
-        out = {
-            "train/rollout_trainer_logprob_diff": (
-                float((batch.rollout_logprobs - old)[mask].abs().mean())
-                if self.config.old_logprobs == "recompute"
-                else 0.0
-            ),
-        }
-        if ref is not None:
-            out["kl/mean"] = float(kl_estimate(old, ref, "k3")[mask].mean())
-        return out
 
     # ------------------------------------------------------------------ weights and checkpoints
     def state_dict_for_sync(self) -> dict[str, Tensor]:

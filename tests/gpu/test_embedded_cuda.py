@@ -32,13 +32,20 @@ async def test_engine_generates_and_swaps_weights_on_cuda():
 
 def test_trainer_step_on_cuda_bf16():
     path = resolve_model(EMBEDDED_MODEL)
-    trainer = TorchTrainer(path, TorchTrainerConfig(lr=1e-5, device="cuda"), AlgorithmConfig(),
-                           total_steps=1, seed=0)
+    trainer = TorchTrainer(
+        path, TorchTrainerConfig(lr=1e-5, device="cuda"), AlgorithmConfig(), total_steps=1, seed=0
+    )
     assert trainer.autocast_dtype == torch.bfloat16
     samples = [
-        Sample(token_ids=list(range(100, 164)), loss_mask=[0] * 32 + [1] * 32,
-               logprobs=[0.0] * 32 + [-1.0] * 32, reward=float(i % 2), rollout_id=f"r{i}",
-               task_id="t", group_id="g")
+        Sample(
+            token_ids=list(range(100, 164)),
+            loss_mask=[0] * 32 + [1] * 32,
+            logprobs=[0.0] * 32 + [-1.0] * 32,
+            reward=float(i % 2),
+            rollout_id=f"r{i}",
+            task_id="t",
+            group_id="g",
+        )
         for i in range(8)
     ]
     before = trainer.model.model.embed_tokens.weight.detach().clone()

@@ -57,3 +57,39 @@ def test_cuda_step_matches_plain_torch(tiny_model_path: str, param_dtype: str) -
     if param_dtype == "fp32":
         worst = max((after[k] - want[k].to(after[k].dtype)).abs().max().item() for k in want)
         assert worst <= 1e-3 * LR
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algorithm", [{}, {"kl": {"coef": 0.05}}], ids=["grpo", "grpo-kl"])
+def test_cuda_verl_trainer_equals_the_torch_trainer(tiny_model_path: str, algorithm: dict) -> None:
+    """The trainer protocol on one GPU, fp32: `VerlTrainer` (reference engine offloaded to CPU by
+    verl's `forward_only` mode when KL is on) against `TorchTrainer` on the same batch. Not yet
+    run on a GPU: tolerances are the CPU ones relaxed 10x for cuBLAS reduction order."""
+    from verl_reference import TRAINER_SETTINGS, grpo_samples, run_steps
+
+    from agentscope_rft.algorithms import AlgorithmConfig
+    from agentscope_rft.config import TorchTrainerConfig, VerlTrainerConfig
+    from agentscope_rft.trainers.torch_trainer import TorchTrainer
+    from agentscope_rft.trainers.verl.trainer import VerlTrainer
+
+    algo = AlgorithmConfig.model_validate(algorithm)
+    torch_trainer = TorchTrainer(
+        tiny_model_path, TorchTrainerConfig(device="cuda", **TRAINER_SETTINGS), algo, total_steps=2
+    )
+    verl_trainer = VerlTrainer(
+        tiny_model_path,
+        VerlTrainerConfig(device="cuda", micro_batch_size=2, **TRAINER_SETTINGS),
+        algo,
+        total_steps=2,
+    )
+    samples = grpo_samples()
+    start = {k: v.clone() for k, v in torch_trainer.state_dict_for_sync().items()}
+    got, want = run_steps(verl_trainer, samples, 2), run_steps(torch_trainer, samples, 2)
+    for g, w in zip(got, want, strict=True):
+        for key in ("loss", "grad_norm", "actor/pg_loss", "entropy/mean"):
+            assert g[key] == pytest.approx(w[key], rel=1e-4, abs=1e-4), key
+    after, reference = verl_trainer.state_dict_for_sync(), torch_trainer.state_dict_for_sync()
+    gap = sum(float(((after[k].cpu() - reference[k].cpu()) ** 2).sum()) for k in start) ** 0.5
+    update = sum(float(((reference[k].cpu() - start[k].cpu()) ** 2).sum()) for k in start) ** 0.5
+    assert update > 0 and gap <= 1e-3 * update
+    verl_trainer.close()

@@ -42,7 +42,7 @@ from agentscope_rft.trainers.verl.convert import (
     shard,
     to_engine_layout,
 )
-from agentscope_rft.trainers.verl.loss import NUM_SEQUENCES_KEY, NUM_TOKENS_KEY, VerlLoss
+from agentscope_rft.trainers.verl.loss import NUM_SEQUENCES_KEY, NUM_TOKENS_KEY, EngineLoss
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +89,9 @@ class VerlEngineSettings:
     lora_target_modules: str | tuple[str, ...] = "all-linear"
     lora_merge: bool = False
     """Export LoRA runs as merged full weights instead of the adapter alone."""
+    reference: bool = False
+    """Keep the initial policy for reference log-probs (a second, frozen engine; LoRA runs use
+    the policy with its adapter disabled instead)."""
 
 
 def _free_port() -> int:
@@ -203,6 +206,19 @@ def worker_config(settings: VerlEngineSettings) -> Any:
     return _worker_config(settings)
 
 
+def reference_config(settings: VerlEngineSettings) -> Any:
+    """The frozen reference engine's config: the policy's, without LoRA. On CUDA verl's
+    `forward_only` mode keeps its parameters in pinned CPU memory between uses (as verl's own
+    reference role does); on CPU there is nothing to offload to and pinning needs an accelerator.
+    """
+    import dataclasses
+
+    config = _worker_config(dataclasses.replace(settings, lora_rank=0))
+    if settings.device == "cuda":
+        config.engine_config.forward_only = True
+    return config
+
+
 def step_meta(batch: TensorDict) -> dict[str, Any]:
     """Whole-batch values every rank's loss needs (token/sequence normalisers, MFU lengths)."""
     from verl.utils import tensordict_utils as tu
@@ -255,7 +271,7 @@ class VerlTrainingEngine:
         0.0123
     """
 
-    def __init__(self, settings: VerlEngineSettings, loss: VerlLoss) -> None:
+    def __init__(self, settings: VerlEngineSettings, loss: EngineLoss) -> None:
         self.settings = settings
         self.versions = prepare_verl(settings.device)
         self.rank, self.world_size = init_distributed(settings.device)
@@ -266,6 +282,8 @@ class VerlTrainingEngine:
         self.worker = AgentscopeTrainingWorker(_worker_config(settings), device=settings.device)
         self.worker.set_loss_fn(loss)
         self.worker.reset()
+        if settings.reference and settings.lora_rank == 0:
+            self.worker.build_reference(reference_config(settings))
         self.engine = self.worker.engine
         self.dp_size = int(self.engine.get_data_parallel_size())
         self.dp_rank = int(self.engine.get_data_parallel_rank())
@@ -310,8 +328,10 @@ class VerlTrainingEngine:
         local = shard(batch, self.dp_rank, self.dp_size)
         return engine_batch(local, self.pad_token_id, **step_meta(batch), **meta)
 
-    def train_step(self, batch: TensorDict) -> dict[str, float]:
+    def train_step(self, batch: TensorDict, **meta: Any) -> dict[str, float]:
         """One optimizer step on a padded batch (from `build_batch`); same batch on every rank.
+
+        `meta` is attached to the batch for verl's engine and the loss function.
 
         Returns:
             `loss`, `grad_norm`, `lr`, the loss function's metrics (whole-batch values),
@@ -319,7 +339,7 @@ class VerlTrainingEngine:
         """
         from verl.utils import tensordict_utils as tu
 
-        local = self._local_batch(batch, update_lr_scheduler=True)
+        local = self._local_batch(batch, update_lr_scheduler=True, **meta)
         started = time.perf_counter()
         output = self.worker.train_batch(local)
         elapsed = time.perf_counter() - started
@@ -332,13 +352,17 @@ class VerlTrainingEngine:
         )
         return metrics
 
-    def compute_logprobs(self, batch: TensorDict) -> torch.Tensor:
-        """Current-policy log-probs of every response token, [B, R] like `batch["responses"]`."""
+    def compute_logprobs(
+        self, batch: TensorDict, *, reference: bool = False, **meta: Any
+    ) -> torch.Tensor:
+        """Log-probs of every response token, [B, R] like `batch["responses"]`: the current
+        policy's, or the reference policy's (needs `settings.reference` or LoRA)."""
         from verl.utils import tensordict_utils as tu
         from verl.workers.utils.padding import no_padding_2_padding
 
-        local = self._local_batch(batch, compute_loss=False, calculate_entropy=False)
-        output = self.worker.infer_batch(local)
+        local = self._local_batch(batch, compute_loss=False, calculate_entropy=False, **meta)
+        infer = self.worker.infer_reference if reference else self.worker.infer_batch
+        output = infer(local)
         logprobs = no_padding_2_padding(tu.get(output, "log_probs"), local).float().cpu()
         if self.dp_size == 1:
             return logprobs
@@ -352,10 +376,17 @@ class VerlTrainingEngine:
         params, _ = weights.iter_weights(self.engine)
         return params
 
-    def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
-        """All exported weights on CPU (every rank gets the full dict); timing in `sync_metrics`."""
-        state, self.sync_metrics = self.worker.export_state_dict()
+    def state_dict_for_sync(self, *, merged: bool = False) -> dict[str, torch.Tensor]:
+        """Exported weights on CPU, on rank 0 (other ranks get {}); timing in `sync_metrics`.
+
+        The `iter_weights` stream, or with `merged` full HF weights (a LoRA adapter merged).
+        """
+        state, self.sync_metrics = self.worker.export_state_dict(merged=merged)
         return state
+
+    def set_lr_schedule(self, factor: Any) -> None:
+        """Drive the learning rate by `LambdaLR(optimizer, factor)` instead of verl's schedule."""
+        self.worker.set_lr_schedule(factor)
 
     def save_hf(self, directory: str | Path) -> Path:
         """A loadable HF model folder (config, tokenizer, safetensors), written by rank 0."""

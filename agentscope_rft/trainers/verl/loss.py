@@ -21,6 +21,8 @@ from typing import Any, Literal
 import torch
 from tensordict import TensorDict
 
+from agentscope_rft.algorithms import AlgorithmConfig, LossInputs, policy_objective
+
 Weighting = Literal["tokens", "sequences", "sum"]
 """How a loss reduces over a batch: mean over trained tokens, mean over trained sequences
 (any `seq-mean-*` aggregation), or a plain sum."""
@@ -47,6 +49,10 @@ class TokenLossInputs:
 
 TokenLossFn = Callable[[TokenLossInputs], tuple[torch.Tensor, Mapping[str, float]]]
 """`loss_fn(inputs) -> (scalar loss, metrics)`: the batch mean (or sum) of the policy loss."""
+
+EngineLoss = Callable[[Mapping[str, Any], TensorDict, Any], tuple[torch.Tensor, dict[str, float]]]
+"""What verl's engine calls per micro-batch: `(model_output, data, dp_group) -> (loss, metrics)`
+(`VerlLoss`, `ObjectiveLoss`)."""
 
 
 class VerlLoss:
@@ -112,3 +118,80 @@ class VerlLoss:
                 "VerlTrainingEngine.train_step"
             )
         return part / float(total)
+
+
+# Whole-mini-batch values the trainer attaches to a verl batch for `ObjectiveLoss`.
+NORM_TOKENS_KEY = "agentscope_rft_norm_tokens"
+NORM_SEQUENCES_KEY = "agentscope_rft_norm_sequences"
+NORM_SFT_TOKENS_KEY = "agentscope_rft_norm_sft_tokens"
+OPTIMIZER_STEP_KEY = "agentscope_rft_optimizer_step"
+ROW_FIELDS = ("seq_weights", "sample_kinds", "pair_index", "is_chosen")
+"""[B] per-row fields `ObjectiveLoss` reads (see `VerlTrainer`)."""
+
+
+class ObjectiveLoss:
+    """`policy_objective` of the algorithm library as verl's engine loss: the trainer's one loss.
+
+    The trainer computes the mini-batch normalizers (`loss_normalizers`) and the advantages on
+    its side and attaches them to the batch; each micro-batch then returns exactly the share of
+    the mini-batch loss that the torch trainer's micro-batch returns, times the data-parallel
+    size (FSDP averages gradients over ranks; the shares must add up). Metrics are shares too,
+    plus `entropy/sum` and `entropy/tokens` over trained tokens.
+
+    Example:
+        >>> loss = ObjectiveLoss(AlgorithmConfig())  # doctest: +SKIP
+        >>> worker.set_loss_fn(loss)  # doctest: +SKIP
+    """
+
+    def __init__(self, algorithm: AlgorithmConfig) -> None:
+        if algorithm.needs_critic() or algorithm.objective == "dpo":
+            raise ValueError(f"ObjectiveLoss cannot train objective {algorithm.objective!r} here")
+        self.algorithm = algorithm
+
+    def __call__(
+        self, model_output: Mapping[str, Any], data: TensorDict, dp_group: Any = None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import no_padding_2_padding
+
+        algo = self.algorithm
+        logprobs = no_padding_2_padding(model_output["log_probs"], data)  # [B, R]
+        entropy = None
+        if "entropy" in model_output:
+            entropy = no_padding_2_padding(model_output["entropy"], data).float()  # [B, R]
+        device = logprobs.device
+
+        def field(name: str) -> torch.Tensor:
+            return data[name].to(device, torch.float32)
+
+        def meta(name: str) -> float:
+            value = tu.get_non_tensor_data(data, name, None)
+            if value is None:
+                raise KeyError(f"the batch lacks {name}; build it with VerlTrainer")
+            return float(value)
+
+        mask = field("response_mask")
+        inputs = LossInputs(
+            logprobs=logprobs.float(),
+            old_logprobs=field("old_log_probs"),
+            rollout_logprobs=field("rollout_log_probs"),
+            advantages=field("advantages"),
+            loss_mask=mask,
+            global_num_tokens=meta(NORM_TOKENS_KEY),
+            global_num_seqs=meta(NORM_SEQUENCES_KEY),
+            global_num_sft_tokens=meta(NORM_SFT_TOKENS_KEY),
+            seq_weights=field("seq_weights") if algo.normalize_per_rollout else None,
+            ref_logprobs=field("ref_log_prob") if "ref_log_prob" in data else None,
+            entropy=entropy if algo.needs_entropy() else None,
+            sample_kinds=data["sample_kinds"].to(device),
+            pair_index=data["pair_index"].to(device),
+            is_chosen=data["is_chosen"].to(device),
+        )
+        loss, shares = policy_objective(inputs, algo, int(meta(OPTIMIZER_STEP_KEY)))
+        trained = mask.bool()
+        metrics = dict(shares)
+        entropy_sum = entropy.detach()[trained].sum() if entropy is not None else 0.0
+        metrics["entropy/sum"] = float(entropy_sum)
+        metrics["entropy/tokens"] = float(trained.sum())
+        dp_size = int(tu.get_non_tensor_data(data, "dp_size", 1))
+        return loss * dp_size, metrics

@@ -26,9 +26,11 @@ class Layout:
 
     num_devices: int
     dp_size: int
-    rows_per_rank: int
+    rows_per_rank: int | None
+    """None when the batch size is not known up front."""
     micro_batches_per_rank: int | None
-    """None with dynamic (token-budget) micro-batching: verl decides per step."""
+    """None with dynamic (token-budget) micro-batching (verl decides per step), or when the batch
+    size is not known."""
     sharding: str
 
 
@@ -42,7 +44,7 @@ def plan_layout(
     settings: VerlEngineSettings,
     *,
     num_devices: int,
-    batch_size: int,
+    batch_size: int | None,
     devices_per_node: int | None = None,
     num_nodes: int = 1,
 ) -> Layout:
@@ -51,7 +53,8 @@ def plan_layout(
     Args:
         settings: the engine settings (strategy, micro-batch, device, fsdp_size).
         num_devices: trainer ranks in total (GPUs, or CPU processes on CPU).
-        batch_size: samples per optimizer step, as configured.
+        batch_size: samples per optimizer step, as configured (None: not known; batches are then
+            padded to a multiple of ranks x micro-batch at each step, with a log line).
         devices_per_node: GPUs visible per node; default: what this process sees.
         num_nodes: nodes the trainer spans (Ray placement); ranks are spread evenly.
 
@@ -86,19 +89,21 @@ def plan_layout(
                 f"node) but only {per_node} are visible per node; lower the trainer GPU count or "
                 "add nodes"
             )
+    if settings.fsdp_size == 0 or settings.fsdp_size < -1:
+        raise VerlConfigError(f"fsdp_size must be -1 (all ranks) or >= 1, got {settings.fsdp_size}")
     if settings.fsdp_size > 0 and num_devices % settings.fsdp_size:
         raise VerlConfigError(
             f"fsdp_size {settings.fsdp_size} must divide the trainer device count {num_devices}"
         )
     dp_size = num_devices  # no sequence/tensor parallelism in this backend (yet)
-    if batch_size % dp_size:
+    if batch_size is not None and batch_size % dp_size:
         raise VerlConfigError(
             f"batch_size {batch_size} does not split across {dp_size} data-parallel ranks; use a "
             f"multiple of {dp_size}"
         )
-    rows = batch_size // dp_size
+    rows = batch_size // dp_size if batch_size is not None else None
     micro: int | None = None
-    if settings.max_tokens_per_micro_batch is None:
+    if settings.max_tokens_per_micro_batch is None and rows is not None:
         if rows % settings.micro_batch_size:
             raise VerlConfigError(
                 f"batch_size {batch_size} gives {rows} samples per rank, which micro_batch_size "
@@ -112,16 +117,24 @@ def plan_layout(
     if replicas > 1:
         sharding = f"{settings.strategy} hybrid: shard over {shard_over}, replicate x{replicas}"
     layout = Layout(num_devices, dp_size, rows, micro, sharding)
+    if settings.max_tokens_per_micro_batch is not None:
+        micro_text = f"micro-batches of <= {settings.max_tokens_per_micro_batch} tokens"
+    elif micro is not None:
+        micro_text = f"{micro} micro-batch(es) of {settings.micro_batch_size}"
+    else:
+        micro_text = f"micro-batches of {settings.micro_batch_size} rows"
+    per_step = (
+        f"{batch_size} samples per step -> {rows} per rank"
+        if batch_size is not None
+        else "batches padded to a multiple of ranks x micro-batch"
+    )
     logger.info(
-        "verl layout: %d %s rank(s) on %d node(s), %s; %d samples per step -> %d per rank -> %s",
+        "verl layout: %d %s rank(s) on %d node(s), %s; %s -> %s",
         num_devices,
         settings.device,
         num_nodes,
         sharding,
-        batch_size,
-        rows,
-        f"{micro} micro-batch(es) of {settings.micro_batch_size}"
-        if micro is not None
-        else f"micro-batches of <= {settings.max_tokens_per_micro_batch} tokens",
+        per_step,
+        micro_text,
     )
     return layout

@@ -25,10 +25,11 @@ from agentscope_rft.trainers.verl.engine import (
     engine_batch,
     prepare_verl,
     reduce_metrics,
+    reference_config,
     step_meta,
     worker_config,
 )
-from agentscope_rft.trainers.verl.loss import VerlLoss
+from agentscope_rft.trainers.verl.loss import EngineLoss
 
 CPU_WORKER_ENV = {
     "VERL_PLATFORM": "cpu",
@@ -47,7 +48,7 @@ class RayTrainingGroup:
     def __init__(
         self,
         settings: VerlEngineSettings,
-        loss: VerlLoss,
+        loss: EngineLoss,
         *,
         devices_per_node: int,
         num_nodes: int = 1,
@@ -86,10 +87,13 @@ class RayTrainingGroup:
         )
         self.group.set_loss_fn(loss)
         self.group.reset()
+        if settings.reference and settings.lora_rank == 0:
+            self.group.build_reference(reference_config(settings))
         self.build_s = time.perf_counter() - started
         self.world_size = devices_per_node * num_nodes
         self.pad_token_id = _pad_token_id(settings.model_path)
         self.sync_metrics: dict[str, float] = {}
+        self.steps = 0
 
     @property
     def batch_multiple(self) -> int:
@@ -97,14 +101,17 @@ class RayTrainingGroup:
             return self.world_size
         return self.world_size * self.settings.micro_batch_size
 
-    def train_step(self, batch: TensorDict) -> dict[str, float]:
-        """One optimizer step on a padded batch (rows: a multiple of `batch_multiple`)."""
+    def train_step(self, batch: TensorDict, **meta: Any) -> dict[str, float]:
+        """One optimizer step on a padded batch (rows: a multiple of `batch_multiple`); `meta` is
+        attached to the batch for verl's engine and the loss function."""
         from verl.utils import tensordict_utils as tu
 
-        data = engine_batch(batch, self.pad_token_id, update_lr_scheduler=True, **step_meta(batch))
+        data = engine_batch(
+            batch, self.pad_token_id, update_lr_scheduler=True, **step_meta(batch), **meta
+        )
         started = time.perf_counter()
-        output = self.group.train_batch(data)
-        output = output.get() if hasattr(output, "get") else output
+        output = _result(self.group.train_batch(data))
+        self.steps += 1
         metrics = reduce_metrics(tu.get(output, "metrics"))
         metrics.update(
             step_time_s=time.perf_counter() - started,
@@ -113,8 +120,31 @@ class RayTrainingGroup:
         )
         return metrics
 
-    def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
-        results = self.group.export_state_dict()
+    def compute_logprobs(
+        self, batch: TensorDict, *, reference: bool = False, **meta: Any
+    ) -> torch.Tensor:
+        """Log-probs of every response token, [B, R]: the policy's or the reference's."""
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import no_padding_2_padding
+
+        data = engine_batch(
+            batch,
+            self.pad_token_id,
+            compute_loss=False,
+            calculate_entropy=False,
+            **step_meta(batch),
+            **meta,
+        )
+        infer = self.group.infer_reference if reference else self.group.infer_batch
+        output = _result(infer(data))
+        return no_padding_2_padding(tu.get(output, "log_probs"), data).float().cpu()
+
+    def set_lr_schedule(self, factor: Any) -> None:
+        self.group.set_lr_schedule(factor)
+
+    def state_dict_for_sync(self, *, merged: bool = False) -> dict[str, torch.Tensor]:
+        """Weights gathered by rank 0 (the other ranks only take part in the gathers)."""
+        results = self.group.export_state_dict(merged=merged)
         state, self.sync_metrics = results[0]
         return state
 
@@ -126,11 +156,27 @@ class RayTrainingGroup:
         self.sync_metrics = self.group.save_lora_adapter(str(directory))[0]
         return Path(directory)
 
-    def save(self, directory: str | Path, step: int) -> None:
-        self.group.save_checkpoint(str(directory), global_step=step)
+    def save(self, directory: str | Path) -> None:
+        """verl's sharded checkpoint; every rank writes its shard (a shared filesystem across
+        nodes)."""
+        self.group.save_checkpoint(str(directory), global_step=self.steps)
 
     def load(self, directory: str | Path) -> None:
         self.group.load_checkpoint(str(directory))
+
+    def close(self) -> None:
+        """Stop the worker actors."""
+        import ray
+
+        for worker in getattr(self.group, "workers", []):
+            ray.kill(worker)
+
+
+def _result(output: Any) -> Any:
+    """verl's non-blocking group calls return a future (`.get()`); blocking ones the value."""
+    if isinstance(output, TensorDict) or not hasattr(output, "get"):
+        return output
+    return output.get()
 
 
 def _pad_token_id(model_path: str) -> int:

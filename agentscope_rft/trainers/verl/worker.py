@@ -1,5 +1,5 @@
-"""verl's `TrainingWorker` plus the weight-export calls our trainer needs, usable in-process or as
-a Ray actor of a `RayWorkerGroup`.
+"""verl's `TrainingWorker` plus what our trainer needs, usable in-process or as a Ray actor of a
+`RayWorkerGroup`: weight export, our LR schedule, and reference-policy log-probs.
 
 The extra methods are registered with verl's own `register(dispatch_mode=...)` decorator, the
 extension point of its single-controller workers, so a worker group dispatches them to all ranks.
@@ -13,7 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from verl.single_controller.base.decorator import Dispatch, register
+from tensordict import TensorDict
+from verl.single_controller.base.decorator import (
+    Dispatch,
+    make_nd_compute_dataproto_dispatch_fn,
+    register,
+)
 from verl.workers.engine_workers import TrainingWorker
 
 from agentscope_rft.trainers.verl import weights
@@ -24,7 +29,8 @@ ONE_TO_ALL = getattr(Dispatch, "ONE_TO_ALL")  # noqa: B009
 
 
 class AgentscopeTrainingWorker(TrainingWorker):
-    """A verl training worker (no rollout engine) with HF / LoRA / per-tensor weight export."""
+    """A verl training worker (no rollout engine) with weight export, our LR schedule and an
+    optional frozen reference policy."""
 
     def __init__(self, config: Any, device: Device = "cuda") -> None:
         prepare_verl(device)  # no-op when the in-process engine already did it
@@ -32,11 +38,42 @@ class AgentscopeTrainingWorker(TrainingWorker):
             # verl's own process-group initialiser asks torch for "cpu:gloo,cpu:gloo" on CPU.
             init_distributed("cpu")
         super().__init__(config)
+        self.reference: TrainingWorker | None = None
 
     @register(dispatch_mode=ONE_TO_ALL)
-    def export_state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-        """Weights on CPU (every rank) and the export timing."""
-        state, _, metrics = weights.export_state_dict(self.engine)
+    def build_reference(self, config: Any) -> None:
+        """A frozen copy of the initial policy (a second engine, sharded like the policy) for
+        reference log-probs. LoRA runs need none: the policy with its adapter disabled is it."""
+        self.reference = TrainingWorker(config)
+        self.reference.reset()
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="train"))
+    def infer_reference(self, data: TensorDict) -> TensorDict | None:
+        """Reference-policy log-probs, as `infer_batch` returns them for the policy."""
+        if self.reference is not None:
+            return self.reference.infer_batch(data)
+        from verl.utils import tensordict_utils as tu
+
+        tu.assign_non_tensor(data, no_lora_adapter=True)
+        return self.infer_batch(data)
+
+    @register(dispatch_mode=ONE_TO_ALL)
+    def set_lr_schedule(self, factor: Any) -> None:
+        """Replace verl's scheduler by `LambdaLR(factor)` (our schedule, one source of truth);
+        verl's checkpoints then save and restore this one."""
+        engine: Any = self.engine
+        scheduler = torch.optim.lr_scheduler.LambdaLR(engine.optimizer, factor)
+        engine.lr_scheduler = scheduler
+        engine.checkpoint_manager.lr_scheduler = scheduler
+
+    @register(dispatch_mode=ONE_TO_ALL)
+    def export_state_dict(
+        self, merged: bool = False
+    ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """Weights on CPU (rank 0 only; the other ranks return {}) and the export timing."""
+        state, _, metrics = weights.export_state_dict(
+            self.engine, keep=self.rank == 0, merged=merged
+        )
         return state, metrics
 
     @register(dispatch_mode=ONE_TO_ALL)

@@ -173,8 +173,24 @@ def test_lora_step_exports_a_peft_adapter(tiny_model_path: str, tmp_path) -> Non
             ".lora_B.weight", ".lora_B.default.weight"
         )
         assert torch.equal(state[key], tensor), name
-    with pytest.raises(ValueError, match="save_lora_adapter"):
-        engine.save_hf(tmp_path / "hf")
+
+    # Merged full weights (what the inference engine gets) equal peft's own merge, the torch
+    # trainer's export, to float rounding; the HF folder holds exactly them.
+    from agentscope_rft.trainers.checkpoint import merged_state_dict
+
+    want = merged_state_dict(loaded)
+    merged = engine.state_dict_for_sync(merged=True)
+    assert set(merged) == set(want)
+    for name, tensor in want.items():
+        torch.testing.assert_close(merged[name], tensor, rtol=0, atol=1e-6, msg=name)
+    from safetensors.torch import load_file
+
+    initial = load_file(f"{tiny_model_path}/model.safetensors")
+    lora_layer = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(merged[lora_layer], initial[lora_layer])  # the adapter is in
+    reloaded = AutoModelForCausalLM.from_pretrained(engine.save_hf(tmp_path / "hf"))
+    for name, tensor in reloaded.state_dict().items():
+        assert torch.equal(tensor, merged[name]), name
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -18,6 +19,10 @@ from agentscope_rft.types import Sample
 LR = 1e-2
 WEIGHT_DECAY = 0.01
 MAX_GRAD_NORM = 1.0
+
+TRAINER_LR = 1e-2
+TRAINER_SETTINGS = {"lr": TRAINER_LR, "weight_decay": 0.01, "grad_clip": 1.0, "dtype": "float32"}
+"""Settings shared by the torch and verl trainers in the trainer-equality tests."""
 
 
 def ppo_clip_loss(x: TokenLossInputs) -> tuple[torch.Tensor, dict[str, float]]:
@@ -150,3 +155,38 @@ def run_rank(rank: int, world_size: int, port: int, model_path: str, out: str) -
     if rank == 0:
         torch.save({"metrics": metrics, "weights": weights, "rows": batch.batch_size[0]}, out)
     Path(out + f".rank{rank}").write_text("done")
+
+
+def grpo_samples(num: int = 8, seed: int = 0) -> list[Sample]:
+    """Groups of 4 with mixed rewards, mixed temperatures, two-turn samples whose tool result
+    (inside the trained span) is masked, and engine log-probs a little off the policy's."""
+    gen = torch.Generator().manual_seed(seed)
+    samples = []
+    for i in range(num):
+        n = 8 + 3 * (i % 4)
+        prompt = 3 + i % 3
+        mask = [0] * prompt + [1] * (n - prompt)
+        if i % 2 == 0:
+            mask[prompt + 2] = 0
+        ids = torch.randint(3, 4000, (n,), generator=gen).tolist()
+        logprobs = [(-9.0 - 0.3 * j) if m else 0.0 for j, m in enumerate(mask)]
+        samples.append(
+            Sample(
+                token_ids=ids,
+                loss_mask=mask,
+                logprobs=logprobs,
+                reward=float((i * 7) % 3) / 2,
+                rollout_id=f"r{i}",
+                task_id=f"t{i // 4}",
+                temperature=1.0 if i % 3 else 0.7,
+            )
+        )
+    return samples
+
+
+def run_steps(trainer: Any, samples: list[Sample], steps: int) -> list[dict[str, float]]:
+    out = []
+    for step in range(steps):
+        torch.manual_seed(100 + step)  # same mini-batch permutation in both trainers
+        out.append(trainer.step(samples, step))
+    return out

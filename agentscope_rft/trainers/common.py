@@ -1,0 +1,172 @@
+"""The algorithm side of a training step, shared by every trainer backend (torch, verl).
+
+A backend owns the model: forward/backward, the optimizer, the weights. Everything decided from
+the batch alone lives here once, so both backends train the same way: which groups are dropped,
+the advantages, the mini-batch split, the learning-rate schedule and the step's metrics.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from agentscope_rft.algorithms import (
+    AdvantageInputs,
+    AlgorithmConfig,
+    apply_kl_penalty,
+    compute_advantages,
+    kl_estimate,
+    zero_variance_groups,
+)
+from agentscope_rft.config import TrainerSettings
+from agentscope_rft.trainers.batch import TrainBatch, build_batch
+from agentscope_rft.types import Sample
+
+
+@dataclass(frozen=True)
+class LRSchedule:
+    """The LR multiplier at an optimizer step: linear warm-up, then constant/linear/cosine decay.
+
+    A plain object (not a closure) so it pickles into verl's Ray workers and checkpoints.
+
+    Example:
+        >>> factor = LRSchedule("linear", warmup_steps=1, min_lr_ratio=0.0, total_steps=3)
+        >>> [round(factor(s), 3) for s in range(4)]
+        [0.5, 1.0, 0.5, 0.0]
+    """
+
+    kind: str
+    warmup_steps: int
+    min_lr_ratio: float
+    total_steps: int
+
+    @classmethod
+    def of(cls, settings: TrainerSettings, optimizer_steps: int) -> LRSchedule:
+        return cls(
+            settings.lr_schedule, settings.warmup_steps, settings.min_lr_ratio, optimizer_steps
+        )
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return (step + 1) / (self.warmup_steps + 1)
+        if self.kind == "constant":
+            return 1.0
+        span = max(1, self.total_steps - self.warmup_steps)
+        progress = min(1.0, (step - self.warmup_steps) / span)
+        decay = (
+            1.0 - progress if self.kind == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+        )
+        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * decay
+
+
+def total_optimizer_steps(settings: TrainerSettings, steps: int) -> int:
+    """Optimizer steps of a run of `steps` training steps (epochs x mini-batches each)."""
+    return steps * settings.mini_batches * settings.epochs
+
+
+def count_groups(samples: Sequence[Sample]) -> int:
+    return len({(s.group, s.agent_name) for s in samples})
+
+
+def drop_zero_variance(
+    samples: Sequence[Sample], algorithm: AlgorithmConfig, pad_id: int
+) -> tuple[list[Sample], int]:
+    """The samples without groups whose scores are all equal (when the algorithm drops them),
+    and the number of groups dropped."""
+    if not algorithm.drops_zero_variance_groups():
+        return list(samples), 0
+    probe = build_batch(samples, pad_id)
+    scores = probe.rewards + probe.token_rewards.sum(dim=1)
+    flat = zero_variance_groups(scores, probe.group_ids) & (probe.sample_kinds == 0)
+    dropped_groups = len(set(probe.group_ids[flat].tolist()))
+    kept = [s for s, drop in zip(samples, flat.tolist(), strict=True) if not drop]
+    return kept, dropped_groups
+
+
+def batch_advantages(
+    batch: TrainBatch,
+    old: Tensor,
+    ref: Tensor | None,
+    values: Tensor | None,
+    algorithm: AlgorithmConfig,
+    metrics: dict[str, float],
+) -> tuple[Tensor, Tensor | None]:
+    """Advantages [N, T] of the batch's RL rows (zeros elsewhere) and GAE returns; adds the
+    estimator's metrics to `metrics`. `old`, `ref`, `values` are [N, T] like the batch."""
+    advantages = torch.zeros(batch.input_ids.shape)
+    if not algorithm.is_rl():
+        return advantages, None
+    rl = (batch.sample_kinds == 0).nonzero().squeeze(-1)
+    token_rewards = batch.token_rewards[rl]
+    if algorithm.kl is not None and algorithm.kl.apply_to == "reward" and ref is not None:
+        kl = kl_estimate(old[rl], ref[rl], algorithm.kl.estimator)
+        token_rewards = apply_kl_penalty(token_rewards, kl, batch.loss_mask[rl], algorithm.kl.coef)
+    out = compute_advantages(
+        AdvantageInputs(
+            rewards=batch.rewards[rl],
+            group_ids=batch.group_ids[rl],
+            episode_ids=batch.episode_ids[rl],
+            loss_mask=batch.loss_mask[rl],
+            token_rewards=token_rewards,
+            values=values[rl] if values is not None else None,
+        ),
+        algorithm,
+    )
+    advantages[rl] = out.advantages
+    metrics.update(out.metrics)
+    returns = None
+    if out.returns is not None:
+        returns = torch.zeros(batch.input_ids.shape)
+        returns[rl] = out.returns
+    return advantages, returns
+
+
+def mini_batch_rows(num_rows: int, mini_batches: int) -> list[list[int]]:
+    """Rows of each mini-batch: one random permutation (the global torch RNG, so a seeded run
+    repeats), dealt round-robin; the same split serves every epoch."""
+    rows = torch.randperm(num_rows).tolist()
+    return [part for k in range(mini_batches) if (part := rows[k::mini_batches])]
+
+
+def batch_metrics(
+    batch: TrainBatch, old: Tensor, ref: Tensor | None, recomputed: bool
+) -> dict[str, float]:
+    """Rollout-vs-trainer log-prob gap (when recomputed) and KL to the reference."""
+    mask = batch.loss_mask.bool()
+    out = {
+        "train/rollout_trainer_logprob_diff": (
+            float((batch.rollout_logprobs - old)[mask].abs().mean()) if recomputed else 0.0
+        ),
+    }
+    if ref is not None:
+        out["kl/mean"] = float(kl_estimate(old, ref, "k3")[mask].mean())
+    return out
+
+
+def step_metrics(
+    sums: Mapping[str, float], updates: int, batch: TrainBatch, elapsed: float
+) -> dict[str, float]:
+    """Metrics of a finished step from the sums over its optimizer updates.
+
+    `sums` holds per-update values summed over updates (averaged here), plus `entropy/sum` and
+    `entropy/tokens` (entropy over trained tokens, summed over all updates).
+    """
+    values = dict(sums)
+    entropy_sum = values.pop("entropy/sum", 0.0)
+    entropy_tokens = values.pop("entropy/tokens", 0.0)
+    out = {"entropy/mean": entropy_sum / max(entropy_tokens, 1.0)}
+    out.update({k: v / updates for k, v in values.items()})
+    out.update(
+        {
+            "train/samples": float(len(batch.samples)),
+            "train/tokens": float(batch.num_tokens),
+            "train/trained_tokens": float(batch.loss_mask.sum()),
+            "tokens_per_s": batch.num_tokens * updates / elapsed,
+            "time/train": elapsed,
+        }
+    )
+    return out
