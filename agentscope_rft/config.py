@@ -5,15 +5,12 @@ Defaults live only here. Unknown keys are errors with a did-you-mean suggestion.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     field_validator,
@@ -22,30 +19,8 @@ from pydantic import (
 
 from agentscope_rft.algorithms.config import AlgorithmConfig
 from agentscope_rft.buffer.config import BufferConfig
+from agentscope_rft.config_base import Section
 from agentscope_rft.monitor.config import MonitorConfig
-
-
-class Section(BaseModel):
-    """Base for config sections: unknown keys are errors that suggest the closest known key."""
-
-    model_config = ConfigDict(
-        extra="forbid", validate_assignment=True, use_attribute_docstrings=True
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _did_you_mean(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            known = set(cls.model_fields)
-            aliases = {f.alias for f in cls.model_fields.values() if f.alias}
-            for key in data:
-                if key not in known and key not in aliases:
-                    close = difflib.get_close_matches(str(key), sorted(known), n=1)
-                    hint = f"; did you mean {close[0]!r}?" if close else ""
-                    raise ValueError(
-                        f"unknown key {key!r}{hint} (known keys: {', '.join(sorted(known))})"
-                    )
-        return data
 
 
 class ModelConfig(Section):

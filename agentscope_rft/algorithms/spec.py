@@ -10,7 +10,9 @@ import difflib
 from collections.abc import Iterable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import ConfigDict
+
+from agentscope_rft.config_base import Section
 
 
 def unknown_name_message(kind: str, name: object, known: Iterable[str]) -> str:
@@ -26,20 +28,15 @@ def unknown_name_message(kind: str, name: object, known: Iterable[str]) -> str:
     return f"unknown {kind} {name!r}{hint}; known: {', '.join(names)}"
 
 
-class StrictModel(BaseModel):
+class StrictModel(Section):
     """A frozen config model whose unknown keys fail with a did-you-mean message."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True, validate_assignment=False)
 
-    @model_validator(mode="before")
     @classmethod
-    def _reject_unknown_keys(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            known = set(cls.model_fields)
-            for key in data:
-                if key not in known:
-                    raise ValueError(unknown_name_message(f"{cls.__name__} key", key, known))
-        return data
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        cls.key_label = cls.__name__
 
 
 class AdvantageConfigBase(StrictModel):

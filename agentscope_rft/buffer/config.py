@@ -9,16 +9,16 @@ Short YAML works::
 
 from __future__ import annotations
 
-import difflib
 import logging
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from agentscope_rft.buffer.base import Buffer
 from agentscope_rft.buffer.memory import MemoryBuffer
 from agentscope_rft.buffer.sql import SQLBuffer
+from agentscope_rft.config_base import Section
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ _ONLY_FOR = {
 }
 
 
-class BufferConfig(BaseModel):
+class BufferConfig(Section):
     """Where samples wait between the explorer and the trainer.
 
     Example:
@@ -37,7 +37,8 @@ class BufferConfig(BaseModel):
         'full'
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True, validate_assignment=False)
+    key_label: ClassVar[str] = "buffer"
 
     type: Literal["memory", "sql"] = "memory"
     """`memory`: in-process queue, lost with the process. `sql`: SQLite file or database URL;
@@ -59,19 +60,8 @@ class BufferConfig(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _did_you_mean(cls, data: Any) -> Any:
-        if isinstance(data, str):
-            return {"type": data}
-        if isinstance(data, dict):
-            known = sorted(cls.model_fields)
-            for key in data:
-                if key not in known:
-                    close = difflib.get_close_matches(str(key), known, n=1)
-                    hint = f"; did you mean {close[0]!r}?" if close else ""
-                    raise ValueError(
-                        f"unknown buffer key {key!r}{hint} (known keys: {', '.join(known)})"
-                    )
-        return data
+    def _shorthand(cls, data: Any) -> Any:
+        return {"type": data} if isinstance(data, str) else data
 
     @model_validator(mode="after")
     def _keys_match_type(self) -> BufferConfig:

@@ -9,10 +9,11 @@ Short YAML works; everything has a default::
 
 from __future__ import annotations
 
-import difflib
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator
+
+from agentscope_rft.config_base import Section
 
 DEFAULT_CONSOLE_METRICS: tuple[str, ...] = (
     "reward/mean",
@@ -30,26 +31,13 @@ DEFAULT_CONSOLE_METRICS: tuple[str, ...] = (
 """Metrics on the one-line step summary, in order (`reward/std` rides along with the mean)."""
 
 
-class MonitorSection(BaseModel):
+class MonitorSection(Section):
     """Base of the monitor's config models: unknown keys fail with a did-you-mean message."""
 
-    model_config = ConfigDict(
-        extra="forbid", validate_assignment=True, use_attribute_docstrings=True
-    )
-
-    @model_validator(mode="before")
     @classmethod
-    def _reject_unknown_keys(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            known = sorted(cls.model_fields)
-            for key in data:
-                if key not in known:
-                    close = difflib.get_close_matches(str(key), known, n=1)
-                    hint = f" (did you mean {close[0]!r}?)" if close else ""
-                    raise ValueError(
-                        f"unknown {cls.__name__} key {key!r}{hint}; known: {', '.join(known)}"
-                    )
-        return data
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        cls.key_label = cls.__name__
 
 
 class WandbConfig(MonitorSection):
