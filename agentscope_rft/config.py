@@ -179,6 +179,11 @@ class TorchTrainerConfig(TrainerSettings):
     type: Literal["torch"] = "torch"
     device: str = "auto"
     """`auto` (CUDA if available), `cpu`, `cuda` or `cuda:N`."""
+    share_prefix: bool = True
+    """Run the token prefix that every sample of a mini-batch shares (system prompt, tool schemas,
+    few-shot turns) through the model once, not once per sample. Exact: gradients flow through
+    it. Off with `gradient_checkpointing`, for models with sliding-window layers, and when the
+    shared prefix is shorter than 32 tokens."""
 
 
 class VerlRayConfig(Section):

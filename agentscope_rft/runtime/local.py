@@ -35,6 +35,7 @@ from agentscope_rft.runtime.components import (
     sampling_rules,
     write_state,
 )
+from agentscope_rft.runtime.memory import release_freed_memory
 from agentscope_rft.runtime.offline import offline_batches
 from agentscope_rft.trainers.base import Trainer
 from agentscope_rft.trainers.factory import build_trainer
@@ -49,6 +50,9 @@ async def _sync_weights(engine: Engine, trainer: Trainer, version: int) -> float
     started = time.perf_counter()
     weights = await asyncio.to_thread(trainer.state_dict_for_sync)
     await engine.load_weights(weights, version)
+    del weights
+    # The step's activations and the weight copy are free now: give the pages back.
+    release_freed_memory()
     return time.perf_counter() - started
 
 

@@ -126,11 +126,12 @@ def build_batch(
     )
 
 
-def micro_batches(batch: TrainBatch, token_budget: int) -> list[list[int]]:
+def micro_batches(batch: TrainBatch, token_budget: int, skip: int = 0) -> list[list[int]]:
     """Rows grouped so each micro-batch's padded size (rows x longest) stays within the budget.
 
     Longest samples first, so padding is small; both samples of a DPO pair stay together; a
-    sample longer than the budget gets a micro-batch of its own.
+    sample longer than the budget gets a micro-batch of its own. `skip` leading tokens (a prefix
+    computed once for all rows) do not count against the budget.
 
     Example:
         >>> micro_batches(batch, token_budget=4096)  # doctest: +SKIP
@@ -139,12 +140,13 @@ def micro_batches(batch: TrainBatch, token_budget: int) -> list[list[int]]:
     units: dict[int, list[int]] = {}
     for row, pair in enumerate(batch.pair_index.tolist()):
         units.setdefault(pair, []).append(row)
-    ordered = sorted(units.values(), key=lambda u: -int(batch.lengths[u].max()))
+    lengths = batch.lengths - skip
+    ordered = sorted(units.values(), key=lambda u: -int(lengths[u].max()))
     out: list[list[int]] = []
     current: list[int] = []
     longest = 0
     for unit in ordered:
-        unit_len = int(batch.lengths[unit].max())
+        unit_len = int(lengths[unit].max())
         new_longest = max(longest, unit_len)
         if current and new_longest * (len(current) + len(unit)) > token_budget:
             out.append(current)
@@ -154,3 +156,27 @@ def micro_batches(batch: TrainBatch, token_budget: int) -> list[list[int]]:
     if current:
         out.append(current)
     return out
+
+
+def shared_prefix_length(batch: TrainBatch, minimum: int = 32) -> int:
+    """Leading tokens that every row shares and that a prefix pass can compute once (0 if fewer
+    than `minimum`).
+
+    The prefix ends before the hidden state that predicts any row's first trained token, and
+    before any row's last token, so every loss position stays in the per-row suffix.
+
+    Example:
+        >>> shared_prefix_length(batch)  # doctest: +SKIP
+        412
+    """
+    ids, lengths = batch.input_ids, batch.lengths
+    if len(ids) < 2:
+        return 0
+    trained = batch.loss_mask.bool()
+    first_trained = torch.where(trained.any(1), trained.int().argmax(1), lengths)
+    limit = min(int(lengths.min()) - 1, int(first_trained.min()) - 1)
+    if limit < minimum:
+        return 0
+    differs = (ids[:, :limit] != ids[:1, :limit]).any(0).nonzero()
+    length = int(differs[0]) if len(differs) else limit
+    return length if length >= minimum else 0

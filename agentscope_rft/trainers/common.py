@@ -7,6 +7,7 @@ the advantages, the mini-batch split, the learning-rate schedule and the step's 
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from agentscope_rft.algorithms import (
 from agentscope_rft.config import TrainerSettings
 from agentscope_rft.trainers.batch import TrainBatch, build_batch
 from agentscope_rft.types import Sample
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,25 @@ def drop_zero_variance(
     dropped_groups = len(set(probe.group_ids[flat].tolist()))
     kept = [s for s, drop in zip(samples, flat.tolist(), strict=True) if not drop]
     return kept, dropped_groups
+
+
+def filter_step_samples(
+    samples: Sequence[Sample], algorithm: AlgorithmConfig, pad_id: int, step: int
+) -> tuple[list[Sample], dict[str, float]]:
+    """A step's first move in every trainer: drop zero-variance groups and count them.
+
+    Returns the samples to train on and the step's group metrics; `train/skipped` is set (and
+    a warning logged) when nothing is left to train on.
+    """
+    kept, dropped = drop_zero_variance(samples, algorithm, pad_id)
+    metrics = {
+        "train/groups": float(count_groups(samples)),
+        "train/zero_variance_groups": float(dropped),
+    }
+    if not kept:
+        logger.warning("step %d: all %d groups had equal rewards; no update", step, dropped)
+        metrics["train/skipped"] = 1.0
+    return kept, metrics
 
 
 def batch_advantages(

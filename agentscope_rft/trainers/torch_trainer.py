@@ -15,12 +15,13 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from agentscope_rft.algorithms import (
     AlgorithmConfig,
@@ -33,7 +34,12 @@ from agentscope_rft.algorithms import (
 from agentscope_rft.config import TorchTrainerConfig
 from agentscope_rft.engines.embedded import pick_device, pick_dtype
 from agentscope_rft.models import load_causal_lm, load_tokenizer
-from agentscope_rft.trainers.batch import TrainBatch, build_batch, micro_batches
+from agentscope_rft.trainers.batch import (
+    TrainBatch,
+    build_batch,
+    micro_batches,
+    shared_prefix_length,
+)
 from agentscope_rft.trainers.checkpoint import (
     load_trainer_state,
     merged_state_dict,
@@ -44,8 +50,7 @@ from agentscope_rft.trainers.common import (
     LRSchedule,
     batch_advantages,
     batch_metrics,
-    count_groups,
-    drop_zero_variance,
+    filter_step_samples,
     mini_batch_rows,
     step_metrics,
     total_optimizer_steps,
@@ -61,6 +66,53 @@ def _unwrap(model: nn.Module) -> PreTrainedModel:
 
     inner = model.get_base_model() if isinstance(model, PeftModel) else model
     return cast(PreTrainedModel, inner)
+
+
+@dataclass
+class SharedPrefix:
+    """Keys and values of a token prefix that every row of a (mini-)batch shares, computed once.
+
+    In a gradient pass the rows attend to detached leaf copies; `backward()` then sends the
+    gradients the leaves collected (over all micro-batches) through the prefix's own graph, so
+    the weights get exactly the gradient that running the prefix once per row would give.
+    """
+
+    length: int
+    keys_values: list[tuple[Tensor, Tensor]]
+    graph_outputs: list[tuple[Tensor, Tensor]] | None = None
+
+    def cache(self, rows: int) -> DynamicCache:
+        """A fresh cache holding the prefix for `rows` rows (views, no copies)."""
+        cache = DynamicCache()
+        for layer, (keys, values) in enumerate(self.keys_values):
+            cache.update(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1), layer)
+        return cache
+
+    def backward(self) -> None:
+        if self.graph_outputs is None:
+            return
+        outputs, grads = [], []
+        for pair_out, pair_leaf in zip(self.graph_outputs, self.keys_values, strict=True):
+            for out, leaf in zip(pair_out, pair_leaf, strict=True):
+                if leaf.grad is not None:
+                    outputs.append(out)
+                    grads.append(leaf.grad)
+        if outputs:
+            torch.autograd.backward(outputs, grads)
+
+
+def _can_share_prefix(config: TorchTrainerConfig, model: PreTrainedModel) -> bool:
+    if not config.share_prefix:
+        return False
+    if config.gradient_checkpointing:
+        logger.info("trainer.gradient_checkpointing is on: shared-prefix passes are off")
+        return False
+    text = model.config.get_text_config()
+    layer_types = set(getattr(text, "layer_types", None) or ["full_attention"])
+    if layer_types != {"full_attention"} or getattr(text, "use_sliding_window", False):
+        logger.info("model has non-full-attention layers: shared-prefix passes are off")
+        return False
+    return True
 
 
 class TorchTrainer:
@@ -113,6 +165,7 @@ class TorchTrainer:
                 ),
             )
         self.model: Any = model.train()
+        self.share_prefix = _can_share_prefix(config, self._base())
         hidden = int(self._base().config.get_text_config().hidden_size)
         self.value_head: nn.Linear | None = None
         groups: list[dict] = [
@@ -169,36 +222,67 @@ class TorchTrainer:
 
     # ------------------------------------------------------------------ forward
     def _forward(
-        self, model: nn.Module, mb: TrainBatch, *, entropy: bool, values: bool
+        self,
+        model: nn.Module,
+        mb: TrainBatch,
+        *,
+        entropy: bool,
+        values: bool,
+        prefix: SharedPrefix | None = None,
     ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Per-token log-probs and entropy [b, t] at trained positions (0 elsewhere), values."""
+        """Per-token log-probs and entropy [b, t] at trained positions (0 elsewhere), values.
+
+        With a `prefix`, only the tokens after it run through the model, attending to its cache.
+        """
         base = _unwrap(model)
+        skip = prefix.length if prefix is not None else 0
         ids = mb.input_ids.to(self.device)
-        trained = mb.loss_mask[:, 1:].bool().to(self.device)  # [b, t-1]
+        # Token i is predicted from the hidden state at i - 1, which is in the suffix for i > skip.
+        trained = mb.loss_mask[:, skip + 1 :].bool().to(self.device)  # [b, t-skip-1]
+        cache = prefix.cache(len(ids)) if prefix is not None else None
         with self._autocast():
             hidden = base.get_decoder()(
-                input_ids=ids, attention_mask=mb.attention_mask.to(self.device)
-            ).last_hidden_state  # [b, t, H]
+                input_ids=ids[:, skip:],
+                attention_mask=mb.attention_mask.to(self.device),
+                past_key_values=cache,
+                use_cache=cache is not None,
+            ).last_hidden_state  # [b, t-skip, H]
             selected = hidden[:, :-1][trained]  # [M, H]
             logits = base.get_output_embeddings()(selected)  # [M, V]
         temperature = mb.temperature.to(self.device).unsqueeze(1).expand_as(trained)[trained]
         logp_all = (logits.float() / temperature.unsqueeze(-1)).log_softmax(dim=-1)
-        targets = ids[:, 1:][trained]
+        targets = ids[:, skip + 1 :][trained]
         token_logprobs = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [M]
         out = ids.new_zeros(ids.shape, dtype=torch.float32)
-        out[:, 1:][trained] = token_logprobs
+        out[:, skip + 1 :][trained] = token_logprobs
         context = nullcontext() if entropy else torch.no_grad()
         with context:
             token_entropy = -(logp_all.exp() * logp_all).sum(-1)  # [M]
         ent = ids.new_zeros(ids.shape, dtype=torch.float32)
-        ent[:, 1:][trained] = token_entropy
+        ent[:, skip + 1 :][trained] = token_entropy
         value_out = None
         if values:
             assert self.value_head is not None
             vals = self.value_head(selected.float()).squeeze(-1)  # [M]
             value_out = ids.new_zeros(ids.shape, dtype=torch.float32)
-            value_out[:, 1:][trained] = vals
+            value_out[:, skip + 1 :][trained] = vals
         return out, ent, value_out
+
+    def _shared_prefix(
+        self, model: nn.Module, batch: TrainBatch, *, grad: bool
+    ) -> SharedPrefix | None:
+        """The prefix all rows of `batch` share, run once (None when sharing does not apply)."""
+        length = shared_prefix_length(batch) if self.share_prefix else 0
+        if not length:
+            return None
+        ids = batch.input_ids[:1, :length].to(self.device)
+        with self._autocast(), nullcontext() if grad else torch.no_grad():
+            cache = _unwrap(model).get_decoder()(input_ids=ids, use_cache=True).past_key_values
+        computed = [(layer.keys, layer.values) for layer in cache.layers]
+        if not grad:
+            return SharedPrefix(length, computed)
+        leaves = [(k.detach().requires_grad_(), v.detach().requires_grad_()) for k, v in computed]
+        return SharedPrefix(length, leaves, computed)
 
     def _no_grad_pass(self, batch: TrainBatch, *, reference: bool) -> tuple[Tensor, Tensor | None]:
         """Log-probs (of the reference or current policy) and values over the whole batch."""
@@ -206,9 +290,13 @@ class TorchTrainer:
         values = torch.zeros(batch.input_ids.shape) if self.value_head and not reference else None
         model, context = self._reference_context() if reference else (self.model, nullcontext())
         with torch.no_grad(), context:
-            for rows in micro_batches(batch, self.config.micro_batch_tokens):
+            prefix = self._shared_prefix(model, batch, grad=False)
+            skip = prefix.length if prefix is not None else 0
+            for rows in micro_batches(batch, self.config.micro_batch_tokens, skip):
                 mb = batch.select(rows)
-                lp, _, vals = self._forward(model, mb, entropy=False, values=values is not None)
+                lp, _, vals = self._forward(
+                    model, mb, entropy=False, values=values is not None, prefix=prefix
+                )
                 width = mb.input_ids.shape[1]
                 logprobs[rows, :width] = lp.cpu()
                 if values is not None and vals is not None:
@@ -219,15 +307,9 @@ class TorchTrainer:
     def step(self, samples: Sequence[Sample], step: int) -> dict[str, float]:
         """One training step on a batch; returns metrics (see docs/monitoring.md for names)."""
         started = time.perf_counter()
-        total_groups = count_groups(samples)
-        samples, dropped = drop_zero_variance(samples, self.algorithm, self.pad_id)
-        metrics: dict[str, float] = {
-            "train/groups": float(total_groups),
-            "train/zero_variance_groups": float(dropped),
-        }
+        samples, metrics = filter_step_samples(samples, self.algorithm, self.pad_id, step)
         if not samples:
-            logger.warning("step %d: all %d groups had equal rewards; no update", step, dropped)
-            return {**metrics, "train/skipped": 1.0, "time/train": time.perf_counter() - started}
+            return {**metrics, "time/train": time.perf_counter() - started}
         batch = build_batch(samples, self.pad_id, self.config.max_seq_len)
         algo = self.algorithm
         ref = self._no_grad_pass(batch, reference=True)[0] if algo.needs_reference() else None
@@ -272,12 +354,19 @@ class TorchTrainer:
         weights = seq_weights[mini] if seq_weights is not None else None
         norms = loss_normalizers(part.loss_mask, algo, weights, part.sample_kinds)
         self.optimizer.zero_grad(set_to_none=True)
-        for local in micro_batches(part, self.config.micro_batch_tokens):
+        prefix = self._shared_prefix(self.model, part, grad=True)
+        skip = prefix.length if prefix is not None else 0
+        sums["train/shared_prefix_tokens"] += float(skip)
+        for local in micro_batches(part, self.config.micro_batch_tokens, skip):
             mb = part.select(local)
             rows = [mini[i] for i in local]
             width = mb.input_ids.shape[1]
             logprobs, entropy, values = self._forward(
-                self.model, mb, entropy=algo.needs_entropy(), values=self.value_head is not None
+                self.model,
+                mb,
+                entropy=algo.needs_entropy(),
+                values=self.value_head is not None,
+                prefix=prefix,
             )
             dev = self.device
             inputs = LossInputs(
@@ -315,6 +404,8 @@ class TorchTrainer:
             sums["entropy/tokens"] += float(trained.sum())
             for key, value in shares.items():
                 sums[key] += value
+        if prefix is not None:
+            prefix.backward()
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         clip = self.config.grad_clip or float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)

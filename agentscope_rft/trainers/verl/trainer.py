@@ -32,8 +32,7 @@ from agentscope_rft.trainers.common import (
     LRSchedule,
     batch_advantages,
     batch_metrics,
-    count_groups,
-    drop_zero_variance,
+    filter_step_samples,
     mini_batch_rows,
     step_metrics,
     total_optimizer_steps,
@@ -157,15 +156,9 @@ class VerlTrainer:
     def step(self, samples: Sequence[Sample], step: int) -> dict[str, float]:
         """One training step on a batch; the same metrics as the torch trainer."""
         started = time.perf_counter()
-        total_groups = count_groups(samples)
-        samples, dropped = drop_zero_variance(samples, self.algorithm, self.pad_id)
-        metrics: dict[str, float] = {
-            "train/groups": float(total_groups),
-            "train/zero_variance_groups": float(dropped),
-        }
+        samples, metrics = filter_step_samples(samples, self.algorithm, self.pad_id, step)
         if not samples:
-            logger.warning("step %d: all %d groups had equal rewards; no update", step, dropped)
-            return {**metrics, "train/skipped": 1.0, "time/train": time.perf_counter() - started}
+            return {**metrics, "time/train": time.perf_counter() - started}
         batch = build_batch(samples, self.pad_id, self.config.max_seq_len)
         algo = self.algorithm
         ref = self._logprobs(batch, reference=True) if algo.needs_reference() else None

@@ -1,0 +1,97 @@
+"""Shared-prefix passes: the prefix every sample shares runs once, with exactly the same result."""
+
+import random
+
+import pytest
+import torch
+
+from agentscope_rft.algorithms import AlgorithmConfig
+from agentscope_rft.config import TorchTrainerConfig
+from agentscope_rft.trainers.batch import build_batch, shared_prefix_length
+from agentscope_rft.trainers.torch_trainer import TorchTrainer
+from agentscope_rft.types import Sample
+
+PREFIX = 40
+
+
+def prefixed_samples(vocab: int, seed: int = 0) -> list[Sample]:
+    """Two groups of four; every sample starts with the same 40 tokens (a system prompt)."""
+    rng = random.Random(seed)
+    shared = [rng.randrange(100, vocab) for _ in range(PREFIX)]
+    samples = []
+    for g in range(2):
+        question = [rng.randrange(100, vocab) for _ in range(6)]
+        for e in range(4):
+            answer = [rng.randrange(100, vocab) for _ in range(rng.randint(4, 16))]
+            ids = shared + question + answer
+            mask = [0] * (PREFIX + len(question)) + [1] * len(answer)
+            lps = [0.0] * (PREFIX + len(question)) + [-rng.uniform(0.5, 3.0) for _ in answer]
+            samples.append(
+                Sample(
+                    token_ids=ids,
+                    loss_mask=mask,
+                    logprobs=lps,
+                    reward=float(e % 2) + 0.1 * e,
+                    rollout_id=f"r{g}{e}",
+                    task_id=f"t{g}",
+                    sample_id=f"r{g}{e}",
+                )
+            )
+    return samples
+
+
+def sample(ids, mask):
+    return Sample(
+        token_ids=ids,
+        loss_mask=mask,
+        logprobs=[0.0] * len(ids),
+        reward=0.0,
+        rollout_id="r",
+        task_id="t",
+    )
+
+
+def test_shared_prefix_length_stops_at_the_first_difference_and_before_trained_tokens():
+    base = list(range(100, 160))
+    rows = [sample(base, [0] * 50 + [1] * 10), sample(base[:45] + [7] * 15, [0] * 55 + [1] * 5)]
+    assert shared_prefix_length(build_batch(rows, 0)) == 45
+    # The hidden state predicting a trained token must stay in the suffix.
+    rows[0] = sample(base, [0] * 40 + [1] * 20)
+    assert shared_prefix_length(build_batch(rows, 0)) == 39
+    assert shared_prefix_length(build_batch(rows, 0), minimum=40) == 0
+    assert shared_prefix_length(build_batch(rows[:1], 0)) == 0  # one row: nothing to share
+
+
+CASES = {
+    "grpo": ({}, {}),
+    "kl_recompute_entropy": (
+        {"kl": {"coef": 0.05}, "entropy_coef": 0.01},
+        {"old_logprobs": "recompute", "epochs": 2},
+    ),
+    "ppo_critic": ({"advantage": {"type": "gae", "lam": 0.95}}, {"mini_batches": 2}),
+    "lora_kl": ({"kl": {"coef": 0.05}}, {"lora": {"rank": 4, "alpha": 8}}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_sharing_the_prefix_changes_nothing_but_the_cost(tiny_model_path, case):
+    algorithm_args, trainer_args = CASES[case]
+    algorithm = AlgorithmConfig.model_validate(algorithm_args)
+    results = {}
+    for share in (False, True):
+        config = TorchTrainerConfig(
+            lr=1e-3, micro_batch_tokens=96, dtype="float32", share_prefix=share, **trainer_args
+        )
+        trainer = TorchTrainer(tiny_model_path, config, algorithm, total_steps=2, seed=0)
+        vocab = int(trainer._base().config.vocab_size)
+        metrics = [trainer.step(prefixed_samples(vocab, seed=s), s) for s in range(2)]
+        results[share] = (metrics, trainer.state_dict_for_sync())
+    (plain_metrics, plain_weights), (shared_metrics, shared_weights) = results[False], results[True]
+    assert shared_metrics[0]["train/shared_prefix_tokens"] >= PREFIX
+    assert plain_metrics[0]["train/shared_prefix_tokens"] == 0
+    for plain, shared in zip(plain_metrics, shared_metrics, strict=True):
+        for key in ("loss", "grad_norm", "entropy/mean"):
+            assert shared[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
+    # Adam turns float noise in near-zero gradients into updates of up to lr (1e-3): allow a tenth.
+    for name, weight in plain_weights.items():
+        torch.testing.assert_close(shared_weights[name], weight, rtol=1e-4, atol=1e-4)
