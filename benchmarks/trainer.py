@@ -105,8 +105,11 @@ def run_ours(args: argparse.Namespace, work: Path) -> dict:
     steps = [r for r in rows if r.get("phase") == "train" and "time/step" in r][1:]
     per_step = sum(r["time/step"] for r in steps) / len(steps)  # explore + train + sync
     trained = sum(r["train/trained_tokens"] for r in steps) / len(steps)
+    phases = ("explore", "train", "sync")
+    split = {k: sum(r[f"time/{k}"] for r in steps) / len(steps) for k in phases}
     return {
         "name": "agentscope-rft (embedded engine + torch trainer)",
+        "split": split,
         "s_per_step": per_step,
         "trained_tokens_per_step": trained,
         "wall_s": total,
@@ -219,6 +222,10 @@ def main(args: argparse.Namespace) -> None:
             f"| {r['name']} | {r['s_per_step']:.1f} | {tps:.1f} | {r['peak_rss_gb']:.2f} | "
             f"{mfu:.1%} | {base / r['s_per_step']:.2f}x |"
         )
+    for r in results:
+        if "split" in r:
+            parts = ", ".join(f"{k} {v:.1f} s" for k, v in r["split"].items())
+            print(f"\n{r['name']}, mean step: {parts}")
 
 
 if __name__ == "__main__":
