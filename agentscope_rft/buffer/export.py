@@ -13,12 +13,13 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import sqlalchemy as sa
 
 from agentscope_rft.buffer.base import BufferInputError
 from agentscope_rft.buffer.codec import decode_sample, encode_sample, sample_to_json
+from agentscope_rft.buffer.jsonl import read_json_objects
 from agentscope_rft.buffer.schema import (
     SAMPLE_COLUMNS,
     create_buffer_engine,
@@ -26,7 +27,7 @@ from agentscope_rft.buffer.schema import (
     samples_table,
     to_url,
 )
-from agentscope_rft.types import Sample
+from agentscope_rft.types import JSON, Sample
 
 ExportState = Literal["all", "pending", "consumed", "dropped"]
 
@@ -140,9 +141,7 @@ def export_samples(
     return count
 
 
-def _sample_from_line(record: Any, where: str) -> Sample:
-    if not isinstance(record, dict):
-        raise BufferInputError(f"{where}: each line must be a JSON object")
+def _sample_from_line(record: JSON, where: str) -> Sample:
     for key in record:
         if key not in SAMPLE_FIELDS:
             close = difflib.get_close_matches(str(key), SAMPLE_FIELDS, n=1)
@@ -174,17 +173,7 @@ def import_samples(path: str | Path) -> list[Sample]:
         >>> await buffer.put(samples)  # doctest: +SKIP
     """
     path = Path(path)
-    if not path.is_file():
-        raise BufferInputError(f"{path}: no such file")
-    samples: list[Sample] = []
-    with path.open(encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise BufferInputError(f"{where}: not valid JSON ({err.msg})") from err
-            samples.append(_sample_from_line(record, where))
-    return samples
+    return [
+        _sample_from_line(record, f"{path}:{lineno}")
+        for lineno, record in read_json_objects(path, BufferInputError)
+    ]

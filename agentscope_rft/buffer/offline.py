@@ -10,32 +10,16 @@ found from rendered prefixes, which relies on the template being append-only (it
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
+from agentscope_rft.buffer.jsonl import read_json_objects
 from agentscope_rft.chat.template import ChatFormatError, ChatRenderer
 from agentscope_rft.types import JSON, Sample
 
 
 class OfflineDataError(ValueError):
     """A bad line in an offline data file; the message names the file, line and field."""
-
-
-def _read_jsonl(path: Path) -> Iterator[tuple[int, JSON]]:
-    if not path.is_file():
-        raise OfflineDataError(f"{path}: no such file")
-    with path.open(encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise OfflineDataError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
-            if not isinstance(record, dict):
-                raise OfflineDataError(f"{path}:{lineno}: each line must be a JSON object")
-            yield lineno, record
 
 
 def _messages_field(record: JSON, field: str, where: str) -> list[JSON]:
@@ -116,7 +100,7 @@ def load_sft_samples(path: str | Path, renderer: ChatRenderer) -> list[Sample]:
     """
     path = Path(path)
     samples: list[Sample] = []
-    for lineno, record in _read_jsonl(path):
+    for lineno, record in read_json_objects(path, OfflineDataError):
         where = f"{path}:{lineno}"
         messages = _messages_field(record, "messages", where)
         tools = _tools_field(record, where)
@@ -172,7 +156,7 @@ def load_dpo_samples(path: str | Path, renderer: ChatRenderer) -> list[Sample]:
     """
     path = Path(path)
     samples: list[Sample] = []
-    for lineno, record in _read_jsonl(path):
+    for lineno, record in read_json_objects(path, OfflineDataError):
         where = f"{path}:{lineno}"
         prompt = _messages_field(record, "prompt", where)
         if prompt[-1].get("role") == "assistant":

@@ -1,0 +1,35 @@
+"""Reading JSONL data files (offline SFT/DPO data, imported samples) with errors that name the
+file and the line."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from agentscope_rft.types import JSON
+
+
+def read_json_objects(path: Path, error: type[Exception]) -> Iterator[tuple[int, JSON]]:
+    """(line number, object) for every non-blank line of `path`.
+
+    Raises:
+        error: the file is missing, a line is not JSON, or a line is not a JSON object; the
+            message starts with `path:line`.
+
+    Example:
+        >>> rows = list(read_json_objects(Path("sft.jsonl"), ValueError))  # doctest: +SKIP
+    """
+    if not path.is_file():
+        raise error(f"{path}: no such file")
+    with path.open(encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise error(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
+            if not isinstance(record, dict):
+                raise error(f"{path}:{lineno}: each line must be a JSON object")
+            yield lineno, record
