@@ -13,6 +13,17 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, model_validator
 
 
+def did_you_mean(word: object, known: Iterable[str]) -> str:
+    """`; did you mean 'x'?` for the closest known name, or "" when none is close.
+
+    Example:
+        >>> did_you_mean("lrr", ["lr", "betas"])
+        "; did you mean 'lr'?"
+    """
+    close = difflib.get_close_matches(str(word), sorted(known), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 def unknown_key_message(key: object, known: Iterable[str], label: str = "") -> str:
     """`unknown <label> key 'x'; did you mean 'y'? (known keys: ...)`.
 
@@ -21,10 +32,8 @@ def unknown_key_message(key: object, known: Iterable[str], label: str = "") -> s
         "unknown key 'lrr'; did you mean 'lr'? (known keys: betas, lr)"
     """
     names = sorted(known)
-    close = difflib.get_close_matches(str(key), names, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
     what = f"{label} key" if label else "key"
-    return f"unknown {what} {key!r}{hint} (known keys: {', '.join(names)})"
+    return f"unknown {what} {key!r}{did_you_mean(key, names)} (known keys: {', '.join(names)})"
 
 
 class Section(BaseModel):

@@ -8,7 +8,6 @@ export never leaves a partial file under the target name.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -27,6 +26,7 @@ from agentscope_rft.buffer.schema import (
     samples_table,
     to_url,
 )
+from agentscope_rft.config_base import did_you_mean
 from agentscope_rft.types import JSON, Sample
 
 ExportState = Literal["all", "pending", "consumed", "dropped"]
@@ -60,8 +60,7 @@ REQUIRED_FIELDS: tuple[str, ...] = tuple(
 def _check_fields(fields: Sequence[str]) -> tuple[str, ...]:
     unknown = [name for name in fields if name not in SAMPLE_FIELDS]
     if unknown:
-        close = difflib.get_close_matches(unknown[0], SAMPLE_FIELDS, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(unknown[0], SAMPLE_FIELDS)
         raise ValueError(
             f"unknown sample field {unknown[0]!r}{hint} (fields: {', '.join(SAMPLE_FIELDS)})"
         )
@@ -144,8 +143,7 @@ def export_samples(
 def _sample_from_line(record: JSON, where: str) -> Sample:
     for key in record:
         if key not in SAMPLE_FIELDS:
-            close = difflib.get_close_matches(str(key), SAMPLE_FIELDS, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            hint = did_you_mean(key, SAMPLE_FIELDS)
             raise BufferInputError(f"{where}: unknown field {key!r}{hint}")
     missing = [name for name in REQUIRED_FIELDS if name not in record]
     if missing:
