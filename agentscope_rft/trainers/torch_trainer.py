@@ -251,22 +251,22 @@ class TorchTrainer:
             logits = base.get_output_embeddings()(selected)  # [M, V]
         temperature = mb.temperature.to(self.device).unsqueeze(1).expand_as(trained)[trained]
         logp_all = (logits.float() / temperature.unsqueeze(-1)).log_softmax(dim=-1)
+
+        def place(per_token: Tensor) -> Tensor:
+            """[M] values of the trained positions -> [b, t], 0 elsewhere."""
+            full = ids.new_zeros(ids.shape, dtype=torch.float32)
+            full[:, skip + 1 :][trained] = per_token
+            return full
+
         targets = ids[:, skip + 1 :][trained]
         token_logprobs = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [M]
-        out = ids.new_zeros(ids.shape, dtype=torch.float32)
-        out[:, skip + 1 :][trained] = token_logprobs
-        context = nullcontext() if entropy else torch.no_grad()
-        with context:
+        with nullcontext() if entropy else torch.no_grad():
             token_entropy = -(logp_all.exp() * logp_all).sum(-1)  # [M]
-        ent = ids.new_zeros(ids.shape, dtype=torch.float32)
-        ent[:, skip + 1 :][trained] = token_entropy
         value_out = None
         if values:
             assert self.value_head is not None
-            vals = self.value_head(selected.float()).squeeze(-1)  # [M]
-            value_out = ids.new_zeros(ids.shape, dtype=torch.float32)
-            value_out[:, skip + 1 :][trained] = vals
-        return out, ent, value_out
+            value_out = place(self.value_head(selected.float()).squeeze(-1))
+        return place(token_logprobs), place(token_entropy), value_out
 
     def _shared_prefix(
         self, model: nn.Module, batch: TrainBatch, *, grad: bool
