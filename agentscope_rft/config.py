@@ -51,6 +51,18 @@ class EmbeddedEngineConfig(Section):
     re-tokenization drift; consecutive calls then merge into one training sample)."""
     seed: int = 0
     """Seed for requests that do not set one."""
+    prefix_caching: bool = True
+    """Reuse the KV of token blocks computed by earlier requests (shared system prompts, an
+    episode's earlier calls): a request prefills only what is not cached. Cleared on every
+    weight swap. Off for models with sliding-window or linear-attention layers."""
+    prefix_cache_gib: float = Field(default=1.0, ge=0)
+    """Memory for cached KV blocks (GiB, on the engine's device); least recently used blocks
+    are evicted beyond it. SmolLM2-135M: ~46 KB per token in fp32, so 1 GiB holds ~23k tokens."""
+    prefix_block_tokens: int = Field(default=16, ge=1, le=1024)
+    """Tokens per cached block: a request reuses whole blocks of its prompt."""
+    prefill_chunk_tokens: int | None = Field(default=512, ge=16)
+    """A prompt with more uncached tokens than this is prefilled in chunks of this size, one
+    per decode step of the running requests (so it does not stall them); null: in one go."""
 
 
 class VLLMEngineConfig(Section):
