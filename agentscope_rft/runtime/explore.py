@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from agentscope_rft.api import load_workflow
 from agentscope_rft.buffer.config import BufferConfig, build_buffer
 from agentscope_rft.config import RunConfig, dump_config
+from agentscope_rft.engines.base import engine_metrics
 from agentscope_rft.engines.factory import build_engine
 from agentscope_rft.explorer.explorer import Explorer, ExploreResult
 from agentscope_rft.explorer.tasks import load_tasks
@@ -125,9 +126,11 @@ async def explore(
                             mine = [r for r in result.rollouts if r.task_id == task.id]
                             handle.write(json.dumps(_task_result(task.id, mine)) + "\n")
             await explorer.close()
+        counters = engine_metrics(engine)
     finally:
         await engine.close()
         await buffer.close()
     summary = ExploreResult(all_rollouts, [], stats, time.perf_counter() - started).metrics()
+    summary.update(counters)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary

@@ -17,7 +17,7 @@ from typing import Any
 from agentscope_rft.api import load_workflow
 from agentscope_rft.buffer.config import build_buffer
 from agentscope_rft.config import RunConfig
-from agentscope_rft.engines.base import Engine
+from agentscope_rft.engines.base import Engine, engine_metrics
 from agentscope_rft.engines.factory import build_engine
 from agentscope_rft.explorer.explorer import Explorer
 from agentscope_rft.explorer.tasks import TaskSampler, load_tasks
@@ -174,7 +174,7 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False) -> di
                 groups.setdefault(sample.group, []).append(sample)
             for group in groups.values():
                 await buffer.put(group)
-            await produced.put((step, len(groups), result.metrics()))
+            await produced.put((step, len(groups), result.metrics() | engine_metrics(engine)))
 
     async def finish_step(done: int) -> None:
         nonlocal steps_done
