@@ -23,7 +23,12 @@ from agentscope_rft.explorer.explorer import Explorer, ExploreResult
 from agentscope_rft.explorer.tasks import load_tasks
 from agentscope_rft.explorer.trajectory import TrajectoryStats
 from agentscope_rft.gateway.server import Gateway
-from agentscope_rft.runtime.components import RolloutLog, episode_settings, sampling_rules
+from agentscope_rft.runtime.components import (
+    RolloutLog,
+    episode_settings,
+    max_tokens_per_call,
+    sampling_rules,
+)
 from agentscope_rft.types import Rollout
 
 logger = logging.getLogger(__name__)
@@ -93,7 +98,11 @@ async def explore(
         rules[""] = rules["eval"]
     try:
         async with Gateway(
-            engine, sampling_overrides=rules, seed_base=config.explorer.seed, generate_api_key=True
+            engine,
+            sampling_overrides=rules,
+            seed_base=config.explorer.seed,
+            generate_api_key=True,
+            max_tokens_limit=max_tokens_per_call(config, engine.max_model_len),
         ) as gateway:
             explorer = Explorer(workflow, gateway, episode_settings(config, engine.max_model_len))
             chunk = max(1, config.explorer.max_concurrency // groups)

@@ -28,6 +28,7 @@ from agentscope_rft.runtime.components import (
     RolloutLog,
     checkpoint_dir,
     episode_settings,
+    max_tokens_per_call,
     nominal_batch_size,
     prepare_run_dir,
     prune_checkpoints,
@@ -101,6 +102,7 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False) -> di
             generate_api_key=config.gateway.api_key == "auto",
             sampling_overrides=sampling_rules(config),
             seed_base=config.explorer.seed,
+            max_tokens_limit=max_tokens_per_call(config, engine.max_model_len),
         )
         await gateway.start()
         workflow = load_workflow(config.workflow or "", config.judge)  # checked by the config
