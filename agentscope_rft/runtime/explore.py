@@ -29,6 +29,7 @@ from agentscope_rft.runtime.components import (
     max_tokens_per_call,
     sampling_rules,
 )
+from agentscope_rft.runtime.signals import RunStop, RunStopped, Stopping
 from agentscope_rft.types import Rollout
 
 logger = logging.getLogger(__name__)
@@ -59,12 +60,17 @@ async def explore(
     split: str = "train",
     limit: int | None = None,
     group_size: int | None = None,
+    stop: RunStop | None = None,
 ) -> dict[str, float]:
     """Explore every task of a split; returns the summary metrics.
+
+    `stop` (the CLI routes SIGINT/SIGTERM to it) ends early: the batch in flight is cancelled,
+    the finished tasks' results and summary are written, then `RunStopped` is raised.
 
     Example:
         >>> summary = asyncio.run(explore(config, Path("runs/x/explore")))  # doctest: +SKIP
     """
+    stop = stop or RunStop()
     source = config.tasks.train if split == "train" else config.tasks.eval
     if source is None:
         raise ValueError(f"tasks.{split} is not set in the config")
@@ -115,12 +121,17 @@ async def explore(
             with Progress(*columns, transient=True) as progress:
                 bar = progress.add_task("episodes", total=len(tasks) * groups)
                 for first in range(0, len(tasks), chunk):
-                    result: ExploreResult = await explorer.explore(
-                        tasks[first : first + chunk],
-                        group_size=groups,
-                        batch_id=f"{split}{first}",
-                        on_rollout=lambda _: progress.advance(bar),
-                    )
+                    try:
+                        result: ExploreResult = await stop.until(
+                            explorer.explore(
+                                tasks[first : first + chunk],
+                                group_size=groups,
+                                batch_id=f"{split}{first}",
+                                on_rollout=lambda _: progress.advance(bar),
+                            )
+                        )
+                    except Stopping:
+                        break
                     log.write(0, split, result)
                     stats.merge(result.trajectory)
                     all_rollouts.extend(result.rollouts)
@@ -139,4 +150,11 @@ async def explore(
         await buffer.close()
     summary = ExploreResult(all_rollouts, [], stats, time.perf_counter() - started).metrics()
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    if stop.requested:
+        done = len(all_rollouts) // groups
+        raise RunStopped(
+            stop.reason or "request",
+            f"stopped on {stop.reason} after {done} of {len(tasks)} tasks; their results are in "
+            f"{results_path}",
+        )
     return summary
