@@ -90,6 +90,9 @@ def preflight(config: RunConfig) -> Checked:
     workflow, train, evals = None, [], []
     if mode in EXPLORING:
         workflow = load_workflow(config.workflow or "", config.judge)
+        for key, value in (("tasks.train", config.tasks.train), ("tasks.eval", config.tasks.eval)):
+            if value is not None and not Path(value).is_file():  # before reading any (slow)
+                raise TaskSetError(f"task file {value} does not exist ({key})")
         required = config.tasks.required_fields
         train = load_tasks(
             config.tasks.train or "", id_field=config.tasks.id_field, required_fields=required

@@ -213,7 +213,7 @@ async def test_check_workflow_twenty_times_ends_cleanly(tiny_model_path, monkeyp
         return seconds
 
     monkeypatch.setattr(Gateway, "stop", timed_stop)
-    engine = EmbeddedEngine(tiny_model_path, dtype="float32", device="cpu", max_model_len=256)
+    engine = EmbeddedEngine(tiny_model_path, dtype="float32", device="cpu", max_model_len=128)
     await engine.start()
     try:
         for i in range(20):
@@ -222,8 +222,8 @@ async def test_check_workflow_twenty_times_ends_cleanly(tiny_model_path, monkeyp
             )
             assert report.rollout.ok, report.rollout.error
             assert [c.agent_name for c in report.rollout.calls] == ["planner", "solver"]
-            # no max_tokens from the app: the default cap (a quarter of 256) bounds every call
-            assert all(len(c.completion_ids) <= 64 for c in report.rollout.calls)
+            # no max_tokens from the app: the default cap (a quarter of 128) bounds every call
+            assert all(len(c.completion_ids) <= 32 for c in report.rollout.calls)
     finally:
         await engine.close()
     assert len(stops) == 20
