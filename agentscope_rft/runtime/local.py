@@ -199,7 +199,7 @@ async def train(
     async def train_loop(progress: Any) -> None:
         nonlocal last, policy_version
         empty_in_a_row = 0
-        offline = offline_batches(config) if mode == "offline" else None
+        offline = offline_batches(config, start) if mode == "offline" else None
         for step in range(start, steps):
             if stop.requested:
                 return
