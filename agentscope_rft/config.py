@@ -312,7 +312,14 @@ class ExplorerConfig(Section):
     max_concurrency: int = Field(default=32, ge=1)
     """Episodes running at once."""
     episode_timeout: float = Field(default=300.0, gt=0)
-    """Seconds before an episode is cancelled and recorded as timed out."""
+    """Seconds an episode may run. At the deadline its rollout is closed (model calls in flight
+    are aborted, new ones refused), the episode is cancelled and recorded as timed out."""
+    late_call_grace: float = Field(default=2.0, ge=0)
+    """Seconds model calls still in flight when an episode returns may take to finish (they are
+    then aborted); both are counted as `episode/late_calls` and `episode/aborted_calls`."""
+    max_tokens_per_call: int | None = Field(default=None, ge=1)
+    """Cap on the completion tokens of every episode call, also when the app sets no `max_tokens`
+    (null: a quarter of the context window, or `sampling.max_tokens` if that is larger)."""
     max_retries: int = Field(default=1, ge=0)
     """Retries of an episode that raised or timed out (a fresh rollout each time)."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)

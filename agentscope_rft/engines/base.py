@@ -128,7 +128,11 @@ class Engine(Protocol):
         """The text of each token on its own (for OpenAI `logprobs` content)."""
         ...
 
-    def chat(self, request: ChatRequest) -> AsyncIterator[ChatEvent]: ...
+    def chat(self, request: ChatRequest) -> AsyncIterator[ChatEvent]:
+        """The request's events. Abort contract: cancelling the task that iterates them (or
+        closing the iterator) stops generating for this request, so the engine goes idle; the
+        gateway aborts a closed rollout's calls this way."""
+        ...
 
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams

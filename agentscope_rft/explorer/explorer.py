@@ -206,12 +206,15 @@ class Explorer:
             self._stragglers.add(episode)
             episode.add_done_callback(self._stragglers.discard)
 
+    async def _close(self, rollout_id: str, status: RolloutStatus) -> RolloutClosure:
+        return await self.gateway.close_rollout(rollout_id, reason=str(status))
+
     async def _attempt(self, task: Task, scope: RolloutScope) -> tuple[Reward, RolloutClosure]:
         with rollout_scope(scope):
             model = self._model(scope)
             # The task copies the context, so the app's own tasks stay in this rollout too.
-            episode = asyncio.create_task(
-                self.workflow.fn(dict(task.data), model), name=f"episode-{scope.rollout_id}"
+            episode: asyncio.Task[Any] = asyncio.ensure_future(
+                self.workflow.fn(dict(task.data), model)
             )
         episode.add_done_callback(_retrieve)
         result = await self._bounded(episode, scope.rollout_id)
@@ -232,6 +235,7 @@ class Explorer:
         started = time.time()
         attempts = self.settings.max_retries + 1
         status, error = RolloutStatus.FAILED, ""
+        late = aborted = 0
         for attempt in range(attempts):
             attempt_id = rollout_id if attempt == 0 else f"{rollout_id}.retry{attempt}"
             self.gateway.reopen_rollout(attempt_id)
@@ -273,9 +277,10 @@ class Explorer:
                 status, error = RolloutStatus.FAILED, _error_text(exc)
             finally:
                 await scope.aclose()
-            closure = self._closures.pop(attempt_id, None) or await self.gateway.close_rollout(
-                attempt_id, reason=str(status)
-            )
+            ended = self._closures.pop(attempt_id, None)
+            if ended is None:  # raised by itself: close it now (it may have left calls running)
+                ended = await self._close(attempt_id, status)
+            late, aborted = ended.late_calls, ended.aborted_calls
             calls = await self.gateway.recorder.take(attempt_id, wait_timeout=0)
             if attempt + 1 < attempts:
                 logger.debug("episode %s failed (%s); retrying", attempt_id, status)
@@ -290,8 +295,8 @@ class Explorer:
             started_at=started,
             finished_at=time.time(),
             attempts=attempts,
-            late_calls=closure.late_calls,
-            aborted_calls=closure.aborted_calls,
+            late_calls=late,
+            aborted_calls=aborted,
         )
 
     async def explore(
