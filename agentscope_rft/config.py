@@ -296,7 +296,7 @@ class ExplorerConfig(Section):
     max_concurrency: int = Field(default=32, ge=1)
     """Episodes running at once."""
     episode_timeout: float = Field(default=300.0, gt=0)
-    """Seconds before an episode is cancelled and recorded as timed out."""
+    """Seconds before an episode (its judge included) is cancelled and recorded as timed out."""
     max_retries: int = Field(default=1, ge=0)
     """Retries of an episode that raised or timed out (a fresh rollout each time)."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)

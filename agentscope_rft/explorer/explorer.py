@@ -136,14 +136,14 @@ class Explorer:
         )
 
     async def _attempt(self, task: Task, scope: RolloutScope) -> Reward:
-        with rollout_scope(scope):
-            model = self._model(scope)
-            result = await asyncio.wait_for(
-                self.workflow.fn(dict(task.data), model), self.settings.episode_timeout
-            )
-        if self.workflow.judge is not None:
-            with rollout_scope(None):  # the judge's own model calls are not the policy's
-                return as_reward(await self.workflow.judge(dict(task.data), result), "judge")
+        # One deadline for the episode and its judge: a hanging judge times out like an episode.
+        async with asyncio.timeout(self.settings.episode_timeout):
+            with rollout_scope(scope):
+                model = self._model(scope)
+                result = await self.workflow.fn(dict(task.data), model)
+            if self.workflow.judge is not None:
+                with rollout_scope(None):  # the judge's own model calls are not the policy's
+                    return as_reward(await self.workflow.judge(dict(task.data), result), "judge")
         return as_reward(result, f"workflow `{self.workflow.name}`")
 
     async def run_episode(self, task: Task, rollout_id: str | None = None) -> Rollout:
@@ -184,7 +184,10 @@ class Explorer:
                 )
             except TimeoutError:
                 status = RolloutStatus.TIMEOUT
-                error = f"the episode exceeded episode_timeout={self.settings.episode_timeout}s"
+                error = (
+                    f"the episode (and its judge, if any) exceeded episode_timeout="
+                    f"{self.settings.episode_timeout}s"
+                )
             except WorkflowReturnError as exc:
                 status, error = RolloutStatus.FAILED, str(exc)
             except Exception as exc:
