@@ -82,9 +82,9 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False) -> di
         start = int(state["step"])
         await asyncio.to_thread(trainer.load, checkpoint_dir(run_dir, start))
         logger.info("resuming %s after step %d", run_dir, start)
-        if mode == "train_only":
-            await buffer.requeue_after(start)
-        else:  # explored-ahead groups are re-explored (same seeds), not trained twice
+        # Groups taken by the steps lost in the crash (`start` and later) go back to the buffer.
+        await buffer.requeue_after(start - 1)
+        if mode != "train_only":  # explorers re-explore them from the saved task position
             await buffer.discard_pending()
     if mode in ("offline", "train_only"):
         engine, gateway, explorer, sampler, eval_tasks = None, None, None, None, []
