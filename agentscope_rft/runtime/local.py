@@ -130,7 +130,7 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False) -> di
     trained = asyncio.Condition()  # notified after every trainer step (skipped ones included)
     steps_done = start
     policy_version = start  # of the weights the engine serves
-    rollout_log = RolloutLog(run_dir / "rollouts.jsonl")
+    rollout_log = RolloutLog(run_dir / "rollouts.jsonl", resume=resume)
     last: dict[str, float] = {}
     monitor = Monitor(
         run_dir,
