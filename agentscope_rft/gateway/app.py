@@ -6,7 +6,8 @@ Routes:
     GET  /v1/models, /rollouts/{rollout_id}/v1/models
     GET  /rollouts/{rollout_id}                        the rollout's recorded calls (JSON)
     DELETE /rollouts/{rollout_id}                      drop them
-    GET  /health, GET /metrics
+    GET  /health
+    GET  /metrics                                      Prometheus text (`?format=json`: JSON)
 
 The rollout id lives in the URL path, so any OpenAI client in any process is attributed by its
 `base_url` alone. The caller's agent name may come in the `X-Agent-Name` header.
@@ -37,6 +38,12 @@ from agentscope_rft.engines.base import (
     Engine,
     EngineError,
     PromptReady,
+)
+from agentscope_rft.gateway.metrics import (
+    PROMETHEUS_CONTENT_TYPE,
+    Histogram,
+    gateway_metrics,
+    prometheus_text,
 )
 from agentscope_rft.gateway.protocol import (
     ChatCompletionRequest,
@@ -76,6 +83,7 @@ class GatewayState:
     latencies: collections.deque[float] = field(
         default_factory=lambda: collections.deque(maxlen=4096)
     )
+    latency: Histogram = field(default_factory=Histogram)
     active: dict[str, set[asyncio.Task[Any]]] = field(default_factory=dict)
     """Request-handling tasks per rollout, so an abandoned episode's calls can be aborted."""
 
@@ -213,6 +221,7 @@ class _Exchange:
             state.counters["prompt_tokens"] += len(self.prompt.prompt_ids)
         state.counters["requests_ok" if ok else "requests_failed"] += 1
         state.latencies.append(time.time() - self.started)
+        state.latency.observe(state.latencies[-1])
         if self.chat.rollout_id is not None:
             state.recorder.end(self.chat.rollout_id, calls)
             tasks = state.active.get(self.chat.rollout_id)
@@ -385,17 +394,38 @@ def create_app(state: GatewayState) -> FastAPI:
         )
 
     @app.get("/metrics")
-    async def metrics(request: Request) -> JSONResponse:
+    async def metrics(request: Request, format: str = "prometheus") -> Response:
         _check_auth(state, request)
-        latencies = sorted(state.latencies)
-        p50 = latencies[len(latencies) // 2] if latencies else None
-        return JSONResponse(
-            {
-                **state.counters,
-                "latency_p50_s": p50,
-                "policy_version": state.engine.policy_version,
-                "recorded_calls": state.recorder.total_calls,
-            }
+        engine_metrics = getattr(state.engine, "metrics", None)
+        engine = engine_metrics() if callable(engine_metrics) else {}
+        recorder = state.recorder.stats()
+        if format == "json":
+            latencies = sorted(state.latencies)
+            p50 = latencies[len(latencies) // 2] if latencies else None
+            return JSONResponse(
+                {
+                    **state.counters,
+                    "latency_p50_s": p50,
+                    "policy_version": state.engine.policy_version,
+                    "recorded_calls": state.recorder.total_calls,
+                    **recorder,
+                    **{f"engine_{k}": v for k, v in engine.items()},
+                }
+            )
+        if format != "prometheus":
+            raise RequestError(
+                f"unknown metrics format {format!r}: use `prometheus` (default) or `json`",
+                param="format",
+            )
+        families = gateway_metrics(
+            state.counters,
+            recorder,
+            engine,
+            state.engine.policy_version,
+            state.recorder.total_calls,
+        )
+        return Response(
+            prometheus_text(families, state.latency), media_type=PROMETHEUS_CONTENT_TYPE
         )
 
     return app
