@@ -28,6 +28,7 @@ from typing import Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentscope_rft.engines.base import (
     ChatEvent,
@@ -306,6 +307,15 @@ def create_app(state: GatewayState) -> FastAPI:
     @app.exception_handler(RequestError)
     async def _request_error(_: Request, exc: RequestError) -> JSONResponse:
         return _error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Unknown routes and methods answer in the OpenAI error shape too.
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        if exc.status_code == 404:
+            message += "; routes: /v1/chat/completions, /rollouts/{rollout_id}/v1/chat/completions"
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _error_response(RequestError(message, status=exc.status_code, kind=kind))
 
     async def chat_completions(request: Request, rollout_id: str | None) -> Response:
         _check_auth(state, request)
