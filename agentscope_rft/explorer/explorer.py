@@ -117,9 +117,12 @@ class Explorer:
         self.gateway = gateway
         self.settings = settings
         self._limit = asyncio.Semaphore(settings.max_concurrency)
+        # Episodes share a pool of keep-alive connections to the gateway. It is capped: the engine
+        # batches far fewer sequences than 1,000 episodes make calls, and opening a socket per
+        # call on a busy event loop timed connects out (calls wait for a free connection instead).
         self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(3600.0, connect=10.0),
-            limits=httpx.Limits(max_connections=max(64, settings.max_concurrency * 2)),
+            timeout=httpx.Timeout(3600.0, connect=60.0),
+            limits=httpx.Limits(max_connections=min(256, max(64, settings.max_concurrency * 2))),
         )
         self._warned_no_calls = False
 
