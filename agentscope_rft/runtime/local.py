@@ -224,29 +224,35 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False) -> di
                 metrics["time/sync"] = await _sync_weights(engine, trainer, version=done)
             policy_version = done
             metrics["time/step"] = time.perf_counter() - step_started
+            saved: dict[str, Any] | None = None
             if done == steps or (
                 config.run.checkpoint_every and done % config.run.checkpoint_every == 0
             ):
                 saving = time.perf_counter()
-                await save_checkpoint(done)  # before the explorer moves on (sync mode)
+                saved = await save_checkpoint(done)  # before the explorer moves on (sync mode)
                 metrics["time/checkpoint"] = time.perf_counter() - saving
             await finish_step(done)
             metrics["policy_version"] = float(done)
             last = metrics
             monitor.log(step, metrics)
+            if saved is not None:
+                # state.json names the checkpoint only once its step is logged: a run killed in
+                # between resumes from the one before and redoes this step (superseding its line).
+                write_state(run_dir, saved)
+                prune_checkpoints(run_dir, config.run.keep_checkpoints)
             progress.advance("run")
             if config.run.eval_every and done % config.run.eval_every == 0:
                 await evaluate(done)
 
-    async def save_checkpoint(done: int) -> None:
+    async def save_checkpoint(done: int) -> dict[str, Any]:
+        """Save the weights and optimizer of step `done`; returns the run state to commit."""
         target = checkpoint_dir(run_dir, done)
         await asyncio.to_thread(trainer.save, target)
         await asyncio.to_thread(trainer.export_hf, target / "model")
         saved: dict[str, Any] = {"step": done}
         if sampler is not None:  # resume re-explores from the first batch not yet trained
             saved["sampler"] = sampler_states.get(done, sampler.state_dict())
-        write_state(run_dir, saved)
-        prune_checkpoints(run_dir, config.run.keep_checkpoints)
+        return saved
 
     try:
         with monitor, monitor.progress() as progress:
