@@ -271,8 +271,8 @@ TrainerConfig = Annotated[TorchTrainerConfig | VerlTrainerConfig, Field(discrimi
 
 
 class TasksConfig(Section):
-    """Where tasks come from: JSONL, JSON, Parquet or CSV files (one task per row); paths in a config
-    file are relative to its folder."""
+    """Where tasks come from: JSONL, JSON, Parquet or CSV files (one task per row); paths in a
+    config file are relative to its folder."""
 
     train: str | None = None
     """Training tasks (required unless `run.mode` is `offline` or `train_only`)."""
@@ -312,8 +312,9 @@ class ExplorerConfig(Section):
     max_concurrency: int = Field(default=32, ge=1)
     """Episodes running at once."""
     episode_timeout: float = Field(default=300.0, gt=0)
-    """Seconds an episode may run. At the deadline its rollout is closed (model calls in flight
-    are aborted, new ones refused), the episode is cancelled and recorded as timed out."""
+    """Seconds an episode (its judge included) may run. At the deadline its rollout is closed
+    (model calls in flight are aborted, new ones refused), the episode is cancelled and recorded
+    as timed out."""
     late_call_grace: float = Field(default=2.0, ge=0)
     """Seconds model calls still in flight when an episode returns may take to finish (they are
     then aborted); both are counted as `episode/late_calls` and `episode/aborted_calls`."""

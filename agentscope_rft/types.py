@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 JSON = dict[str, Any]
+MIN_TEMPERATURE = 1e-3
+"""The smallest non-zero sampling temperature: logits divided by less can overflow (fp16)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +43,11 @@ class SamplingParams:
         problems = []
         if not (0.0 <= self.temperature <= 2.0) or math.isnan(self.temperature):
             problems.append(f"temperature must be in [0, 2], got {self.temperature}")
+        elif 0.0 < self.temperature < MIN_TEMPERATURE:  # logits / temperature would overflow
+            problems.append(
+                f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got "
+                f"{self.temperature}"
+            )
         if not (0.0 < self.top_p <= 1.0):
             problems.append(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k == 0 or self.top_k < -1:

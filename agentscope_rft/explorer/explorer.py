@@ -150,9 +150,12 @@ class Explorer:
         self.gateway = gateway
         self.settings = settings
         self._limit = asyncio.Semaphore(settings.max_concurrency)
+        # Episodes share a pool of keep-alive connections to the gateway. It is capped: the engine
+        # batches far fewer sequences than 1,000 episodes make calls, and opening a socket per
+        # call on a busy event loop timed connects out (calls wait for a free connection instead).
         self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(3600.0, connect=10.0),
-            limits=httpx.Limits(max_connections=max(64, settings.max_concurrency * 2)),
+            timeout=httpx.Timeout(3600.0, connect=60.0),
+            limits=httpx.Limits(max_connections=min(256, max(64, settings.max_concurrency * 2))),
         )
         self._warned_no_calls = False
         self._stragglers: set[asyncio.Task[Any]] = set()
@@ -210,6 +213,7 @@ class Explorer:
         return await self.gateway.close_rollout(rollout_id, reason=str(status))
 
     async def _attempt(self, task: Task, scope: RolloutScope) -> tuple[Reward, RolloutClosure]:
+        started = time.monotonic()
         with rollout_scope(scope):
             model = self._model(scope)
             # The task copies the context, so the app's own tasks stay in this rollout too.
@@ -224,8 +228,18 @@ class Explorer:
         if closure.late_calls:
             logger.debug("episode %s returned with calls in flight: %s", scope.rollout_id, closure)
         if self.workflow.judge is not None:
+            # The judge shares the episode's deadline: a hanging judge times out like an episode.
+            left = self.settings.episode_timeout - (time.monotonic() - started)
             with rollout_scope(None):  # the judge's own model calls are not the policy's
-                judged = await self.workflow.judge(dict(task.data), result)
+                try:
+                    judged = await asyncio.wait_for(
+                        self.workflow.judge(dict(task.data), result), max(left, 0.0)
+                    )
+                except TimeoutError as exc:
+                    raise EpisodeTimeout(
+                        f"the episode and its judge exceeded episode_timeout="
+                        f"{self.settings.episode_timeout}s (the judge did not finish)"
+                    ) from exc
             return as_reward(judged, "judge"), closure
         return as_reward(result, f"workflow `{self.workflow.name}`"), closure
 

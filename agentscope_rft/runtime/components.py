@@ -16,6 +16,7 @@ from agentscope_rft.explorer.explorer import (
     ExploreResult,
     default_max_tokens_per_call,
 )
+from agentscope_rft.monitor.records import drop_partial_last_line
 from agentscope_rft.types import Rollout
 
 logger = logging.getLogger(__name__)
@@ -103,14 +104,23 @@ def sampling_rules(config: RunConfig) -> dict[str, dict[str, Any]]:
 
 @dataclass
 class RolloutLog:
-    """Appends one compact JSON line per rollout to `rollouts.jsonl` (for inspection)."""
+    """Appends one compact JSON line per rollout to `rollouts.jsonl` (for inspection).
+
+    A batch's lines go out in one unbuffered write, so a killed run leaves whole lines (at worst a
+    torn last one after a power loss, which a resumed run drops).
+    """
 
     path: Path
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        if self.resume:
+            drop_partial_last_line(self.path)
 
     def write(self, step: int, phase: str, result: ExploreResult) -> None:
-        with open(self.path, "a", encoding="utf-8") as handle:
-            for rollout in result.rollouts:
-                handle.write(json.dumps(_rollout_line(step, phase, rollout)) + "\n")
+        text = "".join(json.dumps(_rollout_line(step, phase, r)) + "\n" for r in result.rollouts)
+        with open(self.path, "ab", buffering=0) as handle:
+            handle.write(text.encode("utf-8"))
 
 
 def _rollout_line(step: int, phase: str, rollout: Rollout) -> dict[str, Any]:

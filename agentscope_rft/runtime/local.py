@@ -98,9 +98,9 @@ async def train(
         start = int(state["step"])
         await asyncio.to_thread(trainer.load, checkpoint_dir(run_dir, start))
         logger.info("resuming %s after step %d", run_dir, start)
-        if mode == "train_only":
-            await buffer.requeue_after(start)
-        else:  # explored-ahead groups are re-explored (same seeds), not trained twice
+        # Groups taken by the steps lost in the crash (`start` and later) go back to the buffer.
+        await buffer.requeue_after(start - 1)
+        if mode != "train_only":  # explorers re-explore them from the saved task position
             await buffer.discard_pending()
     if mode in ("offline", "train_only"):
         engine, gateway, explorer, sampler, eval_tasks = None, None, None, None, []
@@ -138,7 +138,7 @@ async def train(
     trained = asyncio.Condition()  # notified after every trainer step (skipped ones included)
     steps_done = start
     policy_version = start  # of the weights the engine serves
-    rollout_log = RolloutLog(run_dir / "rollouts.jsonl")
+    rollout_log = RolloutLog(run_dir / "rollouts.jsonl", resume=resume)
     last: dict[str, float] = {}
     monitor = Monitor(
         run_dir,
@@ -242,25 +242,31 @@ async def train(
                 metrics["time/sync"] = await _sync_weights(engine, trainer, version=done)
             policy_version = done
             metrics["time/step"] = time.perf_counter() - step_started
+            saved: dict[str, Any] | None = None
             if (
                 done == steps
                 or stop.requested
                 or (config.run.checkpoint_every and done % config.run.checkpoint_every == 0)
             ):
                 saving = time.perf_counter()
-                await save_checkpoint(done)  # before the explorer moves on (sync mode)
+                saved = await save_checkpoint(done)  # before the explorer moves on (sync mode)
                 metrics["time/checkpoint"] = time.perf_counter() - saving
             await finish_step(done)
             metrics["policy_version"] = float(done)
             last = metrics
             monitor.log(step, metrics)
+            if saved is not None:
+                # state.json names the checkpoint only once its step is logged: a run killed in
+                # between resumes from the one before and redoes this step (superseding its line).
+                commit_checkpoint(saved)
             progress.advance("run")
             if config.run.eval_every and done % config.run.eval_every == 0:
                 await stop.until(evaluate(done))
 
     saved_at = start if resume else None
 
-    async def save_checkpoint(done: int) -> None:
+    async def save_checkpoint(done: int) -> dict[str, Any]:
+        """Save the weights and optimizer of step `done`; returns the run state to commit."""
         nonlocal saved_at
         saved_at = done
         target = checkpoint_dir(run_dir, done)
@@ -269,6 +275,9 @@ async def train(
         saved: dict[str, Any] = {"step": done}
         if sampler is not None:  # resume re-explores from the first batch not yet trained
             saved["sampler"] = sampler_states.get(done, sampler.state_dict())
+        return saved
+
+    def commit_checkpoint(saved: dict[str, Any]) -> None:
         write_state(run_dir, saved)
         prune_checkpoints(run_dir, config.run.keep_checkpoints)
 
@@ -283,7 +292,8 @@ async def train(
                     jobs.append(_until_stopped(explore_loop(progress)))
                 await _run_together(jobs)
             if stop.requested and saved_at != steps_done:
-                await save_checkpoint(steps_done)  # what was trained so far, and where to resume
+                # what was trained so far, and where to resume
+                commit_checkpoint(await save_checkpoint(steps_done))
     finally:
         if explorer is not None:
             await explorer.close()
