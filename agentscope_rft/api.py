@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentscope_rft.integration.agentscope import current_agent, current_scope
 from agentscope_rft.types import Reward, StepReward, StepState
 
 WorkflowFn = Callable[[dict[str, Any], Any], Awaitable[Any]]
@@ -112,6 +111,9 @@ def emit_reward(value: float, step: int | None = None) -> None:
     Example:
         >>> emit_reward(0.5)  # doctest: +SKIP
     """
+    # Imported here: checking a workflow's path and signature must not wait for AgentScope.
+    from agentscope_rft.integration.agentscope import current_agent, current_scope
+
     scope = current_scope()
     if scope is None:
         raise RuntimeError("emit_reward() was called outside an episode run by agentscope-rft")
@@ -141,6 +143,8 @@ def emit_state(key: str, agent: str | None = None) -> None:
         >>> emit_state(observation + "|" + "|".join(admissible))  # doctest: +SKIP
         >>> reply = await agent.reply(UserMsg(name="user", content=observation))  # doctest: +SKIP
     """
+    from agentscope_rft.integration.agentscope import current_agent, current_scope
+
     scope = current_scope()
     if scope is None:
         raise RuntimeError("emit_state() was called outside an episode run by agentscope-rft")

@@ -11,7 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from agentscope_rft.config import ConfigError, RunConfig, dump_config
-from agentscope_rft.explorer.explorer import EpisodeSettings, ExploreResult
+from agentscope_rft.explorer.explorer import (
+    EpisodeSettings,
+    ExploreResult,
+    default_max_tokens_per_call,
+)
 from agentscope_rft.types import Rollout
 
 logger = logging.getLogger(__name__)
@@ -63,7 +67,20 @@ def episode_settings(config: RunConfig, max_model_len: int) -> EpisodeSettings:
         reward_gamma=ex.reward_gamma,
         success_threshold=ex.success_threshold,
         max_sample_length=max_length,
+        late_call_grace=ex.late_call_grace,
     )
+
+
+def max_tokens_per_call(config: RunConfig, max_model_len: int) -> int:
+    """The gateway's cap on an episode call's completion tokens (logged when derived)."""
+    ex = config.explorer
+    if ex.max_tokens_per_call is not None:
+        return ex.max_tokens_per_call
+    limit = max(default_max_tokens_per_call(max_model_len), ex.sampling.max_tokens or 0)
+    logger.info(
+        "explorer.max_tokens_per_call not set: episode calls generate at most %d tokens", limit
+    )
+    return limit
 
 
 def nominal_batch_size(config: RunConfig) -> int:
