@@ -276,6 +276,7 @@ class Explorer:
                     reward=reward.value,
                     success=success,
                     step_rewards=scope.step_rewards,
+                    step_states=scope.step_states,
                     metrics=dict(reward.metrics),
                     started_at=started,
                     finished_at=time.time(),
