@@ -190,3 +190,31 @@ async def test_preflight_checks_everything_before_any_model_loads(
         if i == 0:  # the bad workflow: reported at once (no model, no task file read)
             assert time.perf_counter() - started < 5
         assert not (tmp_path / f"r{i}").exists()
+
+
+async def test_explore_stops_cleanly_with_the_finished_tasks_written(
+    tiny_model_path, toy_tasks, tmp_path
+):
+    from agentscope_rft.runtime.explore import explore
+
+    config = toy_config(
+        tiny_model_path,
+        toy_tasks,
+        tmp_path / "run",
+        "workflow=tests/integration/toy_app.py:slow",
+        "explorer.group_size=1",
+        "explorer.max_concurrency=2",
+    )
+    out, stop = tmp_path / "explore", RunStop()
+    job = asyncio.create_task(explore(config, out, stop=stop))
+    results = out / "results.jsonl"
+    while not (results.is_file() and results.read_text().strip()):
+        assert not job.done(), job.exception()
+        await asyncio.sleep(0.05)
+    stop.request("SIGTERM")
+    started = time.perf_counter()
+    with pytest.raises(RunStopped, match=r"stopped on SIGTERM after 2 of 8 tasks"):
+        await job
+    assert time.perf_counter() - started < 30
+    assert len(results.read_text().splitlines()) == 2
+    assert json.loads((out / "summary.json").read_text())["explore/rollouts"] == 2
