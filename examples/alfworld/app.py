@@ -18,7 +18,7 @@ from pathlib import Path
 # importable however the run was started (the config loads this file by path).
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from workflows.alfworld_agent import AlfworldAgentSettings, make_workflow  # noqa: E402
+from workflows.alfworld_agent import AlfworldAgentSettings, make_workflow
 
 MAX_STEPS = 10
 
