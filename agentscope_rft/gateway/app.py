@@ -34,6 +34,7 @@ from agentscope_rft.engines.base import (
     ChoiceDone,
     ChoiceResult,
     ContentDelta,
+    ContextWindowError,
     Engine,
     EngineError,
     PromptReady,
@@ -194,7 +195,12 @@ class _Exchange:
         except StopAsyncIteration:
             return None
         except EngineError as exc:
-            raise RequestError(str(exc), status=exc.status, param=exc.param) from exc
+            overflow = isinstance(exc, ContextWindowError)
+            if overflow and self.chat.rollout_id is not None:
+                # The episode outgrew the context window: the explorer keeps it as truncated data.
+                self.state.recorder.note_overflow(self.chat.rollout_id, str(exc))
+            code = "context_length_exceeded" if overflow else None  # OpenAI's code for it
+            raise RequestError(str(exc), status=exc.status, param=exc.param, code=code) from exc
         if isinstance(event, PromptReady):
             self.prompt = event
         elif isinstance(event, ChoiceDone):

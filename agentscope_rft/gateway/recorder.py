@@ -28,6 +28,7 @@ class CallRecorder:
         self._in_flight: collections.Counter[str] = collections.Counter()
         self._started: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._idle: dict[str, asyncio.Event] = {}
+        self._overflows: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._max = max_rollouts
         self.total_calls = 0
 
@@ -79,6 +80,25 @@ class CallRecorder:
 
     def discard(self, rollout_id: str) -> None:
         self._calls.pop(rollout_id, None)
+        self._overflows.pop(rollout_id, None)
+
+    def note_overflow(self, rollout_id: str, message: str) -> None:
+        """Remember that a request of `rollout_id` did not fit the context window."""
+        self._overflows[rollout_id] = message
+        self._overflows.move_to_end(rollout_id)
+        while len(self._overflows) > self._max:
+            self._overflows.popitem(last=False)
+
+    def pop_overflow(self, rollout_id: str) -> str | None:
+        """The context-window error of `rollout_id`, if one of its requests hit it (then forgotten).
+
+        Example:
+            >>> recorder = CallRecorder()
+            >>> recorder.note_overflow("r1", "the conversation is 9000 tokens")
+            >>> recorder.pop_overflow("r1"), recorder.pop_overflow("r1")
+            ('the conversation is 9000 tokens', None)
+        """
+        return self._overflows.pop(rollout_id, None)
 
     @property
     def rollout_ids(self) -> list[str]:
