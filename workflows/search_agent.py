@@ -26,10 +26,18 @@ import functools
 import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from agentscope.agent import Agent, InjectionConfig, ReActConfig
-from agentscope.message import Msg, TextBlock, ToolCallBlock, ToolResultBlock, UserMsg
+from agentscope.message import (
+    Msg,
+    TextBlock,
+    ToolCallBlock,
+    ToolResultBlock,
+    ToolResultState,
+    UserMsg,
+)
 from agentscope.model import ChatModelBase
 from agentscope.permission import PermissionBehavior, PermissionDecision
 from agentscope.tool import FunctionTool, Toolkit
@@ -174,8 +182,12 @@ class Encyclopedia:
     def toolkit(self) -> Toolkit:
         allow = PermissionDecision(behavior=PermissionBehavior.ALLOW, message="read-only search")
         functions = [self.search, self.open_page] if self.with_open_page else [self.search]
+        # AgentScope wraps a tool's str result into a ToolChunk; its annotations omit str.
         return Toolkit(
-            tools=[FunctionTool(fn, permission=allow, is_read_only=True) for fn in functions]
+            tools=[
+                FunctionTool(fn, permission=allow, is_read_only=True)  # type: ignore[arg-type]
+                for fn in functions
+            ]
         )
 
 
@@ -209,14 +221,20 @@ async def demo_messages(count: int, top_k: int, lead_chars: int) -> list[Msg]:
             blocks.append(
                 ToolCallBlock(id=call_id, name="search", input=json.dumps({"query": query}))
             )
-            blocks.append(ToolResultBlock(id=call_id, name="search", output=result, state="success"))
+            blocks.append(
+                ToolResultBlock(
+                    id=call_id, name="search", output=result, state=ToolResultState.SUCCESS
+                )
+            )
         blocks.append(TextBlock(text=f"<answer>{answer}</answer>"))
         messages.append(UserMsg(name="user", content=question))
         messages.append(Msg(name="searcher", role="assistant", content=blocks))
     return messages
 
 
-async def play(task: dict[str, Any], model: ChatModelBase, settings: SearchAgentSettings) -> Episode:
+async def play(
+    task: dict[str, Any], model: ChatModelBase, settings: SearchAgentSettings
+) -> Episode:
     """One episode: the agent reads the question, searches, and answers."""
     question = task.get("question")
     if not isinstance(question, str) or not question.strip():
@@ -267,12 +285,21 @@ def search_workflow(settings: SearchAgentSettings | None = None) -> agentscope_r
     Without a judge the episode returns its reward; with one, the episode returns what it did
     and the judge (run outside the episode by agentscope-rft) scores it.
 
+    Raises:
+        FileNotFoundError: `settings.corpus` names a file that does not exist.
+
     Example:
         >>> run = search_workflow(SearchAgentSettings(max_turns=3))
         >>> run.name
         'search_agent'
     """
     settings = settings or SearchAgentSettings()
+    if settings.corpus is not None and not Path(settings.corpus).is_file():
+        raise FileNotFoundError(
+            f"search corpus {settings.corpus} does not exist: give a JSONL corpus "
+            '({"id", "title", "text"} or wiki-18\'s {"id", "contents"} lines), or corpus=None '
+            "for the shipped encyclopedia"
+        )
 
     async def episode(task: dict[str, Any], model: ChatModelBase) -> Episode | Reward:
         played = await play(task, model, settings)

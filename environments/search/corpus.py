@@ -91,8 +91,12 @@ def _from_contents(path: str | Path, line_number: int, row: dict) -> dict:
         )
     title, text = split_contents(row["contents"])
     row_id = row.get("id")
-    return {**row, "id": str(row_id) if isinstance(row_id, int) else row_id, "title": title,
-            "text": text}
+    return {
+        **row,
+        "id": str(row_id) if isinstance(row_id, int) else row_id,
+        "title": title,
+        "text": text,
+    }
 
 
 def save_corpus(path: str | Path, documents: Iterable[Document]) -> int:

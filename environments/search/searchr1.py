@@ -50,8 +50,7 @@ def _rows(path: Path) -> Iterator[tuple[int, Mapping[str, Any]]]:
     if path.suffix.lower() == ".parquet":
         import pyarrow.parquet as pq
 
-        for number, row in enumerate(pq.read_table(path).to_pylist(), start=1):
-            yield number, row
+        yield from enumerate(pq.read_table(path).to_pylist(), start=1)
     elif path.suffix.lower() == ".jsonl":
         yield from iter_jsonl(path)
     else:
@@ -134,7 +133,9 @@ def convert_corpus(source: str | Path, target: str | Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Convert Search-R1 data to the search env's JSONL.")
+    parser = argparse.ArgumentParser(
+        description="Convert Search-R1 data to the search env's JSONL."
+    )
     sub = parser.add_subparsers(dest="what", required=True)
     questions = sub.add_parser("questions", help="a parquet/JSONL question file -> task JSONL")
     questions.add_argument("source", type=Path)

@@ -32,8 +32,10 @@ def curriculum(tasks: list[dict], single: int = 64, seed: int = 0) -> list[dict]
     """
     rng = random.Random(seed)
     tasks = [t for t in tasks if t["question"] not in DEMO_TASKS]
-    by_type = {kind: [t for t in tasks if t.get("type") == kind] for kind in
-               ("single_hop", "two_hop", "comparison", "multi_hop")}
+    by_type = {
+        kind: [t for t in tasks if t.get("type") == kind]
+        for kind in ("single_hop", "two_hop", "comparison", "multi_hop")
+    }
     for rows in by_type.values():
         rng.shuffle(rows)
     first = by_type["single_hop"][:single]

@@ -54,9 +54,7 @@ def table(rows: dict[str, dict[str, dict[str, float]]], counts: dict[str, int]) 
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, scores in rows.items():
         cells = [name, f"{scores['em']['all']:.3f}", f"{scores['f1']['all']:.3f}"]
-        cells += [
-            f"{scores['f1'][t]:.3f}" if t in scores["f1"] else "-" for t in TYPES
-        ]
+        cells += [f"{scores['f1'][t]:.3f}" if t in scores["f1"] else "-" for t in TYPES]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
