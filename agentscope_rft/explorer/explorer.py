@@ -7,6 +7,14 @@ if it still fails it becomes a failed rollout carrying the error text. It never 
 An episode cut short by a limit is data, not a failure: one whose conversation outgrew the
 context window (the app's call got the engine's error) and one whose reward says `truncated`
 (the app's turn limit) are recorded with status `truncated`, their calls kept and trained.
+
+Episodes are bounded whatever the app does. At the deadline the explorer closes the rollout at the
+gateway first (calls in flight are aborted at the engine, new calls under its id are refused) and
+only then cancels the episode's task: AgentScope's models catch the cancellation and return an
+"interrupted" response, so cancelling alone would let the agent carry on. An episode that still
+does not end is left behind (it can no longer reach the model) rather than waited for. When an
+episode returns, calls it left in flight (background tasks) get `late_call_grace` seconds, then
+are aborted; both are counted (`episode/late_calls`, `episode/aborted_calls`).
 """
 
 from __future__ import annotations
@@ -27,11 +35,32 @@ from agentscope.model import OpenAIChatModel
 from agentscope_rft.api import Workflow
 from agentscope_rft.explorer.tasks import Task
 from agentscope_rft.explorer.trajectory import RewardSpread, TrajectoryStats, build_samples
+from agentscope_rft.gateway.app import RolloutClosure
 from agentscope_rft.gateway.server import Gateway
 from agentscope_rft.integration.agentscope import RolloutScope, rollout_model, rollout_scope
 from agentscope_rft.types import Call, Reward, Rollout, RolloutStatus, Sample
 
 logger = logging.getLogger(__name__)
+
+CANCEL_GRACE = 2.0
+"""Seconds an episode gets to unwind after its rollout is closed and its task cancelled."""
+
+
+def default_max_tokens_per_call(max_model_len: int) -> int:
+    """The per-call completion limit when `explorer.max_tokens_per_call` is not set.
+
+    A quarter of the context window: a call may still write a long answer, but an app that sets
+    no `max_tokens` cannot sample until the context is full on every call.
+
+    Example:
+        >>> default_max_tokens_per_call(8192)
+        2048
+    """
+    return max(16, max_model_len // 4)
+
+
+class EpisodeTimeout(Exception):
+    """The episode did not finish within `episode_timeout`."""
 
 
 class WorkflowReturnError(TypeError):
@@ -62,7 +91,10 @@ class EpisodeSettings:
     reward_gamma: float = 1.0
     success_threshold: float = 1.0
     max_sample_length: int | None = None
+    late_call_grace: float = 2.0
+    """Seconds an episode's calls still in flight after it returned may take before abort."""
     context_overflow_reward: float = 0.0
+    """Reward of an episode whose conversation outgrew the context window (kept as data)."""
 
 
 @dataclass
@@ -98,6 +130,8 @@ class ExploreResult:
             "explore/retried": float(sum(r.attempts > 1 for r in self.rollouts)),
             "explore/no_model_calls": float(len(self.no_model_calls)),
             "explore/calls_per_episode": sum(len(r.calls) for r in ok) / len(ok) if ok else 0.0,
+            "episode/late_calls": float(sum(r.late_calls for r in self.rollouts)),
+            "episode/aborted_calls": float(sum(r.aborted_calls for r in self.rollouts)),
             "response_length/mean": sum(completion) / len(completion) if completion else 0.0,
             "time/explore": self.seconds,
         }
@@ -124,13 +158,24 @@ class Explorer:
         self.gateway = gateway
         self.settings = settings
         self._limit = asyncio.Semaphore(settings.max_concurrency)
+        # Episodes share a pool of keep-alive connections to the gateway. It is capped: the engine
+        # batches far fewer sequences than 1,000 episodes make calls, and opening a socket per
+        # call on a busy event loop timed connects out (calls wait for a free connection instead).
         self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(3600.0, connect=10.0),
-            limits=httpx.Limits(max_connections=max(64, settings.max_concurrency * 2)),
+            timeout=httpx.Timeout(3600.0, connect=60.0),
+            limits=httpx.Limits(max_connections=min(256, max(64, settings.max_concurrency * 2))),
         )
         self._warned_no_calls = False
+        self._stragglers: set[asyncio.Task[Any]] = set()
+        self._closures: dict[str, RolloutClosure] = {}
 
     async def close(self) -> None:
+        """Cancel episodes left behind at their deadline (bounded wait), close the HTTP pool."""
+        stragglers = set(self._stragglers)
+        for episode in stragglers:
+            episode.cancel()
+        if stragglers:
+            await asyncio.wait(stragglers, timeout=CANCEL_GRACE)
         await self._http.aclose()
 
     def _model(self, scope: RolloutScope) -> OpenAIChatModel:
@@ -142,16 +187,69 @@ class Explorer:
             parameters=parameters,
         )
 
-    async def _attempt(self, task: Task, scope: RolloutScope) -> Reward:
+    async def _bounded(self, episode: asyncio.Task[Any], rollout_id: str) -> Any:
+        """The episode's result, or `EpisodeTimeout` at the deadline (the rollout closed first)."""
+        try:
+            done, _ = await asyncio.wait({episode}, timeout=self.settings.episode_timeout)
+        except asyncio.CancelledError:  # the batch is cancelled (e.g. the run is stopping)
+            await self._abandon(episode, rollout_id, "cancelled")
+            raise
+        if not done:
+            await self._abandon(episode, rollout_id, "timeout")
+            raise EpisodeTimeout(
+                f"the episode exceeded episode_timeout={self.settings.episode_timeout}s"
+            )
+        return episode.result()
+
+    async def _abandon(self, episode: asyncio.Task[Any], rollout_id: str, reason: str) -> None:
+        # Close before cancelling: an app that swallows the cancellation then finds the model
+        # refusing its calls, instead of starting new ones.
+        self._closures[rollout_id] = await self.gateway.close_rollout(rollout_id, reason=reason)
+        episode.cancel()
+        done, _ = await asyncio.wait({episode}, timeout=CANCEL_GRACE)
+        if not done:
+            logger.warning(
+                "episode %s ignored its cancellation for %.0fs; leaving it behind (it can make "
+                "no more model calls)",
+                rollout_id,
+                CANCEL_GRACE,
+            )
+            self._stragglers.add(episode)
+            episode.add_done_callback(self._stragglers.discard)
+
+    async def _close(self, rollout_id: str, status: RolloutStatus) -> RolloutClosure:
+        return await self.gateway.close_rollout(rollout_id, reason=str(status))
+
+    async def _attempt(self, task: Task, scope: RolloutScope) -> tuple[Reward, RolloutClosure]:
+        started = time.monotonic()
         with rollout_scope(scope):
             model = self._model(scope)
-            result = await asyncio.wait_for(
-                self.workflow.fn(dict(task.data), model), self.settings.episode_timeout
+            # The task copies the context, so the app's own tasks stay in this rollout too.
+            episode: asyncio.Task[Any] = asyncio.ensure_future(
+                self.workflow.fn(dict(task.data), model)
             )
+        episode.add_done_callback(_retrieve)
+        result = await self._bounded(episode, scope.rollout_id)
+        closure = await self.gateway.close_rollout(
+            scope.rollout_id, reason="finished", grace=self.settings.late_call_grace
+        )
+        if closure.late_calls:
+            logger.debug("episode %s returned with calls in flight: %s", scope.rollout_id, closure)
         if self.workflow.judge is not None:
+            # The judge shares the episode's deadline: a hanging judge times out like an episode.
+            left = self.settings.episode_timeout - (time.monotonic() - started)
             with rollout_scope(None):  # the judge's own model calls are not the policy's
-                return as_reward(await self.workflow.judge(dict(task.data), result), "judge")
-        return as_reward(result, f"workflow `{self.workflow.name}`")
+                try:
+                    judged = await asyncio.wait_for(
+                        self.workflow.judge(dict(task.data), result), max(left, 0.0)
+                    )
+                except TimeoutError as exc:
+                    raise EpisodeTimeout(
+                        f"the episode and its judge exceeded episode_timeout="
+                        f"{self.settings.episode_timeout}s (the judge did not finish)"
+                    ) from exc
+            return as_reward(judged, "judge"), closure
+        return as_reward(result, f"workflow `{self.workflow.name}`"), closure
 
     async def run_episode(self, task: Task, rollout_id: str | None = None) -> Rollout:
         """Run one episode (with retries); never raises for a failing episode."""
@@ -159,8 +257,10 @@ class Explorer:
         started = time.time()
         attempts = self.settings.max_retries + 1
         status, error = RolloutStatus.FAILED, ""
+        late = aborted = 0
         for attempt in range(attempts):
             attempt_id = rollout_id if attempt == 0 else f"{rollout_id}.retry{attempt}"
+            self.gateway.reopen_rollout(attempt_id)
             scope = RolloutScope(
                 rollout_id=attempt_id,
                 base_url=self.gateway.rollout_base_url(attempt_id),
@@ -169,8 +269,8 @@ class Explorer:
             )
             try:
                 async with self._limit:
-                    reward = await self._attempt(task, scope)
-                calls = await self.gateway.recorder.take(attempt_id)
+                    reward, closure = await self._attempt(task, scope)
+                calls = await self.gateway.recorder.take(attempt_id, wait_timeout=0)
                 overflow = self.gateway.recorder.pop_overflow(attempt_id)
                 truncated = reward.truncated or ("context_window" if overflow else None)
                 success = (
@@ -189,23 +289,32 @@ class Explorer:
                     truncated=truncated,
                     success=success,
                     step_rewards=scope.step_rewards,
+                    step_states=scope.step_states,
                     metrics=dict(reward.metrics),
                     started_at=started,
                     finished_at=time.time(),
                     attempts=attempt + 1,
+                    late_calls=closure.late_calls,
+                    aborted_calls=closure.aborted_calls,
                 )
-            except TimeoutError:
-                status = RolloutStatus.TIMEOUT
-                error = f"the episode exceeded episode_timeout={self.settings.episode_timeout}s"
+            except EpisodeTimeout as exc:
+                status, error = RolloutStatus.TIMEOUT, str(exc)
             except WorkflowReturnError as exc:
                 status, error = RolloutStatus.FAILED, str(exc)
             except Exception as exc:
                 status, error = RolloutStatus.FAILED, _error_text(exc)
-            await self.gateway.abort_rollout(attempt_id)
-            calls = await self.gateway.recorder.take(attempt_id, wait_timeout=1.0)
+            finally:
+                await scope.aclose()
+            ended = self._closures.pop(attempt_id, None)
+            if ended is None:  # raised by itself: close it now (it may have left calls running)
+                ended = await self._close(attempt_id, status)
+            late, aborted = ended.late_calls, ended.aborted_calls
+            calls = await self.gateway.recorder.take(attempt_id, wait_timeout=0)
             overflow = self.gateway.recorder.pop_overflow(attempt_id)
             if overflow is not None and status is RolloutStatus.FAILED:
-                return self._overflowed(task, attempt_id, calls, overflow, started, attempt + 1)
+                rollout = self._overflowed(task, attempt_id, calls, overflow, started, attempt + 1)
+                rollout.late_calls, rollout.aborted_calls = late, aborted
+                return rollout
             if attempt + 1 < attempts:
                 logger.debug("episode %s failed (%s); retrying", attempt_id, status)
         return Rollout(
@@ -219,6 +328,8 @@ class Explorer:
             started_at=started,
             finished_at=time.time(),
             attempts=attempts,
+            late_calls=late,
+            aborted_calls=aborted,
         )
 
     def _overflowed(
@@ -310,3 +421,9 @@ class Explorer:
             seconds=time.perf_counter() - started,
             no_model_calls=no_calls,
         )
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """Mark an episode's exception as seen (abandoned episodes otherwise log it at exit)."""
+    if not task.cancelled():
+        task.exception()
