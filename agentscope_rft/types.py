@@ -173,6 +173,8 @@ class Rollout:
     started_at: float = 0.0
     finished_at: float = 0.0
     attempts: int = 1
+    runner: str | None = None
+    """The process the (last) attempt ran in: `local/<pid>`, or `<node>/<pid>` for a Ray runner."""
 
     @property
     def ok(self) -> bool:

@@ -16,34 +16,27 @@ import traceback
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
-from agentscope.model import OpenAIChatModel
 
 from agentscope_rft.api import Workflow
+from agentscope_rft.explorer.runner import (
+    EpisodeFailed,
+    EpisodeRunner,
+    InProcessRunner,
+    ModelSettings,
+    WorkflowReturnError,
+    as_reward,
+)
 from agentscope_rft.explorer.tasks import Task
 from agentscope_rft.explorer.trajectory import RewardSpread, TrajectoryStats, build_samples
 from agentscope_rft.gateway.server import Gateway
-from agentscope_rft.integration.agentscope import RolloutScope, rollout_model, rollout_scope
-from agentscope_rft.types import Reward, Rollout, RolloutStatus, Sample
+from agentscope_rft.integration.agentscope import RolloutScope
+from agentscope_rft.types import Rollout, RolloutStatus, Sample
 
 logger = logging.getLogger(__name__)
 
-
-class WorkflowReturnError(TypeError):
-    """The workflow (or judge) returned something that is not a reward."""
-
-
-def as_reward(value: Any, source: str) -> Reward:
-    if isinstance(value, Reward):
-        return value
-    if isinstance(value, bool | int | float) and math.isfinite(float(value)):
-        return Reward(float(value))
-    raise WorkflowReturnError(
-        f"the {source} returned {type(value).__name__} {value!r:.80}; it must return a finite "
-        "float or agentscope_rft.Reward (a workflow with a judge may return any response)"
-    )
+__all__ = ["EpisodeSettings", "ExploreResult", "Explorer", "WorkflowReturnError", "as_reward"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +63,8 @@ class ExploreResult:
     trajectory: TrajectoryStats
     seconds: float
     no_model_calls: list[str] = field(default_factory=list)
+    runtime: dict[str, float] = field(default_factory=dict)
+    """The episode runners' counters over this batch (e.g. `runtime/runner_deaths`)."""
 
     def metrics(self) -> dict[str, float]:
         ok = [r for r in self.rollouts if r.ok]
@@ -95,6 +90,7 @@ class ExploreResult:
             "time/explore": self.seconds,
         }
         out.update(self.trajectory.metrics())
+        out.update(self.runtime)
         return out
 
 
@@ -112,10 +108,17 @@ class Explorer:
         >>> result = await explorer.explore(tasks, group_size=4, batch_id="step1")  # doctest: +SKIP
     """
 
-    def __init__(self, workflow: Workflow, gateway: Gateway, settings: EpisodeSettings) -> None:
+    def __init__(
+        self,
+        workflow: Workflow,
+        gateway: Gateway,
+        settings: EpisodeSettings,
+        runner: EpisodeRunner | None = None,
+    ) -> None:
         self.workflow = workflow
         self.gateway = gateway
         self.settings = settings
+        self.runner = runner or InProcessRunner(workflow, self.model_settings())
         self._limit = asyncio.Semaphore(settings.max_concurrency)
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(3600.0, connect=10.0),
@@ -123,35 +126,24 @@ class Explorer:
         )
         self._warned_no_calls = False
 
-    async def close(self) -> None:
-        await self._http.aclose()
-
-    def _model(self, scope: RolloutScope) -> OpenAIChatModel:
-        parameters = OpenAIChatModel.Parameters(max_tokens=self.settings.max_tokens)
-        return rollout_model(
-            scope,
-            self.gateway.engine.model_name,
+    def model_settings(self) -> ModelSettings:
+        """How the model handed to the workflow is built (runners in other processes need it)."""
+        return ModelSettings(
+            model_name=self.gateway.engine.model_name,
             stream=self.settings.model_stream,
-            parameters=parameters,
+            max_tokens=self.settings.max_tokens,
         )
 
-    async def _attempt(self, task: Task, scope: RolloutScope) -> Reward:
-        with rollout_scope(scope):
-            model = self._model(scope)
-            result = await asyncio.wait_for(
-                self.workflow.fn(dict(task.data), model), self.settings.episode_timeout
-            )
-        if self.workflow.judge is not None:
-            with rollout_scope(None):  # the judge's own model calls are not the policy's
-                return as_reward(await self.workflow.judge(dict(task.data), result), "judge")
-        return as_reward(result, f"workflow `{self.workflow.name}`")
+    async def close(self) -> None:
+        await self.runner.close()
+        await self._http.aclose()
 
     async def run_episode(self, task: Task, rollout_id: str | None = None) -> Rollout:
         """Run one episode (with retries); never raises for a failing episode."""
         rollout_id = rollout_id or uuid.uuid4().hex
         started = time.time()
         attempts = self.settings.max_retries + 1
-        status, error = RolloutStatus.FAILED, ""
+        status, error, runner = RolloutStatus.FAILED, "", None
         for attempt in range(attempts):
             attempt_id = rollout_id if attempt == 0 else f"{rollout_id}.retry{attempt}"
             scope = RolloutScope(
@@ -162,7 +154,8 @@ class Explorer:
             )
             try:
                 async with self._limit:
-                    reward = await self._attempt(task, scope)
+                    outcome = await self.runner.run(task.data, scope, self.settings.episode_timeout)
+                reward = outcome.reward
                 calls = await self.gateway.recorder.take(attempt_id)
                 success = (
                     reward.success
@@ -176,17 +169,19 @@ class Explorer:
                     calls=calls,
                     reward=reward.value,
                     success=success,
-                    step_rewards=scope.step_rewards,
+                    step_rewards=[*scope.step_rewards, *outcome.step_rewards],
                     metrics=dict(reward.metrics),
                     started_at=started,
                     finished_at=time.time(),
                     attempts=attempt + 1,
+                    runner=outcome.runner,
                 )
-            except TimeoutError:
-                status = RolloutStatus.TIMEOUT
+            except TimeoutError as exc:
+                status, runner = RolloutStatus.TIMEOUT, getattr(exc, "runner", None)
                 error = f"the episode exceeded episode_timeout={self.settings.episode_timeout}s"
-            except WorkflowReturnError as exc:
+            except (WorkflowReturnError, EpisodeFailed) as exc:
                 status, error = RolloutStatus.FAILED, str(exc)
+                runner = getattr(exc, "runner", None)
             except Exception as exc:
                 status, error = RolloutStatus.FAILED, _error_text(exc)
             await self.gateway.abort_rollout(attempt_id)
@@ -204,6 +199,7 @@ class Explorer:
             started_at=started,
             finished_at=time.time(),
             attempts=attempts,
+            runner=runner,
         )
 
     async def explore(
@@ -269,4 +265,5 @@ class Explorer:
             trajectory=stats,
             seconds=time.perf_counter() - started,
             no_model_calls=no_calls,
+            runtime=self.runner.take_metrics(),
         )

@@ -106,6 +106,8 @@ def _rollout_line(step: int, phase: str, rollout: Rollout) -> dict[str, Any]:
         "success": rollout.success,
         "status": str(rollout.status),
         "error": (rollout.error or "")[-1000:] or None,
+        "attempts": rollout.attempts,
+        "runner": rollout.runner,
         "calls": [
             {
                 "agent": call.agent_name,

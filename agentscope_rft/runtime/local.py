@@ -1,9 +1,11 @@
 """The local runtime: one process, asyncio; engine, gateway, explorer, buffer and trainer together.
 
-`train` is the whole training loop. The explorer and the trainer are two coroutines joined by the
-buffer; `run.mode` only sets how far the explorer may run ahead of the trainer: 0 batches
-(`sync`, on-policy), 1 (`one_step_off`) or `run.max_staleness` (`async`). Training runs in a
-worker thread, so the gateway keeps serving episodes while weights update.
+`train` is the whole training loop. With `runtime: ray` the loop is the same; only the episodes
+run elsewhere (in runner processes on a Ray cluster, see `agentscope_rft.runtime.ray`). The
+explorer and the trainer are two coroutines joined by the buffer; `run.mode` only sets how far
+the explorer may run ahead of the trainer: 0 batches (`sync`, on-policy), 1 (`one_step_off`) or
+`run.max_staleness` (`async`). Training runs in a worker thread, so the gateway keeps serving
+episodes while weights update.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from agentscope_rft.config import RunConfig
 from agentscope_rft.engines.base import Engine
 from agentscope_rft.engines.factory import build_engine
 from agentscope_rft.explorer.explorer import Explorer
+from agentscope_rft.explorer.runner import EpisodeRunner, ModelSettings
 from agentscope_rft.explorer.tasks import TaskSampler, load_tasks
 from agentscope_rft.gateway.server import Gateway
 from agentscope_rft.models import resolve_model
@@ -62,6 +65,39 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False) -> di
     Example:
         >>> asyncio.run(train(load_config("run.yaml"), Path("runs/run")))  # doctest: +SKIP
     """
+    if config.runtime.type == "local":
+        return await _train(config, run_dir, resume=resume, ray_runtime=None)
+    from agentscope_rft.runtime.ray import RayRuntime
+
+    # Joined (or started) and checked before any work, so the trainer's Ray ranks join it too.
+    ray_runtime = await asyncio.to_thread(RayRuntime, config)
+    try:
+        return await _train(config, run_dir, resume=resume, ray_runtime=ray_runtime)
+    finally:
+        ray_runtime.close()
+
+
+async def _episode_runner(
+    config: RunConfig, ray_runtime: Any, gateway: Gateway, engine: Engine
+) -> EpisodeRunner | None:
+    """The Ray runtime's runner pool (None: episodes run in this process)."""
+    if ray_runtime is None:
+        return None
+    model = ModelSettings(
+        engine.model_name, config.explorer.stream, config.explorer.sampling.max_tokens
+    )
+    try:
+        runner: EpisodeRunner = await ray_runtime.episode_runner(config, model, gateway.port)
+    except BaseException:
+        await gateway.stop()
+        await engine.close()
+        raise
+    return runner
+
+
+async def _train(
+    config: RunConfig, run_dir: Path, *, resume: bool, ray_runtime: Any
+) -> dict[str, float]:
     prepare_run_dir(config, run_dir, resume=resume)
     mode, steps = config.run.mode, config.run.steps
     model_path = resolve_model(config.model.name_or_path)
@@ -121,7 +157,12 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False) -> di
             if config.tasks.eval
             else []
         )
-        explorer = Explorer(workflow, gateway, episode_settings(config, engine.max_model_len))
+        explorer = Explorer(
+            workflow,
+            gateway,
+            episode_settings(config, engine.max_model_len),
+            runner=await _episode_runner(config, ray_runtime, gateway, engine),
+        )
 
     lead = LEAD.get(mode, config.run.max_staleness)
     stale_limit = 0 if mode == "sync" else lead
