@@ -11,7 +11,11 @@ from rich.console import Console
 
 from agentscope_rft.api import Workflow, WorkflowFn, load_workflow
 from agentscope_rft.engines.base import Engine
-from agentscope_rft.explorer.explorer import EpisodeSettings, Explorer
+from agentscope_rft.explorer.explorer import (
+    EpisodeSettings,
+    Explorer,
+    default_max_tokens_per_call,
+)
 from agentscope_rft.explorer.tasks import load_tasks
 from agentscope_rft.explorer.trajectory import TrajectoryStats, build_samples
 from agentscope_rft.gateway.server import Gateway
@@ -82,6 +86,9 @@ async def check_workflow(
 ) -> CheckReport:
     """Run one episode with the embedded model (or `engine`) and report what was captured.
 
+    The episode runs as in training: bounded by `timeout` (its rollout is closed at the deadline,
+    whatever the app does with cancellation) and with the default per-call token limit.
+
     Example:
         >>> task = {"id": "t1", "question": "2+2?"}
         >>> report = asyncio.run(check_workflow(run, task))  # doctest: +SKIP
@@ -96,7 +103,8 @@ async def check_workflow(
         engine = EmbeddedEngine(model)
     await engine.start()
     try:
-        async with Gateway(engine) as gateway:
+        limit = default_max_tokens_per_call(engine.max_model_len)
+        async with Gateway(engine, max_tokens_limit=limit) as gateway:
             explorer = Explorer(
                 workflow, gateway, EpisodeSettings(episode_timeout=timeout, max_retries=0)
             )

@@ -5,6 +5,7 @@ Defaults live only here. Unknown keys are errors with a did-you-mean suggestion.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -22,6 +23,8 @@ from agentscope_rft.buffer.config import BufferConfig
 from agentscope_rft.config_base import Section
 from agentscope_rft.monitor.config import MonitorConfig
 from agentscope_rft.runtime.config import RuntimeConfig
+
+logger = logging.getLogger(__name__)
 
 
 class ModelConfig(Section):
@@ -52,6 +55,18 @@ class EmbeddedEngineConfig(Section):
     re-tokenization drift; consecutive calls then merge into one training sample)."""
     seed: int = 0
     """Seed for requests that do not set one."""
+    prefix_caching: bool = True
+    """Reuse the KV of token blocks computed by earlier requests (shared system prompts, an
+    episode's earlier calls): a request prefills only what is not cached. Cleared on every
+    weight swap. Off for models with sliding-window or linear-attention layers."""
+    prefix_cache_gib: float = Field(default=1.0, ge=0)
+    """Memory for cached KV blocks (GiB, on the engine's device); least recently used blocks
+    are evicted beyond it. SmolLM2-135M: ~46 KB per token in fp32, so 1 GiB holds ~23k tokens."""
+    prefix_block_tokens: int = Field(default=16, ge=1, le=1024)
+    """Tokens per cached block: a request reuses whole blocks of its prompt."""
+    prefill_chunk_tokens: int | None = Field(default=512, ge=16)
+    """A prompt with more uncached tokens than this is prefilled in chunks of this size, one
+    per decode step of the running requests (so it does not stall them); null: in one go."""
 
 
 class VLLMEngineConfig(Section):
@@ -253,7 +268,8 @@ TrainerConfig = Annotated[TorchTrainerConfig | VerlTrainerConfig, Field(discrimi
 
 
 class TasksConfig(Section):
-    """Where tasks come from: JSONL, JSON, Parquet or CSV files (one task per row)."""
+    """Where tasks come from: JSONL, JSON, Parquet or CSV files (one task per row); paths in a config
+    file are relative to its folder."""
 
     train: str | None = None
     """Training tasks (required unless `run.mode` is `offline` or `train_only`)."""
@@ -380,9 +396,11 @@ class RunConfig(Section):
     """The inference engine: `embedded` (default) or `vllm`."""
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     workflow: str | None = None
-    """The episode function: `package.module:run` or `path/to/app.py:run`."""
+    """The episode function: `package.module:run` or `path/to/app.py:run` (a file path in a config
+    file is relative to the file's folder, one given with `--set` to the working directory)."""
     judge: str | None = None
-    """Optional `async def judge(task, response)` scoring the workflow's response."""
+    """Optional `async def judge(task, response)` scoring the workflow's response (`pkg.mod:fn` or
+    `path/to/file.py:fn`, like `workflow`)."""
     tasks: TasksConfig = Field(default_factory=TasksConfig)
     explorer: ExplorerConfig = Field(default_factory=ExplorerConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
@@ -461,8 +479,11 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply `--set key.path=value` items; file paths are relative to the working directory."""
     for item in overrides:
         path, value = parse_override(item)
+        if tuple(path) in FILE_KEYS and isinstance(value, str):
+            value = resolve_file_path(tuple(path), value, Path.cwd())
         node = data
         for part in path[:-1]:
             child = node.get(part)
@@ -476,8 +497,75 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     return data
 
 
+# Keys that name files: in a config file they are relative to the file's folder.
+FILE_KEYS = (
+    ("workflow",),
+    ("judge",),
+    ("tasks", "train"),
+    ("tasks", "eval"),
+    ("offline", "path"),
+    ("model", "chat_template"),
+    ("model", "name_or_path"),
+)
+
+
+def _file_part(key: tuple[str, ...], value: str) -> tuple[str, str] | None:
+    """The file path inside a value and the rest (`app.py` + `:run`), or None if it is no path."""
+    if key in (("workflow",), ("judge",)):
+        target, colon, attr = value.rpartition(":")
+        if not colon or not (target.endswith(".py") or "/" in target):
+            return None  # `package.module:fn`
+        return target, colon + attr
+    if key == ("model", "chat_template") and "{" in value:
+        return None  # an inline template
+    if key == ("model", "name_or_path") and not ("/" in value or value.startswith(".")):
+        return None  # a model name
+    return value, ""
+
+
+def resolve_file_path(key: tuple[str, ...], value: str, base: Path) -> str:
+    """`value` of the file key `key` with a relative path made absolute against `base`.
+
+    A path that does not exist under `base` but does exist relative to the working directory
+    (configs written to be run from one place) is taken from there, with a warning. Absolute
+    paths, `package.module:fn` specs, model names and inline templates are returned unchanged.
+
+    Example:
+        >>> resolve_file_path(("workflow",), "app.py:run", Path("/proj/exp"))
+        '/proj/exp/app.py:run'
+    """
+    parts = _file_part(key, value)
+    if parts is None or Path(parts[0]).expanduser().is_absolute():
+        return value
+    path, rest = Path(parts[0]).expanduser(), parts[1]
+    resolved = (base / path).resolve()
+    if not resolved.exists() and path.exists():
+        logger.warning(
+            "%s: %s is not in %s (the config file's folder) but is in the working directory; "
+            "using %s (paths in a config file are relative to its folder)",
+            ".".join(key), path, base, path.resolve(),
+        )  # fmt: skip
+        resolved = path.resolve()
+    return f"{resolved}{rest}"
+
+
+def resolve_file_keys(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    """A copy of config data with every file key's relative path made absolute against `base`."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for key in FILE_KEYS:
+        section = out if len(key) == 1 else out.get(key[0])
+        if isinstance(section, dict) and isinstance(section.get(key[-1]), str):
+            section[key[-1]] = resolve_file_path(key, section[key[-1]], base)
+    return out
+
+
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
     """Read a YAML run config, apply `--set` overrides, and validate.
+
+    File paths in the config file (`workflow`, `judge`, `tasks.*`, `offline.path`, a
+    `model.chat_template` file, a local `model.name_or_path` folder) are relative to the file's
+    folder; paths given with `--set` are relative to the working directory. The resolved config
+    keeps them absolute, so a resumed run finds them from anywhere.
 
     Raises:
         ConfigError: unreadable YAML, or a key or value that does not validate.
@@ -498,6 +586,7 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunCo
             raise ConfigError(f"config file {file} is not valid YAML: {exc}") from exc
         if not isinstance(data, dict):
             raise ConfigError(f"config file {file} must be a mapping of sections")
+        data = resolve_file_keys(data, file.resolve().parent)
     data = apply_overrides(data, overrides)
     try:
         config = RunConfig.model_validate(data)

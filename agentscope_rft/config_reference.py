@@ -26,8 +26,8 @@ value from the command line with `--set section.key=value` (repeatable). The res
 saved as `config.yaml` in the run folder.
 
 ```yaml
-workflow: examples/quickstart/app.py:run   # async def run(task, model) -> float
-tasks: {train: examples/quickstart/tasks_train.jsonl}
+workflow: app.py:run              # async def run(task, model) -> float, in app.py next to this file
+tasks: {train: tasks_train.jsonl}  # file paths are relative to the config file's folder
 explorer: {group_size: 8, tasks_per_step: 8}
 trainer: {lr: 1.0e-5}
 run: {steps: 20}

@@ -173,6 +173,10 @@ class Rollout:
     started_at: float = 0.0
     finished_at: float = 0.0
     attempts: int = 1
+    late_calls: int = 0
+    """Model calls still in flight when the episode returned or timed out."""
+    aborted_calls: int = 0
+    """Of those, the ones aborted at the engine (not recorded)."""
     runner: str | None = None
     """The process the (last) attempt ran in: `local/<pid>`, or `<node>/<pid>` for a Ray runner."""
 

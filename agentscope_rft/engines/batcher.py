@@ -4,6 +4,14 @@ One background thread owns the model. Requests from any event loop queue up; bet
 the thread admits waiting requests (one batched, left-padded prefill; `n` choices share it), merges
 them into the running batch, and drops rows that finished. Weight swaps wait for the running batch
 to drain, so every sequence is sampled from one policy version.
+
+With a `PrefixCache`, a request attaches to the longest cached run of its prompt's token blocks
+and prefills only the rest; the KV of every prefilled prompt and of every finished sequence
+(prompt + completion) goes into the cache, so the next call of an agent episode (the same prefix
+plus a tool result) and every episode sharing a system prompt reuse it. Waiting requests that
+share an uncached prefix with one being admitted wait one step and then hit the cache. A prompt
+whose uncached part is longer than `prefill_chunk_tokens` is prefilled in chunks, one per step,
+between decode steps of the running batch.
 """
 
 from __future__ import annotations
@@ -21,7 +29,15 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from agentscope_rft.engines.base import EngineError, GenerationOutput
-from agentscope_rft.engines.kv_cache import BatchCache, left_pad_mask
+from agentscope_rft.engines.kv_cache import BatchCache, GrowingLayer, left_pad_mask
+from agentscope_rft.engines.prefill import (
+    PrefillBatch,
+    build_prefill,
+    common_blocks,
+    row_kv,
+    token_columns,
+)
+from agentscope_rft.engines.prefix_cache import PrefixCache
 from agentscope_rft.engines.sampling import sample_next
 from agentscope_rft.types import SamplingParams
 
@@ -59,6 +75,27 @@ class _Row:
 
 
 @dataclass(eq=False)
+class _Chunking:
+    """A long prompt being prefilled one chunk per engine step."""
+
+    job: GenerationJob
+    cache: BatchCache  # one row: the KV of prompt_ids[:done]
+    done: int
+
+
+@dataclass(slots=True)
+class _KVReader:
+    """Reads positions [start, end) of one batch row's KV (for `PrefixCache.insert`)."""
+
+    cache: BatchCache
+    row: int
+    columns: torch.Tensor  # the row's token columns, in position order
+
+    def __call__(self, start: int, end: int) -> torch.Tensor:
+        return row_kv(self.cache, self.row, self.columns[start:end])
+
+
+@dataclass(eq=False)
 class _WeightSwap:
     apply: Callable[[], None]
     version: int
@@ -84,6 +121,8 @@ class ContinuousBatcher:
         max_prefill_tokens: int = 8192,
         max_model_len: int,
         seed: int = 0,
+        prefix_cache: PrefixCache | None = None,
+        prefill_chunk_tokens: int | None = None,
     ) -> None:
         self.model = model
         self.device = next(model.parameters()).device
@@ -96,6 +135,12 @@ class ContinuousBatcher:
         self._num_layers = int(model.config.get_text_config().num_hidden_layers)
         self._rng = torch.Generator().manual_seed(seed)
         self.policy_version = 0
+        self.prefix_cache = prefix_cache
+        chunk = prefill_chunk_tokens
+        if chunk is not None and prefix_cache is not None:  # chunks end on block boundaries
+            size = prefix_cache.block_tokens
+            chunk = max(size, chunk // size * size)
+        self.prefill_chunk_tokens = chunk
 
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -105,6 +150,7 @@ class ContinuousBatcher:
         self._stopping = False
 
         self._rows: list[_Row] = []
+        self._chunking: _Chunking | None = None
         self._cache = BatchCache(self._num_layers)
         self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
         self._next_ids = torch.zeros(0, dtype=torch.long, device=self.device)
@@ -144,6 +190,22 @@ class ContinuousBatcher:
     def num_waiting(self) -> int:
         return len(self._waiting)
 
+    def metrics(self) -> dict[str, float]:
+        """Counters: prompt tokens, prefilled tokens, decode steps and the prefix cache's."""
+        out = {
+            "policy_version": float(self.policy_version),
+            "running": float(len(self._rows)),
+            "waiting": float(len(self._waiting)),
+            "prompt_tokens": float(self.stats["prompt_tokens"]),
+            "prefill_tokens": float(self.stats["prefill_tokens"]),
+            "prefill_chunks": float(self.stats["prefill_chunks"]),
+            "decode_steps": float(self.stats["decode_steps"]),
+            "decode_tokens": float(self.stats["decode_tokens"]),
+        }
+        if self.prefix_cache is not None:
+            out.update(self.prefix_cache.metrics())
+        return out
+
     # ----------------------------------------------------------------- engine thread
     def _run(self) -> None:
         torch.set_grad_enabled(False)
@@ -153,9 +215,12 @@ class ContinuousBatcher:
                 admitted = self._admit()
                 if admitted:
                     self._prefill(admitted)
+                chunked = self._chunking is not None
+                if chunked:
+                    self._prefill_chunk()
                 if self._rows:
                     self._decode_step()
-                elif not admitted:
+                elif not admitted and not chunked:
                     self._wake.wait(timeout=0.5)
                     self._wake.clear()
             except Exception as exc:  # a failed forward must not kill the engine thread
@@ -165,23 +230,46 @@ class ContinuousBatcher:
 
     def _maybe_swap(self) -> None:
         with self._lock:
-            if not self._swaps or self._rows:
+            if not self._swaps or self._rows or self._chunking is not None:
                 return
             swap = self._swaps.popleft()
         try:
             swap.apply()
             self.policy_version = swap.version
+            if self.prefix_cache is not None:
+                self.prefix_cache.clear()  # KV of the old weights must never be reused
             elapsed = time.perf_counter() - swap.requested_at
             swap.loop.call_soon_threadsafe(_resolve, swap.done, elapsed)
         except Exception as exc:
             swap.loop.call_soon_threadsafe(_reject, swap.done, exc)
 
+    def _cached_tokens(self, job: GenerationJob) -> int:
+        if self.prefix_cache is None:
+            return 0
+        return self.prefix_cache.peek(job.prompt_ids, self.policy_version)
+
+    def _waits_for_sharer(self, job: GenerationJob, cached: int, admitted: list[Any]) -> bool:
+        """Whether `job` shares uncached blocks with an admitted job (it then waits one step)."""
+        if self.prefix_cache is None or self.prefix_cache.budget_bytes <= 0:
+            return False
+        size = self.prefix_cache.block_tokens
+        limit = (len(job.prompt_ids) - 1) // size
+        if cached // size >= limit:
+            return False
+        others = [a.prompt_ids for a in admitted]
+        if self._chunking is not None:
+            others.append(self._chunking.job.prompt_ids)
+        return any(common_blocks(o, job.prompt_ids, size, limit) * size > cached for o in others)
+
     def _admit(self) -> list[GenerationJob]:
         admitted: list[GenerationJob] = []
+        skipped: list[GenerationJob] = []
         with self._lock:
             if self._swaps:  # drain first: no new work until pending weights are in
                 return admitted
             budget_rows = self.max_batch_size - len(self._rows)
+            if self._chunking is not None:
+                budget_rows -= self._chunking.job.sampling.n
             longest = 0
             while self._waiting:
                 job = self._waiting[0]
@@ -189,40 +277,133 @@ class ContinuousBatcher:
                     self._waiting.popleft()
                     continue
                 rows = job.sampling.n
-                longest_if = max(longest, len(job.prompt_ids))
-                padded_tokens = longest_if * (len(admitted) + 1)
-                if admitted and (rows > budget_rows or padded_tokens > self.max_prefill_tokens):
+                if rows > budget_rows and (admitted or self._rows or self._chunking):
                     break
-                if not admitted and rows > budget_rows and self._rows:
+                cached = self._cached_tokens(job)
+                new = len(job.prompt_ids) - cached
+                chunk = self.prefill_chunk_tokens
+                if self._waits_for_sharer(job, cached, admitted) or (
+                    chunk is not None and new > chunk and self._chunking is not None
+                ):
+                    skipped.append(self._waiting.popleft())
+                    continue
+                if chunk is not None and new > chunk:
+                    self._chunking = self._start_chunking(self._waiting.popleft())
+                    budget_rows -= rows
+                    continue
+                longest_if = max(longest, new)
+                if admitted and longest_if * (len(admitted) + 1) > self.max_prefill_tokens:
                     break
                 admitted.append(self._waiting.popleft())
                 budget_rows -= rows
                 longest = longest_if
+            self._waiting.extendleft(reversed(skipped))
         return admitted
 
-    def _prefill(self, jobs: list[GenerationJob]) -> None:
-        longest = max(len(j.prompt_ids) for j in jobs)
-        ids = torch.full((len(jobs), longest), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(jobs), longest), dtype=torch.long)
-        for i, job in enumerate(jobs):
-            ids[i, longest - len(job.prompt_ids) :] = torch.tensor(job.prompt_ids)
-            mask[i, longest - len(job.prompt_ids) :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-        cache = BatchCache(self._num_layers)
+    def _past_kv(self, job: GenerationJob) -> torch.Tensor | None:
+        """The cached KV of the longest cached prefix of `job`'s prompt (or None)."""
+        self.stats["prompt_tokens"] += len(job.prompt_ids)
+        if self.prefix_cache is None:
+            return None
+        blocks = self.prefix_cache.match(job.prompt_ids, self.policy_version)
+        if not blocks:
+            return None
+        return torch.cat([block.kv for block in blocks], dim=3)
+
+    def _forward(self, batch: PrefillBatch) -> torch.Tensor:
         out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            past_key_values=batch.cache,
             use_cache=True,
             logits_to_keep=1,
         )
-        logits = out.logits[:, -1, :].float()  # [J, V]
-        self.stats["prefill_tokens"] += int(mask.sum())
-        self.stats["prefill_batches"] += 1
+        self.stats["prefill_tokens"] += int(batch.attention_mask[:, batch.past_len :].sum())
+        return out.logits[:, -1, :].float()  # [J, V]
 
-        # Expand to one row per choice: choices of a job share its prefill.
+    def _cache_rows(
+        self,
+        token_ids: list[list[int]],
+        cache: BatchCache,
+        mask: torch.Tensor,
+        rows: list[int] | None = None,
+    ) -> None:
+        """Put the KV of each `token_ids[k]` (batch row `rows[k]`, default k) in the cache."""
+        if self.prefix_cache is None:
+            return
+        for k, ids in enumerate(token_ids):
+            row = k if rows is None else rows[k]
+            columns = token_columns(mask[row])
+            if len(columns) < len(ids):  # cannot happen; never cache KV we cannot place
+                continue
+            self.prefix_cache.insert(ids, _KVReader(cache, row, columns), self.policy_version)
+
+    def _prefill(self, jobs: list[GenerationJob]) -> None:
+        past = [self._past_kv(job) for job in jobs]
+        reused = [0 if kv is None else kv.shape[3] for kv in past]
+        batch = build_prefill(
+            [job.prompt_ids[n:] for job, n in zip(jobs, reused, strict=True)],
+            past,
+            self._num_layers,
+            self.pad_id,
+            self.device,
+        )
+        logits = self._forward(batch)
+        self.stats["prefill_batches"] += 1
+        self._cache_rows([job.prompt_ids for job in jobs], batch.cache, batch.attention_mask)
+        self._join(jobs, batch.cache, batch.attention_mask, batch.position_ids[:, -1], logits)
+
+    def _start_chunking(self, job: GenerationJob) -> _Chunking:
+        past = self._past_kv(job)
+        cache = BatchCache(self._num_layers)
+        done = 0
+        if past is not None:
+            done = past.shape[3]
+            for layer, layer_cache in enumerate(cache.layers):
+                assert isinstance(layer_cache, GrowingLayer)
+                layer_cache.assign(
+                    past[layer, 0][None].to(self.device),
+                    past[layer, 1][None].to(self.device),
+                    spare=len(job.prompt_ids) - done,
+                )
+        return _Chunking(job=job, cache=cache, done=done)
+
+    def _prefill_chunk(self) -> None:
+        """Prefill the next chunk of the long prompt being chunked; join it when complete."""
+        state = self._chunking
+        assert state is not None and self.prefill_chunk_tokens is not None
+        if state.job.cancelled:
+            self._chunking = None
+            return
+        prompt = state.job.prompt_ids
+        end = min(state.done + self.prefill_chunk_tokens, len(prompt))
+        mask = torch.ones(1, end, dtype=torch.long, device=self.device)
+        positions = torch.arange(state.done, end, device=self.device)[None]
+        batch = PrefillBatch(
+            input_ids=torch.tensor([prompt[state.done : end]], device=self.device),
+            attention_mask=mask,
+            position_ids=positions,
+            cache=state.cache,
+            past_len=state.done,
+        )
+        logits = self._forward(batch)
+        self.stats["prefill_chunks"] += 1
+        state.done = end
+        self._cache_rows([prompt[:end]], state.cache, mask)
+        if end == len(prompt):
+            self._chunking = None
+            self._join([state.job], state.cache, mask, positions[:, -1], logits)
+
+    def _join(
+        self,
+        jobs: list[GenerationJob],
+        cache: BatchCache,
+        mask: torch.Tensor,
+        last_positions: torch.Tensor,
+        logits: torch.Tensor,
+    ) -> None:
+        """Add prefilled `jobs` to the running batch, one row per choice, and sample."""
         expand = []
         rows: list[_Row] = []
         for j, job in enumerate(jobs):
@@ -252,7 +433,7 @@ class ContinuousBatcher:
         else:
             self._mask = mask[expand_t]
         self._cache.merge(cache)
-        self._positions = torch.cat([self._positions, positions[expand_t, -1] + 1])
+        self._positions = torch.cat([self._positions, last_positions[expand_t] + 1])
         self._next_ids = torch.cat(
             [self._next_ids, torch.zeros(len(rows), dtype=torch.long, device=self.device)]
         )
@@ -317,6 +498,15 @@ class ContinuousBatcher:
 
     def _retire(self, finished: list[int]) -> None:
         gone = set(finished)
+        # The KV of prompt + completion (all but the last sampled token, never fed) is cached,
+        # so the episode's next call (this sequence + a tool result) prefills only its new part.
+        done_rows = [r for r in finished if self._rows[r].policy_version == self.policy_version]
+        self._cache_rows(
+            [self._rows[r].job.prompt_ids + self._rows[r].out_ids[:-1] for r in done_rows],
+            self._cache,
+            self._mask,
+            done_rows,
+        )
         for row_id in finished:
             row = self._rows[row_id]
             job = row.job
@@ -353,11 +543,14 @@ class ContinuousBatcher:
         with self._lock:
             jobs = {id(r.job): r.job for r in self._rows}
             jobs.update({id(j): j for j in self._waiting})
+            if self._chunking is not None:
+                jobs[id(self._chunking.job)] = self._chunking.job
             self._waiting.clear()
         for job in jobs.values():
             if not job.done.done():
                 job.loop.call_soon_threadsafe(_reject, job.done, exc)
         self._rows = []
+        self._chunking = None
         self._cache = BatchCache(self._num_layers)
         self._mask = self._mask[:0, :0]
         self._next_ids = self._next_ids[:0]

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedModel
 
 from agentscope_rft.chat.template import ChatFormatError, ChatRenderer, token_text
 from agentscope_rft.engines.base import (
@@ -35,6 +36,7 @@ from agentscope_rft.engines.batcher import (
     copy_weights,
 )
 from agentscope_rft.engines.chat import PromptBuilder, TextStream, assemble_choice
+from agentscope_rft.engines.prefix_cache import PrefixCache
 from agentscope_rft.models import load_causal_lm, load_tokenizer, resolve_model
 from agentscope_rft.types import SamplingParams
 
@@ -73,6 +75,22 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return chosen
 
 
+def prefix_cache_unsupported(model: PreTrainedModel) -> str | None:
+    """Why cached prefix KV would be wrong for `model` (None: it is exact).
+
+    Blocks hold the KV of every layer for positions 0..n; a sliding-window or linear-attention
+    layer keeps other state, so only all-full-attention models qualify.
+    """
+    config = model.config.get_text_config()
+    layer_types = getattr(config, "layer_types", None) or []
+    other = sorted({t for t in layer_types if t != "full_attention"})
+    if other:
+        return f"the model has {', '.join(other)} layers (only full attention is cached)"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "the model uses sliding-window attention"
+    return None
+
+
 def load_weights_dir(path: Path) -> dict[str, torch.Tensor]:
     """All tensors of the safetensors files in an HF checkpoint folder."""
     from safetensors.torch import load_file
@@ -108,6 +126,10 @@ class EmbeddedEngine:
         chat_template: str | None = None,
         reuse_prompt_tokens: bool = True,
         seed: int = 0,
+        prefix_caching: bool = True,
+        prefix_cache_gib: float = 1.0,
+        prefix_block_tokens: int = 16,
+        prefill_chunk_tokens: int | None = 512,
     ) -> None:
         self.model_path = resolve_model(model)
         self._model_name = served_model_name or str(model)
@@ -117,6 +139,10 @@ class EmbeddedEngine:
         self._max_prefill_tokens = max_prefill_tokens
         self._max_model_len_override = max_model_len
         self._seed = seed
+        self._prefix_caching = prefix_caching
+        self._prefix_cache_bytes = int(prefix_cache_gib * 2**30)
+        self._prefix_block_tokens = prefix_block_tokens
+        self._prefill_chunk_tokens = prefill_chunk_tokens
         self.tokenizer = load_tokenizer(self.model_path)
         self.renderer = ChatRenderer(self.tokenizer, chat_template)
         self.prompts = PromptBuilder(self.renderer, reuse=reuse_prompt_tokens)
@@ -154,6 +180,13 @@ class EmbeddedEngine:
         )
         limit = int(getattr(model.config.get_text_config(), "max_position_embeddings", 4096))
         max_len = min(self._max_model_len_override or limit, limit)
+        prefix_cache = None
+        if self._prefix_caching:
+            reason = prefix_cache_unsupported(model)
+            if reason:
+                logger.info("engine prefix caching off: %s", reason)
+            else:
+                prefix_cache = PrefixCache(self._prefix_block_tokens, self._prefix_cache_bytes)
         self._batcher = ContinuousBatcher(
             model,
             self.tokenizer,
@@ -161,21 +194,28 @@ class EmbeddedEngine:
             max_prefill_tokens=self._max_prefill_tokens,
             max_model_len=max_len,
             seed=self._seed,
+            prefix_cache=prefix_cache,
+            prefill_chunk_tokens=self._prefill_chunk_tokens,
         )
         self._batcher.start()
         logger.info(
-            "embedded engine ready: %s on %s (%s), max_model_len %d, max batch %d",
+            "embedded engine ready: %s on %s (%s), max_model_len %d, max batch %d, prefix cache %s",
             self.model_path.name,
             self._device,
             str(self.dtype).removeprefix("torch."),
             max_len,
             self._max_batch_size,
+            f"{self._prefix_cache_bytes / 2**30:g} GiB" if prefix_cache else "off",
         )
 
     async def close(self) -> None:
         if self._batcher is not None:
             await asyncio.to_thread(self._batcher.stop)
             self._batcher = None
+
+    def metrics(self) -> dict[str, float]:
+        """Engine counters for monitoring, the prefix cache's (hit rate, evictions) included."""
+        return self._running().metrics()
 
     def token_texts(self, token_ids: Sequence[int]) -> list[str]:
         return [token_text(self.tokenizer, tid) for tid in token_ids]

@@ -68,4 +68,8 @@ def build_engine(model: ModelConfig, engine: EngineConfig, log_dir: Path | None 
         chat_template=template,
         reuse_prompt_tokens=engine.reuse_prompt_tokens,
         seed=engine.seed,
+        prefix_caching=engine.prefix_caching,
+        prefix_cache_gib=engine.prefix_cache_gib,
+        prefix_block_tokens=engine.prefix_block_tokens,
+        prefill_chunk_tokens=engine.prefill_chunk_tokens,
     )

@@ -51,7 +51,8 @@ class GrowingLayer(DynamicLayer):
         new = key_states.shape[-2]
         if self._length + new > self._buf_k.shape[2]:
             assert self.keys is not None and self.values is not None
-            self.assign(self.keys, self.values, spare=new + _GROW_TOKENS)
+            # Grow by a quarter at least: a long prompt prefilled in chunks copies O(n) in total.
+            self.assign(self.keys, self.values, spare=max(new + _GROW_TOKENS, self._length // 4))
             assert self._buf_k is not None and self._buf_v is not None
         self._buf_k[:, :, self._length : self._length + new].copy_(key_states)
         self._buf_v[:, :, self._length : self._length + new].copy_(value_states)

@@ -178,6 +178,10 @@ class VLLMEngine:
         self._in_flight = 0
         self._sync_lock = asyncio.Lock()
         self._tmp: Path | None = None
+        self._reloads = 0
+        self.mixed_policy_calls = 0
+        """Calls in flight across a full-weight reload in `keep` mode: sampled partly by the old
+        weights and partly by the new ones (recorded with the version they were admitted under)."""
         self.sync_seconds: list[float] = []
         """Seconds of every weight sync (reload or LoRA), pause included, in order."""
 
@@ -207,6 +211,7 @@ class VLLMEngine:
             "policy_version": float(self._version),
             "in_flight": float(self._in_flight),
             "syncs": float(len(self.sync_seconds)),
+            "mixed_policy_calls": float(self.mixed_policy_calls),
             "last_sync_seconds": self.sync_seconds[-1] if self.sync_seconds else 0.0,
             "server_crashes": float(sum(r.server.crashes for r in self.replicas)),
             "server_restarts": float(sum(r.server.restarts for r in self.replicas)),
@@ -352,15 +357,23 @@ class VLLMEngine:
 
     @contextlib.asynccontextmanager
     async def _admitted(self, replica: _Replica) -> AsyncIterator[tuple[int, str]]:
-        """Admit one call past the sync gate; yields (policy version, model name) to use."""
+        """Admit one call past the sync gate; yields (policy version, model name) to use.
+
+        The version is the one current at admission: in `keep` mode a call that a reload
+        interrupts records it although its later tokens come from the new weights (its log-probs
+        are those of the weights that sampled each token); `mixed_policy_calls` counts them.
+        """
         while not self._gate.is_set():
             await self._gate.wait()
         self._in_flight += 1
         replica.in_flight += 1
         self._idle.clear()
+        reloads = self._reloads
         try:
             yield self._version, self._active_model
         finally:
+            if self._reloads != reloads:  # only possible in keep mode: wait mode drains first
+                self.mixed_policy_calls += 1
             self._in_flight -= 1
             replica.in_flight -= 1
             if self._in_flight == 0:
@@ -520,6 +533,8 @@ class VLLMEngine:
         """
         started = time.perf_counter()
         async with self._paused(pause_servers=pause_servers):
+            if pause_servers:  # full weights change under any call frozen in flight
+                self._reloads += 1
             await apply()
             self._version = version
         elapsed = time.perf_counter() - started

@@ -4,6 +4,14 @@ Each episode runs in its own asyncio task inside a rollout scope, so its model c
 injected model's, or the app's own redirected ones) are recorded under its rollout id. An episode
 that raises or exceeds its timeout is retried up to `max_retries` times with a fresh rollout id;
 if it still fails it becomes a failed rollout carrying the error text. It never fails the batch.
+
+Episodes are bounded whatever the app does. At the deadline the explorer closes the rollout at the
+gateway first (calls in flight are aborted at the engine, new calls under its id are refused) and
+only then cancels the episode's task: AgentScope's models catch the cancellation and return an
+"interrupted" response, so cancelling alone would let the agent carry on. An episode that still
+does not end is left behind (it can no longer reach the model) rather than waited for. When an
+episode returns, calls it left in flight (background tasks) get `late_call_grace` seconds, then
+are aborted; both are counted (`episode/late_calls`, `episode/aborted_calls`).
 """
 
 from __future__ import annotations
@@ -11,32 +19,59 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import time
 import traceback
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
+from agentscope.model import OpenAIChatModel
 
 from agentscope_rft.api import Workflow
 from agentscope_rft.explorer.runner import (
     EpisodeFailed,
+    EpisodeOutcome,
     EpisodeRunner,
-    InProcessRunner,
-    ModelSettings,
+    EpisodeTimeout,
     WorkflowReturnError,
     as_reward,
 )
 from agentscope_rft.explorer.tasks import Task
 from agentscope_rft.explorer.trajectory import RewardSpread, TrajectoryStats, build_samples
+from agentscope_rft.gateway.app import RolloutClosure
 from agentscope_rft.gateway.server import Gateway
-from agentscope_rft.integration.agentscope import RolloutScope
-from agentscope_rft.types import Rollout, RolloutStatus, Sample
+from agentscope_rft.integration.agentscope import RolloutScope, rollout_model, rollout_scope
+from agentscope_rft.types import Reward, Rollout, RolloutStatus, Sample
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EpisodeSettings", "ExploreResult", "Explorer", "WorkflowReturnError", "as_reward"]
+__all__ = [
+    "EpisodeSettings",
+    "EpisodeTimeout",
+    "ExploreResult",
+    "Explorer",
+    "WorkflowReturnError",
+    "as_reward",
+]
+
+CANCEL_GRACE = 2.0
+"""Seconds an episode gets to unwind after its rollout is closed and its task cancelled."""
+
+
+def default_max_tokens_per_call(max_model_len: int) -> int:
+    """The per-call completion limit when `explorer.max_tokens_per_call` is not set.
+
+    A quarter of the context window: a call may still write a long answer, but an app that sets
+    no `max_tokens` cannot sample until the context is full on every call.
+
+    Example:
+        >>> default_max_tokens_per_call(8192)
+        2048
+    """
+    return max(16, max_model_len // 4)
 
 
 @dataclass(frozen=True)
@@ -52,6 +87,8 @@ class EpisodeSettings:
     reward_gamma: float = 1.0
     success_threshold: float = 1.0
     max_sample_length: int | None = None
+    late_call_grace: float = 2.0
+    """Seconds an episode's calls still in flight after it returned may take before abort."""
 
 
 @dataclass
@@ -86,6 +123,8 @@ class ExploreResult:
             "explore/retried": float(sum(r.attempts > 1 for r in self.rollouts)),
             "explore/no_model_calls": float(len(self.no_model_calls)),
             "explore/calls_per_episode": sum(len(r.calls) for r in ok) / len(ok) if ok else 0.0,
+            "episode/late_calls": float(sum(r.late_calls for r in self.rollouts)),
+            "episode/aborted_calls": float(sum(r.aborted_calls for r in self.rollouts)),
             "response_length/mean": sum(completion) / len(completion) if completion else 0.0,
             "time/explore": self.seconds,
         }
@@ -118,25 +157,110 @@ class Explorer:
         self.workflow = workflow
         self.gateway = gateway
         self.settings = settings
-        self.runner = runner or InProcessRunner(workflow, self.model_settings())
+        self.runner = runner
+        """Where attempts run; None: as asyncio tasks of this process."""
         self._limit = asyncio.Semaphore(settings.max_concurrency)
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(3600.0, connect=10.0),
             limits=httpx.Limits(max_connections=max(64, settings.max_concurrency * 2)),
         )
         self._warned_no_calls = False
-
-    def model_settings(self) -> ModelSettings:
-        """How the model handed to the workflow is built (runners in other processes need it)."""
-        return ModelSettings(
-            model_name=self.gateway.engine.model_name,
-            stream=self.settings.model_stream,
-            max_tokens=self.settings.max_tokens,
-        )
+        self._stragglers: set[asyncio.Task[Any]] = set()
+        self._closures: dict[str, RolloutClosure] = {}
 
     async def close(self) -> None:
-        await self.runner.close()
+        """Cancel episodes left behind at their deadline (bounded wait), close the HTTP pool."""
+        stragglers = set(self._stragglers)
+        for episode in stragglers:
+            episode.cancel()
+        if stragglers:
+            await asyncio.wait(stragglers, timeout=CANCEL_GRACE)
+        if self.runner is not None:
+            await self.runner.close()
         await self._http.aclose()
+
+    def _model(self, scope: RolloutScope) -> OpenAIChatModel:
+        parameters = OpenAIChatModel.Parameters(max_tokens=self.settings.max_tokens)
+        return rollout_model(
+            scope,
+            self.gateway.engine.model_name,
+            stream=self.settings.model_stream,
+            parameters=parameters,
+        )
+
+    async def _bounded(self, episode: asyncio.Task[Any], rollout_id: str) -> Any:
+        """The episode's result, or `EpisodeTimeout` at the deadline (the rollout closed first)."""
+        try:
+            done, _ = await asyncio.wait({episode}, timeout=self.settings.episode_timeout)
+        except asyncio.CancelledError:  # the batch is cancelled (e.g. the run is stopping)
+            await self._abandon(episode, rollout_id, "cancelled")
+            raise
+        if not done:
+            await self._abandon(episode, rollout_id, "timeout")
+            raise EpisodeTimeout(
+                f"the episode exceeded episode_timeout={self.settings.episode_timeout}s"
+            )
+        return episode.result()
+
+    async def _abandon(self, episode: asyncio.Task[Any], rollout_id: str, reason: str) -> None:
+        # Close before cancelling: an app that swallows the cancellation then finds the model
+        # refusing its calls, instead of starting new ones.
+        self._closures[rollout_id] = await self.gateway.close_rollout(rollout_id, reason=reason)
+        episode.cancel()
+        done, _ = await asyncio.wait({episode}, timeout=CANCEL_GRACE)
+        if not done:
+            logger.warning(
+                "episode %s ignored its cancellation for %.0fs; leaving it behind (it can make "
+                "no more model calls)",
+                rollout_id,
+                CANCEL_GRACE,
+            )
+            self._stragglers.add(episode)
+            episode.add_done_callback(self._stragglers.discard)
+
+    async def _attempt(self, task: Task, scope: RolloutScope) -> tuple[Reward, RolloutClosure]:
+        with rollout_scope(scope):
+            model = self._model(scope)
+            # The task copies the context, so the app's own tasks stay in this rollout too.
+            episode = asyncio.create_task(
+                self.workflow.fn(dict(task.data), model), name=f"episode-{scope.rollout_id}"
+            )
+        episode.add_done_callback(_retrieve)
+        result = await self._bounded(episode, scope.rollout_id)
+        closure = await self.gateway.close_rollout(
+            scope.rollout_id, reason="finished", grace=self.settings.late_call_grace
+        )
+        if closure.late_calls:
+            logger.debug("episode %s returned with calls in flight: %s", scope.rollout_id, closure)
+        if self.workflow.judge is not None:
+            with rollout_scope(None):  # the judge's own model calls are not the policy's
+                judged = await self.workflow.judge(dict(task.data), result)
+            return as_reward(judged, "judge"), closure
+        return as_reward(result, f"workflow `{self.workflow.name}`"), closure
+
+    async def _remote_attempt(
+        self, runner: EpisodeRunner, task: Task, scope: RolloutScope
+    ) -> tuple[EpisodeOutcome, RolloutClosure]:
+        """One attempt in a runner process; at the deadline the rollout is closed here (its calls
+        are refused) while the runner cancels the episode (or is replaced if it cannot)."""
+        remote = asyncio.ensure_future(
+            runner.run(dict(task.data), scope, self.settings.episode_timeout)
+        )
+        try:
+            done, _ = await asyncio.wait({remote}, timeout=self.settings.episode_timeout)
+            if not done:
+                self._closures[scope.rollout_id] = await self.gateway.close_rollout(
+                    scope.rollout_id, reason="timeout"
+                )
+            outcome = await remote
+        except asyncio.CancelledError:
+            remote.cancel()
+            await self.gateway.close_rollout(scope.rollout_id, reason="cancelled")
+            raise
+        closure = await self.gateway.close_rollout(
+            scope.rollout_id, reason="finished", grace=self.settings.late_call_grace
+        )
+        return outcome, closure
 
     async def run_episode(self, task: Task, rollout_id: str | None = None) -> Rollout:
         """Run one episode (with retries); never raises for a failing episode."""
@@ -146,6 +270,7 @@ class Explorer:
         status, error, runner = RolloutStatus.FAILED, "", None
         for attempt in range(attempts):
             attempt_id = rollout_id if attempt == 0 else f"{rollout_id}.retry{attempt}"
+            self.gateway.reopen_rollout(attempt_id)
             scope = RolloutScope(
                 rollout_id=attempt_id,
                 base_url=self.gateway.rollout_base_url(attempt_id),
@@ -154,9 +279,17 @@ class Explorer:
             )
             try:
                 async with self._limit:
-                    outcome = await self.runner.run(task.data, scope, self.settings.episode_timeout)
-                reward = outcome.reward
-                calls = await self.gateway.recorder.take(attempt_id)
+                    if self.runner is None:
+                        reward, closure = await self._attempt(task, scope)
+                        runner, emitted = f"local/{os.getpid()}", []
+                    else:
+                        outcome, closure = await self._remote_attempt(self.runner, task, scope)
+                        reward, runner, emitted = (
+                            outcome.reward,
+                            outcome.runner,
+                            outcome.step_rewards,
+                        )
+                calls = await self.gateway.recorder.take(attempt_id, wait_timeout=0)
                 success = (
                     reward.success
                     if reward.success is not None
@@ -169,23 +302,29 @@ class Explorer:
                     calls=calls,
                     reward=reward.value,
                     success=success,
-                    step_rewards=[*scope.step_rewards, *outcome.step_rewards],
+                    step_rewards=[*scope.step_rewards, *emitted],
                     metrics=dict(reward.metrics),
                     started_at=started,
                     finished_at=time.time(),
                     attempts=attempt + 1,
-                    runner=outcome.runner,
+                    late_calls=closure.late_calls,
+                    aborted_calls=closure.aborted_calls,
+                    runner=runner,
                 )
-            except TimeoutError as exc:
-                status, runner = RolloutStatus.TIMEOUT, getattr(exc, "runner", None)
-                error = f"the episode exceeded episode_timeout={self.settings.episode_timeout}s"
+            except EpisodeTimeout as exc:
+                status, error = RolloutStatus.TIMEOUT, str(exc)
+                runner = getattr(exc, "runner", None)
             except (WorkflowReturnError, EpisodeFailed) as exc:
                 status, error = RolloutStatus.FAILED, str(exc)
                 runner = getattr(exc, "runner", None)
             except Exception as exc:
                 status, error = RolloutStatus.FAILED, _error_text(exc)
-            await self.gateway.abort_rollout(attempt_id)
-            calls = await self.gateway.recorder.take(attempt_id, wait_timeout=1.0)
+            finally:
+                await scope.aclose()
+            closure = self._closures.pop(attempt_id, None) or await self.gateway.close_rollout(
+                attempt_id, reason=str(status)
+            )
+            calls = await self.gateway.recorder.take(attempt_id, wait_timeout=0)
             if attempt + 1 < attempts:
                 logger.debug("episode %s failed (%s); retrying", attempt_id, status)
         return Rollout(
@@ -199,6 +338,8 @@ class Explorer:
             started_at=started,
             finished_at=time.time(),
             attempts=attempts,
+            late_calls=closure.late_calls,
+            aborted_calls=closure.aborted_calls,
             runner=runner,
         )
 
@@ -265,5 +406,11 @@ class Explorer:
             trajectory=stats,
             seconds=time.perf_counter() - started,
             no_model_calls=no_calls,
-            runtime=self.runner.take_metrics(),
+            runtime=self.runner.take_metrics() if self.runner is not None else {},
         )
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """Mark an episode's exception as seen (abandoned episodes otherwise log it at exit)."""
+    if not task.cancelled():
+        task.exception()

@@ -1,16 +1,15 @@
 """Where one attempt of an episode runs: the explorer's seam to a runtime.
 
-The explorer owns retries, the gateway's records and the rollout; an `EpisodeRunner` only runs the
-workflow once against a rollout's gateway URL and returns its reward. `InProcessRunner` (the local
-runtime) runs it as an asyncio task of the explorer's own process; the Ray runtime's runner pool
-(`agentscope_rft.runtime.ray`) runs it in a separate runner process.
+The explorer owns retries, deadlines at the gateway, the gateway's records and the rollout. With
+no runner it runs the workflow as an asyncio task of its own process (the local runtime); an
+`EpisodeRunner` runs it elsewhere, once, against the rollout's gateway URL, and returns its reward
+(the Ray runtime's runner pool, `agentscope_rft.runtime.ray`, runs it in a runner process).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -33,8 +32,8 @@ class EpisodeFailed(RuntimeError):
         self.runner = runner
 
 
-class EpisodeTimeout(TimeoutError):
-    """An attempt in another process exceeded the episode timeout."""
+class EpisodeTimeout(Exception):
+    """The episode did not finish within `episode_timeout`."""
 
     def __init__(self, message: str, runner: str | None = None) -> None:
         super().__init__(message)
@@ -81,8 +80,8 @@ class EpisodeOutcome:
 
 
 class EpisodeRunner(Protocol):
-    """Runs one attempt of an episode; raises TimeoutError past `timeout`, RunnerLost when the
-    process running it dies, the workflow's own exception when it raises."""
+    """Runs one attempt of an episode elsewhere; raises `EpisodeTimeout` past `timeout`,
+    `RunnerLost` when the process running it dies, `EpisodeFailed` when the workflow raises."""
 
     async def run(
         self, task: dict[str, Any], scope: RolloutScope, timeout: float
@@ -104,7 +103,7 @@ async def run_attempt(
     model: ModelSettings,
     timeout: float,
 ) -> Reward:
-    """Run the workflow (and its judge) once inside `scope`; used in and out of process."""
+    """Run the workflow (and its judge) once inside `scope` (in a runner process)."""
     with rollout_scope(scope):
         policy = rollout_model(
             scope,
@@ -117,28 +116,3 @@ async def run_attempt(
         with rollout_scope(None):  # the judge's own model calls are not the policy's
             return as_reward(await workflow.judge(dict(task), result), "judge")
     return as_reward(result, f"workflow `{workflow.name}`")
-
-
-class InProcessRunner:
-    """Episodes as asyncio tasks of this process (the local runtime).
-
-    Example:
-        >>> runner = InProcessRunner(workflow, ModelSettings("policy"))  # doctest: +SKIP
-        >>> outcome = await runner.run({"q": "..."}, scope, timeout=60)  # doctest: +SKIP
-    """
-
-    def __init__(self, workflow: Workflow, model: ModelSettings) -> None:
-        self.workflow = workflow
-        self.model = model
-
-    async def run(
-        self, task: dict[str, Any], scope: RolloutScope, timeout: float
-    ) -> EpisodeOutcome:
-        reward = await run_attempt(self.workflow, task, scope, self.model, timeout)
-        return EpisodeOutcome(reward=reward, runner=f"local/{os.getpid()}")
-
-    def take_metrics(self) -> dict[str, float]:
-        return {}
-
-    async def close(self) -> None:
-        return None

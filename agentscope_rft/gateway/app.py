@@ -5,17 +5,25 @@ Routes:
     POST /v1/chat/completions                          unattributed call (not recorded)
     GET  /v1/models, /rollouts/{rollout_id}/v1/models
     GET  /rollouts/{rollout_id}                        the rollout's recorded calls (JSON)
-    DELETE /rollouts/{rollout_id}                      drop them
+    POST /rollouts/{rollout_id}/close                  end the rollout (see `close_rollout`)
+    DELETE /rollouts/{rollout_id}                      drop its calls
     GET  /health, GET /metrics
 
 The rollout id lives in the URL path, so any OpenAI client in any process is attributed by its
 `base_url` alone. The caller's agent name may come in the `X-Agent-Name` header.
+
+Every request's engine stream runs in a task of its own, so a request can be aborted (its
+generation stops at the engine) without cancelling the HTTP handler: the client then gets a proper
+error instead of a dropped connection. A closed rollout's requests in flight are aborted and new
+ones are refused with 410 (`rollout_closed`, marked not to be retried), whatever the app does with
+cancellation.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import logging
 import re
 import time
@@ -57,6 +65,20 @@ AGENT_HEADER = "x-agent-name"
 _ROLLOUT_ID = re.compile(r"^[A-Za-z0-9_.:\-]{1,200}$")
 
 
+CLOSED_ROLLOUTS_KEPT = 100_000
+"""Closed rollout ids remembered (so late calls are refused), oldest forgotten first."""
+
+
+def closed_error(rollout_id: str, reason: str) -> RequestError:
+    """The error a closed rollout's calls get: 410, and not worth retrying."""
+    return RequestError(
+        f"rollout {rollout_id!r} is closed ({reason}): its episode has ended, so no more model "
+        "calls are accepted under its id",
+        status=410,
+        code="rollout_closed",
+    )
+
+
 @dataclass
 class GatewayState:
     """What the routes share. `sampling_overrides` apply to attributed (training) calls only."""
@@ -71,20 +93,89 @@ class GatewayState:
     seed_base: int | None = None
     """When set, attributed calls without a seed get one derived from it, the rollout id and the
     call's number within the rollout (reproducible exploration)."""
+    max_tokens_limit: int | None = None
+    """Upper bound on `max_tokens` of attributed calls, also when the app sets none."""
     created: int = field(default_factory=lambda: int(time.time()))
     counters: collections.Counter[str] = field(default_factory=collections.Counter)
     latencies: collections.deque[float] = field(
         default_factory=lambda: collections.deque(maxlen=4096)
     )
-    active: dict[str, set[asyncio.Task[Any]]] = field(default_factory=dict)
-    """Request-handling tasks per rollout, so an abandoned episode's calls can be aborted."""
+    exchanges: set[_Exchange] = field(default_factory=set)
+    """Every request in flight (attributed or not), so shutdown can abort them."""
+    by_rollout: dict[str, set[_Exchange]] = field(default_factory=dict)
+    """Requests in flight per rollout, so an ended episode's calls can be aborted."""
+    closed: collections.OrderedDict[str, str] = field(default_factory=collections.OrderedDict)
+    """Closed rollout ids and why (`timeout`, `finished`, ...): their new calls are refused."""
 
-    def abort_rollout(self, rollout_id: str) -> int:
-        """Cancel the rollout's requests in flight (their generation stops); returns how many."""
-        tasks = self.active.pop(rollout_id, set())
-        for task in tasks:
-            task.cancel()
-        return len(tasks)
+    def close_rollout(self, rollout_id: str, reason: str) -> int:
+        """Refuse the rollout's new calls and abort those in flight; returns how many."""
+        self.closed[rollout_id] = reason
+        self.closed.move_to_end(rollout_id)
+        while len(self.closed) > CLOSED_ROLLOUTS_KEPT:
+            self.closed.popitem(last=False)
+        exchanges = list(self.by_rollout.get(rollout_id, ()))
+        for exchange in exchanges:
+            exchange.abort(closed_error(rollout_id, reason))
+        self.counters["requests_aborted"] += len(exchanges)
+        return len(exchanges)
+
+    def reopen_rollout(self, rollout_id: str) -> None:
+        """Accept calls under a closed rollout id again (an episode that reuses it)."""
+        self.closed.pop(rollout_id, None)
+
+    def abort_all(self, error: RequestError) -> int:
+        """Abort every request in flight (shutdown); returns how many."""
+        exchanges = list(self.exchanges)
+        for exchange in exchanges:
+            exchange.abort(error)
+        self.counters["requests_aborted"] += len(exchanges)
+        return len(exchanges)
+
+
+@dataclass(frozen=True)
+class RolloutClosure:
+    """What closing a rollout found: calls still in flight when it closed, and those aborted."""
+
+    rollout_id: str
+    late_calls: int
+    """Requests in flight when the close began (the episode had already returned or timed out)."""
+    aborted_calls: int
+    """Of those (and any begun during the grace period), the ones still running at its end."""
+
+    def to_dict(self) -> JSON:
+        return {
+            "rollout_id": self.rollout_id,
+            "late_calls": self.late_calls,
+            "aborted_calls": self.aborted_calls,
+        }
+
+
+async def close_rollout(
+    state: GatewayState, rollout_id: str, *, reason: str, grace: float = 0.0
+) -> RolloutClosure:
+    """End a rollout: wait up to `grace` s for its calls in flight, abort the rest, refuse more.
+
+    Aborted requests stop generating at the engine and end with a 410 error for their client;
+    calls that finish within the grace period are recorded as usual. When this returns, no
+    request of the rollout is running, so its recorded calls are final.
+
+    Example:
+        >>> closure = await close_rollout(state, "r1", reason="finished", grace=5)  # doctest: +SKIP
+        >>> closure.late_calls, closure.aborted_calls  # doctest: +SKIP
+        (1, 0)
+    """
+    late = state.recorder.in_flight(rollout_id)
+    if late and grace > 0:
+        await state.recorder.wait_idle(rollout_id, grace)
+    aborted = state.close_rollout(rollout_id, reason)
+    if aborted:
+        # The handlers record their (failed) end on their next turn of the loop.
+        await state.recorder.wait_idle(rollout_id, 5.0)
+    if late or aborted:
+        logger.debug(
+            "rollout %s closed (%s): %d late, %d aborted", rollout_id, reason, late, aborted
+        )
+    return RolloutClosure(rollout_id, late_calls=late, aborted_calls=aborted)
 
 
 def _overrides_for(state: GatewayState, rollout_id: str | None) -> JSON | None:
@@ -92,6 +183,8 @@ def _overrides_for(state: GatewayState, rollout_id: str | None) -> JSON | None:
         return None
     prefixes = [p for p in state.sampling_overrides if rollout_id.startswith(p)]
     overrides = dict(state.sampling_overrides[max(prefixes, key=len)]) if prefixes else {}
+    if state.max_tokens_limit is not None:
+        overrides["max_tokens_limit"] = state.max_tokens_limit
     if state.seed_base is not None and "seed" not in overrides:
         number = state.recorder.started(rollout_id)
         overrides["seed_default"] = zlib.crc32(f"{state.seed_base}:{rollout_id}:{number}".encode())
@@ -99,7 +192,9 @@ def _overrides_for(state: GatewayState, rollout_id: str | None) -> JSON | None:
 
 
 def _error_response(error: RequestError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
+    # OpenAI clients retry 409/5xx unless told not to; a closed rollout stays closed.
+    headers = {"x-should-retry": "false"} if error.code == "rollout_closed" else None
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 
 def _check_auth(state: GatewayState, request: Request) -> None:
@@ -170,8 +265,16 @@ def _calls(
     ]
 
 
+_Item = ChatEvent | BaseException | None
+
+
 class _Exchange:
-    """One chat request in flight: engine events in, response out, calls recorded at the end."""
+    """One chat request in flight: engine events in, response out, calls recorded at the end.
+
+    The engine's event stream runs in its own task (`_pump`) feeding a queue; `abort` cancels
+    that task, which stops generation at the engine, and hands the handler an error to answer
+    with. The handler itself is never cancelled, so its client always gets a response.
+    """
 
     def __init__(self, state: GatewayState, body: ChatCompletionRequest, chat: ChatRequest) -> None:
         self.state = state
@@ -180,26 +283,49 @@ class _Exchange:
         self.started = time.time()
         self.prompt: PromptReady | None = None
         self.choices: list[ChoiceResult] = []
-        self.events = cast(AsyncGenerator[ChatEvent, None], state.engine.chat(chat))
-        self._task = asyncio.current_task()
+        self._queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self._abort_error: RequestError | None = None
+        self._closed = False
+        state.exchanges.add(self)
         if chat.rollout_id is not None:
             state.recorder.begin(chat.rollout_id)
-            if self._task is not None:
-                state.active.setdefault(chat.rollout_id, set()).add(self._task)
-        self._closed = False
+            state.by_rollout.setdefault(chat.rollout_id, set()).add(self)
+        self._pump = asyncio.create_task(self._run(), name=f"engine-{chat.request_id}")
+
+    async def _run(self) -> None:
+        events = cast(AsyncGenerator[ChatEvent, None], self.state.engine.chat(self.chat))
+        item: _Item = None
+        try:
+            async for event in events:
+                self._queue.put_nowait(event)
+        except asyncio.CancelledError:
+            item = self._abort_error or RequestError("the request was aborted", status=503)
+            raise
+        except EngineError as exc:
+            item = RequestError(str(exc), status=exc.status, param=exc.param)
+        except Exception as exc:  # handed to the handler, which fails the request with it
+            item = exc
+        finally:
+            self._queue.put_nowait(item)
+            await events.aclose()
+
+    def abort(self, error: RequestError) -> None:
+        """Stop generating; the handler answers `error` (or ends its stream with it)."""
+        if not self._pump.done():
+            self._abort_error = error
+            self._pump.cancel()
 
     async def next_event(self) -> ChatEvent | None:
-        try:
-            event = await anext(self.events)
-        except StopAsyncIteration:
+        item = await self._queue.get()
+        if item is None:
             return None
-        except EngineError as exc:
-            raise RequestError(str(exc), status=exc.status, param=exc.param) from exc
-        if isinstance(event, PromptReady):
-            self.prompt = event
-        elif isinstance(event, ChoiceDone):
-            self.choices.append(event.choice)
-        return event
+        if isinstance(item, BaseException):
+            raise item
+        if isinstance(item, PromptReady):
+            self.prompt = item
+        elif isinstance(item, ChoiceDone):
+            self.choices.append(item.choice)
+        return item
 
     def finish(self, ok: bool) -> None:
         if self._closed:
@@ -213,16 +339,21 @@ class _Exchange:
             state.counters["prompt_tokens"] += len(self.prompt.prompt_ids)
         state.counters["requests_ok" if ok else "requests_failed"] += 1
         state.latencies.append(time.time() - self.started)
-        if self.chat.rollout_id is not None:
-            state.recorder.end(self.chat.rollout_id, calls)
-            tasks = state.active.get(self.chat.rollout_id)
-            if tasks is not None:
-                tasks.discard(self._task)
-                if not tasks:
-                    del state.active[self.chat.rollout_id]
+        state.exchanges.discard(self)
+        rollout_id = self.chat.rollout_id
+        if rollout_id is not None:
+            mine = state.by_rollout.get(rollout_id)
+            if mine is not None:
+                mine.discard(self)
+                if not mine:
+                    del state.by_rollout[rollout_id]
+            state.recorder.end(rollout_id, calls)
 
     async def aclose(self) -> None:
-        await self.events.aclose()
+        """Stop the engine stream if it still runs (client gone, or a failure) and wait for it."""
+        if not self._pump.done():
+            self._pump.cancel()
+        await asyncio.wait({self._pump})
 
 
 async def _complete(exchange: _Exchange) -> JSONResponse:
@@ -285,6 +416,19 @@ async def _stream(exchange: _Exchange, first: ChatEvent | None) -> AsyncIterator
         await exchange.aclose()
 
 
+def _close_options(raw: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(raw) if raw.strip() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(f"the request body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict) or set(data) - {"reason", "grace"}:
+        raise RequestError('the body must be {"reason": str, "grace": seconds} (both optional)')
+    reason, grace = data.get("reason", "closed"), data.get("grace", 0.0)
+    if not isinstance(reason, str) or not isinstance(grace, int | float) or not 0 <= grace <= 600:
+        raise RequestError("`reason` must be a string and `grace` a number of seconds in [0, 600]")
+    return {"reason": reason, "grace": float(grace)}
+
+
 def create_app(state: GatewayState) -> FastAPI:
     """Build the FastAPI app around an engine and a recorder.
 
@@ -302,6 +446,9 @@ def create_app(state: GatewayState) -> FastAPI:
         _check_auth(state, request)
         if rollout_id is not None:
             _check_rollout_id(rollout_id)
+            if rollout_id in state.closed:
+                state.counters["requests_refused_closed"] += 1
+                raise closed_error(rollout_id, state.closed[rollout_id])
         body = parse_request(await request.body())
         served = state.model_aliases | {state.engine.model_name}
         if rollout_id is None and body.model not in served:
@@ -367,6 +514,15 @@ def create_app(state: GatewayState) -> FastAPI:
                 "calls": [c.to_dict() for c in calls],
             }
         )
+
+    @app.post("/rollouts/{rollout_id}/close")
+    async def close(rollout_id: str, request: Request) -> JSONResponse:
+        """Body (optional): `{"reason": "finished", "grace": 5.0}`; returns a RolloutClosure."""
+        _check_auth(state, request)
+        _check_rollout_id(rollout_id)
+        options = _close_options(await request.body())
+        closure = await close_rollout(state, rollout_id, **options)
+        return JSONResponse(closure.to_dict())
 
     @app.delete("/rollouts/{rollout_id}")
     async def drop_rollout(rollout_id: str, request: Request) -> JSONResponse:

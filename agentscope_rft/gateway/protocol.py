@@ -121,7 +121,11 @@ class ChatCompletionRequest(BaseModel):
     def sampling(
         self, defaults: JSON | None = None, overrides: JSON | None = None
     ) -> SamplingParams:
-        """Sampling settings: request values, then `defaults` for unset ones, then `overrides`."""
+        """Sampling settings: request values, then `defaults` for unset ones, then `overrides`.
+
+        `overrides` may carry `seed_default` (a seed when none is set) and `max_tokens_limit`
+        (a cap on `max_tokens`, which applies also when the request sets none).
+        """
         values: JSON = {
             "temperature": self.temperature,
             "top_p": self.top_p,
@@ -136,7 +140,10 @@ class ChatCompletionRequest(BaseModel):
         seed_default = overrides.pop("seed_default", None)
         if seed_default is not None:
             values.setdefault("seed", seed_default)
+        limit = overrides.pop("max_tokens_limit", None)
         values.update({k: v for k, v in overrides.items() if v is not None})
+        if limit is not None:
+            values["max_tokens"] = min(values.get("max_tokens") or limit, limit)
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         try:
             return SamplingParams(

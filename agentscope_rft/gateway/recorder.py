@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 
 from agentscope_rft.types import Call
 
@@ -65,16 +64,24 @@ class CallRecorder:
     def in_flight(self, rollout_id: str) -> int:
         return self._in_flight.get(rollout_id, 0)
 
+    async def wait_idle(self, rollout_id: str, timeout: float) -> bool:
+        """Wait up to `timeout` s until no call of `rollout_id` is in flight; False on timeout."""
+        event = self._idle.get(rollout_id)
+        if event is None or self._in_flight.get(rollout_id, 0) <= 0:
+            return True
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
     async def take(self, rollout_id: str, wait_timeout: float = 5.0) -> list[Call]:
         """Remove and return a rollout's calls, first waiting briefly for calls in flight.
 
-        An episode can end while a request it abandoned is still generating (e.g. its task was
-        cancelled on timeout); waiting a little lets that call land in the right rollout.
+        The explorer closes a rollout (`close_rollout`) before taking it, so nothing is in flight
+        then; a caller that does not close may lose a call that is still running.
         """
-        event = self._idle.get(rollout_id)
-        if event is not None and self._in_flight.get(rollout_id, 0) > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), wait_timeout)
+        await self.wait_idle(rollout_id, wait_timeout)
         return self._calls.pop(rollout_id, [])
 
     def discard(self, rollout_id: str) -> None:

@@ -6,16 +6,21 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from collections.abc import Iterator
 
 import uvicorn
 
 from agentscope_rft.engines.base import Engine
-from agentscope_rft.gateway.app import GatewayState, create_app
+from agentscope_rft.gateway.app import GatewayState, RolloutClosure, close_rollout, create_app
+from agentscope_rft.gateway.protocol import RequestError
 from agentscope_rft.gateway.recorder import CallRecorder
 from agentscope_rft.types import JSON
 
 logger = logging.getLogger(__name__)
+
+STOP_TIMEOUT = 5.0
+"""Seconds `Gateway.stop` waits for connections to close before forcing the server down."""
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -49,6 +54,7 @@ class Gateway:
         sampling_defaults: JSON | None = None,
         sampling_overrides: dict[str, JSON] | None = None,
         seed_base: int | None = None,
+        max_tokens_limit: int | None = None,
         log_level: str = "warning",
     ) -> None:
         self.engine = engine
@@ -62,6 +68,7 @@ class Gateway:
             sampling_defaults=sampling_defaults or {},
             sampling_overrides=sampling_overrides or {},
             seed_base=seed_base,
+            max_tokens_limit=max_tokens_limit,
         )
         self.app = create_app(self.state)
         self._host = host
@@ -83,12 +90,20 @@ class Gateway:
         """The OpenAI base URL whose calls are recorded under `rollout_id`."""
         return f"http://{self._host}:{self._port}/rollouts/{rollout_id}/v1"
 
-    async def abort_rollout(self, rollout_id: str) -> int:
-        """Stop generating for a rollout's requests in flight (e.g. its episode timed out)."""
-        aborted = self.state.abort_rollout(rollout_id)
-        if aborted:
-            await asyncio.sleep(0)  # let the cancelled handlers unwind
-        return aborted
+    async def close_rollout(
+        self, rollout_id: str, *, reason: str = "closed", grace: float = 0.0
+    ) -> RolloutClosure:
+        """End a rollout: its calls in flight get `grace` s, then are aborted at the engine; new
+        calls under its id are refused (410). Also `POST /rollouts/{id}/close` over HTTP.
+
+        Example:
+            >>> closure = await gateway.close_rollout("r1", reason="timeout")  # doctest: +SKIP
+        """
+        return await close_rollout(self.state, rollout_id, reason=reason, grace=grace)
+
+    def reopen_rollout(self, rollout_id: str) -> None:
+        """Accept calls under `rollout_id` again (a new episode reusing a closed id)."""
+        self.state.reopen_rollout(rollout_id)
 
     async def start(self) -> None:
         """Start serving on the running event loop (binds 127.0.0.1 by default)."""
@@ -108,6 +123,7 @@ class Gateway:
             access_log=False,
             lifespan="off",
             timeout_keep_alive=30,
+            timeout_graceful_shutdown=max(1, int(STOP_TIMEOUT) - 1),
         )
         self._server = _EmbeddedServer(config)
         self._task = asyncio.create_task(self._server.serve(), name="gateway")
@@ -120,17 +136,37 @@ class Gateway:
         self._port = sockets[0].getsockname()[1]
         logger.info("gateway listening on http://%s:%d", self._host, self._port)
 
-    async def stop(self) -> None:
-        if self._server is None or self._task is None:
-            return
-        self._server.should_exit = True
+    async def stop(self, timeout: float = STOP_TIMEOUT) -> float:
+        """Stop serving within about `timeout` s; never raises. Returns the seconds it took.
+
+        Requests in flight are aborted first (their clients get a 503), so connections close
+        promptly; a server that still has not exited is forced, then cancelled.
+        """
+        server, task = self._server, self._task
+        if server is None or task is None:
+            return 0.0
+        self._server = self._task = None
+        started = time.perf_counter()
+        self.state.abort_all(
+            RequestError("the gateway is shutting down", status=503, code="shutting_down")
+        )
+        server.should_exit = True
         try:
-            await asyncio.wait_for(self._task, timeout=10)
-        except TimeoutError:
-            self._server.force_exit = True
-            await self._task
-        self._server = None
-        self._task = None
+            done, _ = await asyncio.wait({task}, timeout=timeout)
+            if not done:
+                logger.warning("the gateway did not stop within %.0fs; forcing it", timeout)
+                server.force_exit = True
+                done, _ = await asyncio.wait({task}, timeout=1.0)
+            if not done:
+                task.cancel()
+                await asyncio.wait({task}, timeout=1.0)
+        except asyncio.CancelledError:  # our caller is cancelled: still do not leave it running
+            server.force_exit = True
+            task.cancel()
+            raise
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            logger.warning("the gateway server ended with an error: %r", task.exception())
+        return time.perf_counter() - started
 
     async def __aenter__(self) -> Gateway:
         await self.start()

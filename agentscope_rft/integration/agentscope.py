@@ -67,6 +67,14 @@ class RolloutScope:
             self._clients[agent_name] = client
         return client
 
+    async def aclose(self) -> None:
+        """Close the episode's clients (those that own their connection pool; a shared
+        `http_client` belongs to whoever passed it in)."""
+        clients, self._clients = list(self._clients.values()), {}
+        if self.http_client is None:
+            for client in clients:
+                await client.close()
+
 
 class _CountingClient(openai.AsyncOpenAI):
     """The rollout's client; counts calls per agent so rewards can attach to the latest one."""

@@ -226,7 +226,7 @@ async def _train(
     async def train_loop(progress: Any) -> None:
         nonlocal last, policy_version
         empty_in_a_row = 0
-        offline = offline_batches(config) if mode == "offline" else None
+        offline = offline_batches(config, start) if mode == "offline" else None
         for step in range(start, steps):
             step_started = time.perf_counter()
             metrics: dict[str, float] = {}

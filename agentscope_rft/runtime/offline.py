@@ -14,8 +14,11 @@ from agentscope_rft.types import Sample
 logger = logging.getLogger(__name__)
 
 
-def offline_batches(config: RunConfig) -> Iterator[list[Sample]]:
+def offline_batches(config: RunConfig, start: int = 0) -> Iterator[list[Sample]]:
     """Endless shuffled batches of `offline.batch_size` samples (DPO: pairs), epoch by epoch.
+
+    The order depends only on `run.seed` and the file, so a run resumed after step `start` skips
+    the `start` batches it trained and goes on with the batch it would have trained next.
 
     Example:
         >>> batch = next(offline_batches(config))  # doctest: +SKIP
@@ -38,6 +41,7 @@ def offline_batches(config: RunConfig) -> Iterator[list[Sample]]:
     )
     rng = random.Random(config.run.seed)
     epoch_order: list[str] = []
+    batch = 0
     while True:
         if len(epoch_order) < config.offline.batch_size:
             shuffled = order[:]
@@ -47,4 +51,6 @@ def offline_batches(config: RunConfig) -> Iterator[list[Sample]]:
             epoch_order[: config.offline.batch_size],
             epoch_order[config.offline.batch_size :],
         )
-        yield [s for key in chosen for s in units[key]]
+        if batch >= start:
+            yield [s for key in chosen for s in units[key]]
+        batch += 1

@@ -1,9 +1,12 @@
 """A real AgentScope agent with tools runs its tool loop against the gateway; calls are exact."""
 
+import itertools
+
 import pytest
 
 from agentscope_rft.chat.template import ChatRenderer
 from agentscope_rft.chat.tools import parse_tool_calls
+from agentscope_rft.integration.agentscope import RolloutScope, rollout_scope
 
 from . import calc_app
 
@@ -23,16 +26,47 @@ async def test_tool_loop_completes_and_calls_are_exact(calc_gateway, stream):
         generated = tokenizer.decode(call.completion_ids[:-1])
         assert generated == script
         parsed = parse_tool_calls(generated)
-        assert call.tool_calls == [
-            type(tc)(tc.id.replace(tc.id, call.tool_calls[i].id), tc.name, tc.arguments)
-            for i, tc in enumerate(parsed.tool_calls)
+        assert [(tc.name, tc.arguments) for tc in call.tool_calls] == [
+            (tc.name, tc.arguments) for tc in parsed.tool_calls
+        ]
+        # Ids are the gateway's own: the request id, the choice index and the call's position.
+        assert [tc.id for tc in call.tool_calls] == [
+            f"call_{call.request_id}_0_{i}" for i in range(len(parsed.tool_calls))
         ]
         assert (call.content or None) == (parsed.content or None)
         # The prompt is the chat-template rendering of the request (reused tokens included).
         assert call.prompt_ids == renderer.render_ids(call.messages, call.tools)
         assert len(call.logprobs) == len(call.completion_ids)
-        assert call.agent_name is None or call.agent_name == "calc"
+        # Called straight at the rollout URL (no rollout scope), the agent is not named.
+        assert call.agent_name is None
     assert [c.finish_reason for c in calls] == ["tool_calls", "tool_calls", "stop"]
+    # The agent sent back the ids it was given: the next request's assistant turn carries the
+    # recorded tool calls and its tool results answer them, id for id.
+    for earlier, later in itertools.pairwise(calls):
+        assistant = next(
+            m for m in reversed(later.messages) if m["role"] == "assistant" and m.get("tool_calls")
+        )
+        sent_back = [tc["id"] for tc in assistant["tool_calls"]]
+        answered = [m["tool_call_id"] for m in later.messages if m["role"] == "tool"]
+        assert sent_back == [tc.id for tc in earlier.tool_calls]
+        assert sent_back == answered[-len(sent_back) :]
+    assert len({tc.id for c in calls for tc in c.tool_calls}) == 2
     assert calls[0].prompt_reused_tokens == 0
     assert calls[1].prompt_reused_tokens == len(calls[0].prompt_ids) + len(calls[0].completion_ids)
     assert calls[2].prompt_reused_tokens > calls[1].prompt_reused_tokens
+
+
+async def test_calls_in_a_rollout_scope_carry_the_agent_name(calc_gateway):
+    """Inside a rollout scope the app's own model is redirected and every call names its agent."""
+    scope = RolloutScope(
+        rollout_id="scoped",
+        base_url=calc_gateway.rollout_base_url("scoped"),
+        api_key=calc_gateway.api_key or "no-key",
+    )
+    with rollout_scope(scope):
+        # The app points its model somewhere else entirely; the scope redirects it.
+        answer = await calc_app.run_episode("http://127.0.0.1:9/v1")
+    assert answer == "The answer is 20."
+    calls = calc_gateway.recorder.calls("scoped")
+    assert [c.agent_name for c in calls] == ["calc", "calc", "calc"]
+    assert scope.calls_made == {"calc": 3} and scope.last_agent == "calc"

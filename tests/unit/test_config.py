@@ -77,3 +77,90 @@ def test_reference_doc_is_current():
     assert (ROOT / "docs" / "config.md").read_text() == reference(), (
         "docs/config.md is stale: run `python -m agentscope_rft.config_reference`"
     )
+
+
+def _project(folder: Path) -> Path:
+    """A config next to its workflow, tasks and template, as a user lays out an experiment."""
+    folder.mkdir(parents=True)
+    (folder / "app.py").write_text("async def run(task, model):\n    return 1.0\n")
+    (folder / "tasks.jsonl").write_text('{"id": "a"}\n')
+    (folder / "template.jinja").write_text("{{ messages }}")
+    (folder / "judges").mkdir()
+    (folder / "judges" / "judge.py").write_text("async def judge(task, response):\n    return 1\n")
+    config = folder / "run.yaml"
+    config.write_text(
+        "workflow: app.py:run\njudge: judges/judge.py:judge\n"
+        "tasks: {train: tasks.jsonl, eval: ./tasks.jsonl}\n"
+        "model: {chat_template: template.jinja}\n"
+    )
+    return config
+
+
+def test_file_paths_are_relative_to_the_config_file(tmp_path, monkeypatch):
+    config_file = _project(tmp_path / "exp")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    config = load_config(config_file)
+    exp = (tmp_path / "exp").resolve()
+    assert config.workflow == f"{exp / 'app.py'}:run"
+    assert config.judge == f"{exp / 'judges' / 'judge.py'}:judge"
+    assert config.tasks.train == config.tasks.eval == str(exp / "tasks.jsonl")
+    assert config.model.chat_template == str(exp / "template.jinja")
+    assert config.model.name_or_path == "smollm2-135m-instruct"  # a name, not a path
+    # The run folder's copy keeps them absolute: a resumed run finds them from anywhere.
+    saved = tmp_path / "run" / "config.yaml"
+    saved.parent.mkdir()
+    saved.write_text(dump_config(config))
+    assert load_config(saved) == config
+
+
+def test_absolute_paths_module_specs_and_inline_templates_are_kept(tmp_path, monkeypatch):
+    config_file = _project(tmp_path / "exp")
+    app = (tmp_path / "exp" / "app.py").resolve()
+    config_file.write_text(
+        f"workflow: {app}:run\njudge: my_pkg.judges:judge\n"
+        f"tasks: {{train: {app.parent}/tasks.jsonl}}\n"
+        "model: {chat_template: '{{ messages }}'}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    config = load_config(config_file)
+    assert config.workflow == f"{app}:run"
+    assert config.judge == "my_pkg.judges:judge"
+    assert config.tasks.train == str(app.parent / "tasks.jsonl")
+    assert config.model.chat_template == "{{ messages }}"
+
+
+def test_set_paths_are_relative_to_the_working_directory(tmp_path, monkeypatch):
+    config_file = _project(tmp_path / "exp")
+    (tmp_path / "other.jsonl").write_text('{"id": "b"}\n')
+    monkeypatch.chdir(tmp_path)
+    config = load_config(config_file, ["tasks.train=other.jsonl"])
+    assert config.tasks.train == str((tmp_path / "other.jsonl").resolve())
+
+
+def test_a_path_only_found_from_the_working_directory_still_works_with_a_warning(
+    tmp_path, monkeypatch, caplog
+):
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp" / "app.py").write_text("async def run(task, model):\n    return 1.0\n")
+    (tmp_path / "exp" / "t.jsonl").write_text('{"id": "a"}\n')
+    config_file = tmp_path / "exp" / "run.yaml"
+    config_file.write_text("workflow: exp/app.py:run\ntasks: {train: exp/t.jsonl}\n")
+    monkeypatch.chdir(tmp_path)
+    config = load_config(config_file)
+    assert config.workflow == f"{(tmp_path / 'exp' / 'app.py').resolve()}:run"
+    assert "relative to its folder" in caplog.text
+
+
+@pytest.mark.parametrize("cwd", ["root", "elsewhere"])
+def test_quickstart_config_loads_from_the_repo_root_and_elsewhere(cwd, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT if cwd == "root" else tmp_path)
+    config = load_config(ROOT / "examples" / "quickstart" / "config.yaml")
+    quickstart = ROOT / "examples" / "quickstart"
+    assert config.workflow == f"{quickstart / 'app.py'}:run"
+    for path in (config.tasks.train, config.tasks.eval):
+        assert path is not None and Path(path).is_file() and Path(path).parent == quickstart
+    from agentscope_rft.api import load_workflow
+
+    assert load_workflow(config.workflow).name == "run"

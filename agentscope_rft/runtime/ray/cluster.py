@@ -12,6 +12,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentscope_rft.config import ConfigError
 from agentscope_rft.runtime.config import RuntimeConfig
 
 logger = logging.getLogger(__name__)
@@ -20,7 +21,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 PROBE_TIMEOUT_S = 5.0
 
 
-class RayClusterError(RuntimeError):
+class RayClusterError(ConfigError):
     """The Ray cluster cannot run this job as configured (the message says what to change)."""
 
 

@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from agentscope_rft.config import ConfigError
 from agentscope_rft.explorer.runner import (
     EpisodeFailed,
     EpisodeOutcome,
@@ -49,7 +50,7 @@ class _Runner:
     retired: bool = False
 
 
-class RunnerStartError(RuntimeError):
+class RunnerStartError(ConfigError):
     """A runner process could not start (the workflow does not import there, no resources)."""
 
 
@@ -225,7 +226,11 @@ class RayRunnerPool:
                 self.stuck_grace,
             )
             await self._lost(runner, "runtime/runners_stuck")
-            raise EpisodeTimeout(f"runner {runner.label} stuck", runner.label) from exc
+            raise EpisodeTimeout(
+                f"the episode exceeded episode_timeout={timeout}s and its runner {runner.label} "
+                "did not answer (blocking code?): the runner was replaced",
+                runner.label,
+            ) from exc
         except ray.exceptions.RayActorError as exc:
             first = self._runners[runner.slot] is runner
             await self._lost(runner, "runtime/runner_deaths")
@@ -243,7 +248,7 @@ class RayRunnerPool:
         self._processes.add(runner.label)
         await self._release(runner, result.rss_mb)
         if result.status == "timeout":
-            raise EpisodeTimeout(f"the episode exceeded {timeout}s", runner.label)
+            raise EpisodeTimeout(f"the episode exceeded episode_timeout={timeout}s", runner.label)
         if result.status == "bad_return":
             raise WorkflowReturnError(result.error)
         if result.status != "ok":

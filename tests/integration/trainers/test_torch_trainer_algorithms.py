@@ -1,6 +1,7 @@
 """Every algorithm trains a few steps through the real torch trainer; SFT/DPO through the loop."""
 
 import json
+import math
 import random
 from pathlib import Path
 
@@ -115,33 +116,126 @@ def test_lora_trains_and_syncs_merged_weights(tiny_model_path):
         )
 
 
-@pytest.mark.parametrize(
-    ("fmt", "objective", "file"),
-    [("sft", "sft", "sft_tiny.jsonl"), ("dpo", "dpo", "dpo_tiny.jsonl")],
-)
-async def test_offline_sft_and_dpo_train_from_shipped_files(
-    tiny_model_path, tmp_path, fmt, objective, file
-):
-    config = load_config(
+def offline_config(tiny_model_path, run_dir, fmt, batch_size, steps, *extra):
+    file = "sft_tiny.jsonl" if fmt == "sft" else "dpo_tiny.jsonl"
+    return load_config(
         None,
         [
             f"model.name_or_path={tiny_model_path}",
             "run.mode=offline",
             f"offline.format={fmt}",
             f"offline.path={DATA / file}",
-            "offline.batch_size=2",
-            f"algorithm.objective={objective}",
+            f"offline.batch_size={batch_size}",
+            f"algorithm.objective={fmt}",
             "trainer.lr=1e-3",
             "trainer.dtype=float32",
-            "run.steps=3",
-            f"run.dir={tmp_path / 'run'}",
+            f"run.steps={steps}",
+            f"run.dir={run_dir}",
             "run.name=offline",
             "monitor.tensorboard=false",
+            *extra,
         ],
     )
+
+
+def metric_rows(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def nll_of_sft_file(model_path: str) -> float:
+    """Token-mean NLL of the assistant turns of sft_tiny.jsonl, computed here from the logits."""
+    from agentscope_rft.buffer.offline import load_sft_samples
+    from agentscope_rft.chat.template import ChatRenderer
+    from agentscope_rft.models import load_causal_lm, load_tokenizer
+
+    model = load_causal_lm(model_path, dtype=torch.float32)
+    samples = load_sft_samples(DATA / "sft_tiny.jsonl", ChatRenderer(load_tokenizer(model_path)))
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for sample in samples:
+            ids = torch.tensor([list(sample.token_ids)])
+            logprobs = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)
+            picked = logprobs.gather(1, ids[0, 1:, None])[:, 0]
+            mask = torch.tensor(list(sample.loss_mask[1:]), dtype=torch.bool)
+            total -= float(picked[mask].sum())
+            tokens += int(mask.sum())
+    return total / tokens
+
+
+async def test_offline_sft_loss_is_the_data_nll_and_falls(tiny_model_path, tmp_path):
+    # The whole file (4 conversations) in every batch: step 0's loss is the initial model's NLL.
+    config = offline_config(tiny_model_path, tmp_path / "run", "sft", 4, 4)
     last = await train(config, tmp_path / "run")
-    key = "sft/loss" if fmt == "sft" else "dpo/loss"
-    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    losses = [r[key] for r in rows if key in r]
-    assert len(losses) == 3 and all(v == v for v in losses)
-    assert last["train/samples"] >= 2
+    losses = [r["sft/loss"] for r in metric_rows(tmp_path / "run") if "sft/loss" in r]
+    assert len(losses) == 4
+    assert losses[0] == pytest.approx(nll_of_sft_file(tiny_model_path), rel=1e-4)
+    assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0] - 0.3, losses
+    # The exported model is the trained one: its NLL on the data is below the start.
+    exported = tmp_path / "run" / "checkpoints" / "step-000004" / "model"
+    assert nll_of_sft_file(str(exported)) < losses[-1]
+    assert last["train/samples"] == 4
+
+
+async def test_offline_dpo_starts_at_ln2_and_learns_the_preference(tiny_model_path, tmp_path):
+    config = offline_config(tiny_model_path, tmp_path / "run", "dpo", 3, 4)
+    last = await train(config, tmp_path / "run")
+    rows = [r for r in metric_rows(tmp_path / "run") if "dpo/loss" in r]
+    assert len(rows) == 4
+    # Policy == reference at step 0: every margin is 0, so the loss is -log(sigmoid(0)) = ln 2.
+    assert rows[0]["dpo/loss"] == pytest.approx(math.log(2), abs=1e-5)
+    assert rows[0]["dpo/margin"] == pytest.approx(0.0, abs=1e-5)
+    assert rows[-1]["dpo/loss"] < math.log(2) - 0.05
+    assert rows[-1]["dpo/margin"] > 0.1 and rows[-1]["dpo/accuracy"] == 1.0
+    assert last["train/samples"] == 6  # three pairs
+
+
+class RecordingTrainer:
+    """A real trainer that also records the sample ids of every step it trains."""
+
+    def __init__(self, trainer, log: list[tuple[int, list[str]]]) -> None:
+        self._trainer = trainer
+        self._log = log
+
+    def step(self, samples, step):
+        self._log.append((step, sorted(s.sample_id for s in samples)))
+        return self._trainer.step(samples, step)
+
+    def __getattr__(self, name):
+        return getattr(self._trainer, name)
+
+
+@pytest.mark.parametrize("fmt", ["sft", "dpo"])
+async def test_offline_resume_continues_with_the_next_batch(
+    tiny_model_path, tmp_path, monitor_trainers, fmt
+):
+    """Stopped after 2 of 5 steps and resumed, a run trains the batches an unbroken run trains."""
+    whole = offline_config(tiny_model_path, tmp_path / "whole", fmt, 1, 5)
+    await train(whole, tmp_path / "whole")
+    expected = list(monitor_trainers)
+    monitor_trainers.clear()
+
+    part = offline_config(tiny_model_path, tmp_path / "part", fmt, 1, 2, "run.checkpoint_every=1")
+    await train(part, tmp_path / "part")
+    resumed = offline_config(tiny_model_path, tmp_path / "part", fmt, 1, 5)
+    await train(resumed, tmp_path / "part", resume=True)
+    assert [step for step, _ in monitor_trainers] == [0, 1, 2, 3, 4]
+    assert monitor_trainers == expected
+    # The batches are not all the same, so the comparison above can tell them apart.
+    assert len({tuple(ids) for _, ids in expected}) > 1
+    losses = [r for r in metric_rows(tmp_path / "part") if f"{fmt}/loss" in r]
+    assert [r["step"] for r in losses] == [0, 1, 2, 3, 4]
+
+
+@pytest.fixture
+def monitor_trainers(monkeypatch):
+    """Wraps every trainer the local runtime builds so the test sees what each step trained."""
+    import agentscope_rft.runtime.local as local
+
+    log: list[tuple[int, list[str]]] = []
+    build = local.build_trainer
+
+    def recording(*args, **kwargs):
+        return RecordingTrainer(build(*args, **kwargs), log)
+
+    monkeypatch.setattr(local, "build_trainer", recording)
+    return log

@@ -36,40 +36,65 @@ def perturbed_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+async def prompt_scores(engine: VLLMEngine, prompt_ids: list[int], ids: list[int]) -> list[float]:
+    """Log-probs the engine's current weights give `ids` after `prompt_ids` (teacher-forced)."""
+    body = {
+        "model": engine.model_name, "prompt": prompt_ids + ids, "max_tokens": 1,
+        "temperature": 1.0, "prompt_logprobs": 0,
+    }  # fmt: skip
+    response = await engine.replicas[0].http.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    rows = response.json()["choices"][0]["prompt_logprobs"][len(prompt_ids) :]
+    return [float(row[str(tid)]["logprob"]) for row, tid in zip(rows, ids, strict=True)]
+
+
 @pytest.mark.parametrize("sync_mode", ["wait", "keep"])
 async def test_reload_under_concurrent_calls(
     vllm_engine: VLLMEngine, smollm2_path: Path, sync_mode: str
 ) -> None:
+    """Every call records the version it was admitted under. In `wait` mode that policy sampled all
+    of it; in `keep` mode a call frozen by the reload goes on with the new weights: its log-probs
+    switch from the old to the new policy at one token, and `mixed_policy_calls` counts it."""
     vllm_engine.sync_mode = sync_mode  # type: ignore[assignment]
     base_version = vllm_engine.policy_version
+    mixed_before = vllm_engine.mixed_policy_calls
     ids_before, lp_before, version = await fixed_logprobs(vllm_engine)
     assert version == base_version
     state = await asyncio.to_thread(perturbed_state_dict, smollm2_path)
+    prompts: dict[int, list[int]] = {}
 
-    async def call(i: int) -> tuple[int, int]:
+    async def call(i: int) -> tuple[int, int, list[int], list[float]]:
+        messages = [{"role": "user", "content": f"Tell me a long story about the number {i}."}]
+        prompts[i] = vllm_engine.renderer.render_ids(messages)
         request = ChatRequest(
-            messages=[{"role": "user", "content": f"Count from {i} to {i + 20}."}],
-            sampling=SamplingParams(temperature=1.0, seed=i, max_tokens=48),
-            rollout_id=f"concurrent-{i}",
+            messages=messages,
+            # Long enough to be generating when the sync starts, whatever the machine's load.
+            sampling=SamplingParams(temperature=1.0, seed=i, max_tokens=160, ignore_eos=True),
+            rollout_id=f"concurrent-{sync_mode}-{i}",
         )
         [choice] = choices_of(await collect(vllm_engine, request))
-        assert len(choice.completion_ids) == len(choice.logprobs) > 0
-        return i, choice.policy_version
+        assert len(choice.completion_ids) == len(choice.logprobs) == 160
+        return i, choice.policy_version, choice.completion_ids, choice.logprobs
 
     try:
-        calls = [asyncio.create_task(call(i)) for i in range(6)]
-        await asyncio.sleep(1.0)  # the calls are generating when the sync starts
+        calls = [asyncio.create_task(call(i)) for i in range(4)]
+        await asyncio.sleep(1.0)
+        assert vllm_engine.metrics()["in_flight"] == 4  # all admitted, none finished
         seconds = await vllm_engine.load_weights(state, base_version + 1)
-        late = [asyncio.create_task(call(i)) for i in range(6, 8)]
+        late = [asyncio.create_task(call(i)) for i in range(4, 6)]
         results = await asyncio.gather(*calls, *late)
     finally:
         vllm_engine.sync_mode = "wait"
     assert seconds > 0
     assert vllm_engine.sync_seconds[-1] == seconds
-    versions = dict(results)
-    # Calls admitted before the sync record the old version, calls after it the new one.
-    assert {versions[i] for i in range(6)} <= {base_version, base_version + 1}
-    assert versions[6] == versions[7] == base_version + 1
+    versions = {i: v for i, v, _, _ in results}
+    assert [versions[i] for i in range(4)] == [base_version] * 4
+    assert versions[4] == versions[5] == base_version + 1
+    mixed = vllm_engine.mixed_policy_calls - mixed_before
+    assert mixed == (4 if sync_mode == "keep" else 0)
+
+    # Which weights sampled each token of the calls admitted before the sync.
+    new_scores = [await prompt_scores(vllm_engine, prompts[i], ids) for i, _, ids, _ in results[:4]]
     _, lp_after, version = await fixed_logprobs(vllm_engine)
     assert version == base_version + 1
     assert max(abs(a - b) for a, b in zip(lp_before, lp_after, strict=False)) > 1e-3
@@ -80,6 +105,18 @@ async def test_reload_under_concurrent_calls(
     assert version == base_version + 2
     assert ids_back == ids_before
     assert lp_back == pytest.approx(lp_before, abs=1e-4)
+    old_scores = [await prompt_scores(vllm_engine, prompts[i], ids) for i, _, ids, _ in results[:4]]
+    for (_, _, _, recorded), old, new in zip(results[:4], old_scores, new_scores, strict=True):
+        by_old = [abs(r - o) < 1e-3 for r, o in zip(recorded, old, strict=True)]
+        if sync_mode == "wait":
+            assert all(by_old), "a call drained in wait mode was sampled by the old weights only"
+            continue
+        # keep: the old weights up to the sync, the new ones after it (where the two differ).
+        switch = by_old.index(False)
+        assert 0 < switch < len(recorded)
+        differ = [k for k in range(switch, len(recorded)) if abs(old[k] - new[k]) > 1e-3]
+        assert differ
+        assert sum(abs(recorded[k] - new[k]) < 1e-3 for k in differ) >= 0.95 * len(differ)
 
 
 async def test_wait_mode_finishes_in_flight_calls_on_old_weights(
