@@ -26,6 +26,7 @@ _RAY_ONLY = (
     "placement",
     "env",
     "working_dir",
+    "weights",
 )
 
 
@@ -79,6 +80,12 @@ class RuntimeConfig(Section):
     """`ray` only: a folder Ray uploads to every node and starts the runners in (the app's code,
     for nodes that do not have it at the same path). Null: runners import from this machine's
     paths (the same paths must exist on other nodes)."""
+
+    weights: Literal["auto", "shared_fs", "object_store"] = "auto"
+    """`ray` only: how vLLM replicas on the cluster's nodes get new weights. `shared_fs`: they
+    read the folder this process writes (a filesystem both see); `object_store`: the files travel
+    through Ray's object store to a local copy on each node; `auto`: probe each node once at start
+    (one log line says what was found)."""
 
     @model_validator(mode="before")
     @classmethod

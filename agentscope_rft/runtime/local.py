@@ -21,7 +21,7 @@ from agentscope_rft.buffer.config import build_buffer
 from agentscope_rft.config import RunConfig
 from agentscope_rft.engines.base import Engine
 from agentscope_rft.engines.factory import build_engine
-from agentscope_rft.explorer.explorer import Explorer
+from agentscope_rft.explorer.explorer import EpisodeSettings, Explorer
 from agentscope_rft.explorer.runner import EpisodeRunner, ModelSettings
 from agentscope_rft.explorer.tasks import TaskSampler, load_tasks
 from agentscope_rft.gateway.server import Gateway
@@ -78,15 +78,19 @@ async def train(config: RunConfig, run_dir: Path, *, resume: bool = False) -> di
 
 
 async def _episode_runner(
-    config: RunConfig, ray_runtime: Any, gateway: Gateway, engine: Engine
+    config: RunConfig,
+    settings: EpisodeSettings,
+    ray_runtime: Any,
+    gateway: Gateway,
+    engine: Engine,
+    run_dir: Path,
 ) -> EpisodeRunner | None:
-    """The Ray runtime's runner pool (None: episodes run in this process)."""
+    """The Ray runtime's runner pool, weights routed to its nodes (None: episodes run here)."""
     if ray_runtime is None:
         return None
-    model = ModelSettings(
-        engine.model_name, config.explorer.stream, config.explorer.sampling.max_tokens
-    )
+    model = ModelSettings(engine.model_name, settings.model_stream, settings.max_tokens)
     try:
+        await ray_runtime.place_weights(engine, run_dir)
         runner: EpisodeRunner = await ray_runtime.episode_runner(config, model, gateway.port)
     except BaseException:
         await gateway.stop()
@@ -157,12 +161,9 @@ async def _train(
             if config.tasks.eval
             else []
         )
-        explorer = Explorer(
-            workflow,
-            gateway,
-            episode_settings(config, engine.max_model_len),
-            runner=await _episode_runner(config, ray_runtime, gateway, engine),
-        )
+        settings = episode_settings(config, engine.max_model_len)
+        runner = await _episode_runner(config, settings, ray_runtime, gateway, engine, run_dir)
+        explorer = Explorer(workflow, gateway, settings, runner=runner)
 
     lead = LEAD.get(mode, config.run.max_staleness)
     stale_limit = 0 if mode == "sync" else lead

@@ -18,6 +18,7 @@ from agentscope_rft.explorer.runner import ModelSettings
 from agentscope_rft.runtime.ray.cluster import RayCluster, RayClusterError, resource_needs
 from agentscope_rft.runtime.ray.pool import RayRunnerPool, RunnerStartError
 from agentscope_rft.runtime.ray.process import RunnerSpec
+from agentscope_rft.runtime.ray.weights import WeightPlacement, node_of
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class RayRuntime:
         except RayClusterError:
             self.cluster.close()
             raise
+        self._placement: WeightPlacement | None = None
 
     def _runtime_env(self) -> dict[str, Any]:
         paths = [PACKAGE_ROOT, os.getcwd(), os.environ.get("PYTHONPATH", "")]
@@ -88,5 +90,38 @@ class RayRuntime:
         await pool.start()
         return pool
 
+    async def place_weights(self, engine: Any, run_dir: Path) -> None:
+        """Route new weights to the engine's replicas on the cluster's nodes (shared filesystem or
+        object store); one log line says which."""
+        import ray
+
+        replicas = getattr(engine, "replicas", None)
+        if not replicas:
+            logger.info(
+                "weights: the %s runs in this process; new weights are copied in memory",
+                type(engine).__name__,
+            )
+            return
+        here = ray.util.get_node_ip_address()
+        nodes = self.cluster.nodes()
+        placed: dict[str, str] = {}
+        for url in (replica.server.url for replica in replicas):
+            node = node_of(url, nodes, here)
+            if node is None:
+                logger.warning(
+                    "weights: vLLM replica %s is on no node of the Ray cluster: it must see this "
+                    "run's weight folders on a shared filesystem",
+                    url,
+                )
+            else:
+                placed[url] = node
+        if placed:
+            probe_dir = getattr(engine, "weights_dir", None) or run_dir
+            self._placement = WeightPlacement(placed, self.config.weights, Path(probe_dir))
+            await self._placement.start()
+            engine.weight_paths = self._placement.paths
+
     def close(self) -> None:
+        if self._placement is not None:
+            self._placement.close()
         self.cluster.close()
