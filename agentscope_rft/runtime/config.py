@@ -53,8 +53,8 @@ class RuntimeConfig(Section):
     isolated runner processes on a Ray cluster (several machines: see multi-machine.md)."""
     address: str | None = None
     """`ray` only: the cluster to join: `auto` (the one this machine belongs to, after `ray start`),
-    `host:6379` (its GCS address) or `ray://host:10001` (Ray Client). Null: start a local cluster
-    for the run and stop it at the end."""
+    `host:6379` (its GCS address) or `ray://host:10001` (Ray Client). Null: `$RAY_ADDRESS` if set,
+    else start a local cluster for the run and stop it at the end."""
     num_cpus: int | None = Field(default=None, ge=1)
     """`ray` only: CPUs of a local cluster started by the run (null: Ray counts the machine's)."""
     runners: int = Field(default=2, ge=1, le=4096)

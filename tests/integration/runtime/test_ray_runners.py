@@ -123,3 +123,17 @@ async def test_a_leaking_runner_is_recycled(ray_driver, tiny_gateway):
     assert result.metrics()["runtime/runners_recycled"] == 2
     assert len({r.runner for r in result.rollouts}) == 2
     assert os.getpid() not in {int(r.runner.split("/")[1]) for r in result.rollouts if r.runner}
+
+
+@pytest.mark.slow
+async def test_a_workflow_that_does_not_import_in_the_runner_fails_the_start(ray_driver, tmp_path):
+    from agentscope_rft.runtime.ray.pool import RunnerStartError
+
+    spec = RunnerSpec(
+        workflow=f"{tmp_path}/missing_app.py:run", judge=None, model=ModelSettings("tiny")
+    )
+    pool = RayRunnerPool(
+        spec, RuntimeConfig(type="ray", runners=1, runner_cpus=0.25), "http://127.0.0.1:9"
+    )
+    with pytest.raises(RunnerStartError, match=r"missing_app\.py does not exist"):
+        await pool.start()

@@ -110,3 +110,17 @@ async def test_more_than_the_cluster_has_fails_before_any_work(
         await train(config, tmp_path / "run")
     assert not (tmp_path / "run").exists()
     assert not ray.is_initialized()
+
+
+@pytest.mark.slow
+async def test_explore_runs_its_episodes_in_runners(ray_cluster, tiny_model_path, tmp_path):
+    from agentscope_rft.runtime.explore import explore
+
+    config = quickstart(
+        tiny_model_path, tmp_path, f"runtime.address={ray_cluster}", "runtime.runner_cpus=0.25"
+    )
+    summary = await explore(config, tmp_path / "explore", limit=2, group_size=2)
+    assert summary["explore/rollouts"] == 4 and summary["explore/failed"] == 0
+    rows = [json.loads(x) for x in (tmp_path / "explore" / "rollouts.jsonl").read_text().split()]
+    assert all(not r["runner"].startswith("local/") for r in rows)
+    assert not ray.is_initialized()
