@@ -121,6 +121,36 @@ async def test_explore_runs_its_episodes_in_runners(ray_cluster, tiny_model_path
     )
     summary = await explore(config, tmp_path / "explore", limit=2, group_size=2)
     assert summary["explore/rollouts"] == 4 and summary["explore/failed"] == 0
-    rows = [json.loads(x) for x in (tmp_path / "explore" / "rollouts.jsonl").read_text().split()]
+    rows = [
+        json.loads(x) for x in (tmp_path / "explore" / "rollouts.jsonl").read_text().splitlines()
+    ]
     assert all(not r["runner"].startswith("local/") for r in rows)
     assert not ray.is_initialized()
+
+
+@pytest.mark.slow
+async def test_rewards_from_runners_update_the_weights(ray_cluster, tiny_model_path, tmp_path):
+    """The quickstart's tiny-model episodes all score 0 (no update); the toy task's vary."""
+    import torch
+    from safetensors.torch import load_file
+
+    tasks = tmp_path / "toy.jsonl"
+    tasks.write_text(
+        "".join(json.dumps({"id": f"t{i}", "prompt": f"Say {i}"}) + "\n" for i in range(4))
+    )
+    config = quickstart(
+        tiny_model_path,
+        tmp_path,
+        "workflow=tests/integration/toy_app.py:run",
+        f"tasks.train={tasks}",
+        "tasks.id_field=id",
+        "explorer.group_size=4",
+        "trainer.lr=5e-2",
+        f"runtime.address={ray_cluster}",
+        "runtime.runner_cpus=0.25",
+    )
+    last = await train(config, tmp_path / "run")
+    assert last["reward/std"] > 0 and "loss" in last
+    before = load_file(str(Path(tiny_model_path) / "model.safetensors"))
+    after = load_file(str(tmp_path / "run/checkpoints/step-000002/model/model.safetensors"))
+    assert any(not torch.equal(before[k], after[k]) for k in before)
