@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import sys
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from rich.console import Console
@@ -139,14 +138,14 @@ async def _serve(engine: Engine, host: str, port: int, api_key: str | None) -> N
         f"http://{host}:{gateway.port}/rollouts/<rollout-id>)\n"
         "  Ctrl+C to stop"
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    console.print("stopping...")
-    await gateway.stop()
-    await engine.close()
+    from agentscope_rft.runtime.signals import RunStop, stop_on_signals
+
+    stop = RunStop()
+    with stop_on_signals(stop, "the server"):
+        await stop.wait()
+        console.print("stopping...")
+        await gateway.stop()
+        await engine.close()
 
 
 ConfigOption = Annotated[str | None, typer.Option("--config", "-c", help="Run config (YAML).")]
@@ -156,23 +155,60 @@ SetOption = Annotated[
 ]
 
 
-def _user_errors(*more: type[BaseException]) -> tuple[type[BaseException], ...]:
-    from agentscope_rft.api import WorkflowError
-    from agentscope_rft.buffer.base import BufferFormatError, BufferTimeout
-    from agentscope_rft.config import ConfigError
-    from agentscope_rft.explorer.tasks import TaskSetError
-    from agentscope_rft.models import ModelNotFoundError
-    from agentscope_rft.runtime.components import RunFolderError
+_USER_ERRORS = {
+    "agentscope_rft.api": ("WorkflowError",),
+    "agentscope_rft.buffer.base": ("BufferFormatError", "BufferTimeout"),
+    "agentscope_rft.config": ("ConfigError",),
+    "agentscope_rft.explorer.tasks": ("TaskSetError",),
+    "agentscope_rft.models": ("ModelNotFoundError",),
+    "agentscope_rft.runtime.components": ("RunFolderError",),
+}
+"""Errors that are the user's input (shown as one line, exit 2), by the module defining them."""
 
-    return (
-        ConfigError,
-        RunFolderError,
-        TaskSetError,
-        WorkflowError,
-        ModelNotFoundError,
-        BufferFormatError,
-        BufferTimeout,
-    )
+
+def _user_errors(*more: type[BaseException]) -> tuple[type[BaseException], ...]:
+    # Only modules already imported can have raised: importing the others would add seconds
+    # (torch, transformers) to a failure that should be reported at once.
+    found = [
+        getattr(sys.modules[module], name)
+        for module, names in _USER_ERRORS.items()
+        if module in sys.modules
+        for name in names
+    ]
+    return (*found, *more)
+
+
+def _run_dir(cfg: Any) -> Any:
+    from agentscope_rft.runtime.components import run_dir_for
+
+    return run_dir_for(cfg)
+
+
+def _resumed_config(run_dir: Any, overrides: list[str]) -> Any:
+    from agentscope_rft.runtime.components import load_resumed_config
+
+    return load_resumed_config(run_dir, overrides)
+
+
+def _stopped(exc: BaseException) -> typer.Exit:
+    """A clean stop on a signal: end what the run left running, say how to go on, exit 75."""
+    from agentscope_rft.runtime.processes import kill_descendants
+    from agentscope_rft.runtime.signals import EXIT_STOPPED
+
+    leftovers = kill_descendants(grace=5.0)
+    if leftovers:
+        logging.getLogger(__name__).warning(
+            "terminated %d process(es) the run left running: %s", len(leftovers), leftovers
+        )
+    console.print(f"[bold yellow]stopped:[/] {exc}")
+    return typer.Exit(code=EXIT_STOPPED)
+
+
+async def _on_signals(job: Any, stop: Any, what: str) -> Any:
+    from agentscope_rft.runtime.signals import stop_on_signals
+
+    with stop_on_signals(stop, what):
+        return await job
 
 
 @app.command()
@@ -184,22 +220,32 @@ def train(
     ] = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
-    """Train an AgentScope app with reinforcement fine-tuning (or SFT/DPO offline)."""
+    """Train an AgentScope app with reinforcement fine-tuning (or SFT/DPO offline).
+
+    Ctrl-C or SIGTERM stops it cleanly: a checkpoint is saved and it exits with code 75;
+    `--resume <run folder>` continues. A second signal exits at once, without saving.
+    """
     setup_logging(log_level)
     from pathlib import Path
 
     from agentscope_rft.config import load_config
-    from agentscope_rft.runtime.components import load_resumed_config, run_dir_for
-    from agentscope_rft.runtime.local import train as run_training
+    from agentscope_rft.runtime.preflight import preflight
+    from agentscope_rft.runtime.signals import RunStop, RunStopped
 
     try:
         if resume is not None:
-            run_dir = Path(resume)
-            cfg = load_resumed_config(run_dir, set_ or [])
+            cfg = _resumed_config(Path(resume), set_ or [])
         else:  # without --config, --set alone must give what a run needs
             cfg = load_config(config, set_ or [])
-            run_dir = run_dir_for(cfg)
-        last = asyncio.run(run_training(cfg, run_dir, resume=resume is not None))
+        checked = preflight(cfg)  # fail in seconds, before the training stack even imports
+        run_dir = Path(resume) if resume is not None else _run_dir(cfg)
+        from agentscope_rft.runtime.local import train as run_training
+
+        stop = RunStop()
+        job = run_training(cfg, run_dir, resume=resume is not None, stop=stop, checked=checked)
+        last = asyncio.run(_on_signals(job, stop, "training"))
+    except RunStopped as exc:
+        raise _stopped(exc) from exc
     except _user_errors() as exc:
         raise fail(str(exc)) from exc
     shown = {
@@ -230,13 +276,16 @@ def explore(
     from agentscope_rft.config import load_config
     from agentscope_rft.runtime.components import run_dir_for
     from agentscope_rft.runtime.explore import explore as run_explore
+    from agentscope_rft.runtime.signals import RunStop, RunStopped
 
     try:
         cfg = load_config(config, set_ or [])
         out_dir = Path(out) if out else run_dir_for(cfg) / f"explore-{split}"
-        summary = asyncio.run(
-            run_explore(cfg, out_dir, split=split, limit=limit, group_size=group_size)
-        )
+        stop = RunStop()
+        job = run_explore(cfg, out_dir, split=split, limit=limit, group_size=group_size, stop=stop)
+        summary = asyncio.run(_on_signals(job, stop, "exploring"))
+    except RunStopped as exc:
+        raise _stopped(exc) from exc
     except _user_errors(ValueError) as exc:
         raise fail(str(exc)) from exc
     table = Table(title=f"explore {split}: {out_dir}")

@@ -67,6 +67,10 @@ class EmbeddedEngineConfig(Section):
     prefill_chunk_tokens: int | None = Field(default=512, ge=16)
     """A prompt with more uncached tokens than this is prefilled in chunks of this size, one
     per decode step of the running requests (so it does not stall them); null: in one go."""
+    num_threads: int | None = Field(default=None, ge=1)
+    """CPU threads the engine computes with (its own thread only; the trainer keeps its own).
+    Default: all cores but one, left to the event loop running the agents and the gateway
+    (with every core computing, each step waits whenever that loop runs: 12x slower measured)."""
 
 
 class VLLMEngineConfig(Section):
@@ -268,8 +272,8 @@ TrainerConfig = Annotated[TorchTrainerConfig | VerlTrainerConfig, Field(discrimi
 
 
 class TasksConfig(Section):
-    """Where tasks come from: JSONL, JSON, Parquet or CSV files (one task per row); paths in a config
-    file are relative to its folder."""
+    """Where tasks come from: JSONL, JSON, Parquet or CSV files (one task per row); paths in a
+    config file are relative to its folder."""
 
     train: str | None = None
     """Training tasks (required unless `run.mode` is `offline` or `train_only`)."""
@@ -309,7 +313,15 @@ class ExplorerConfig(Section):
     max_concurrency: int = Field(default=32, ge=1)
     """Episodes running at once."""
     episode_timeout: float = Field(default=300.0, gt=0)
-    """Seconds before an episode is cancelled and recorded as timed out."""
+    """Seconds an episode (its judge included) may run. At the deadline its rollout is closed
+    (model calls in flight are aborted, new ones refused), the episode is cancelled and recorded
+    as timed out."""
+    late_call_grace: float = Field(default=2.0, ge=0)
+    """Seconds model calls still in flight when an episode returns may take to finish (they are
+    then aborted); both are counted as `episode/late_calls` and `episode/aborted_calls`."""
+    max_tokens_per_call: int | None = Field(default=None, ge=1)
+    """Cap on the completion tokens of every episode call, also when the app sets no `max_tokens`
+    (null: a quarter of the context window, or `sampling.max_tokens` if that is larger)."""
     max_retries: int = Field(default=1, ge=0)
     """Retries of an episode that raised or timed out (a fresh rollout each time)."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)

@@ -128,7 +128,11 @@ class Engine(Protocol):
         """The text of each token on its own (for OpenAI `logprobs` content)."""
         ...
 
-    def chat(self, request: ChatRequest) -> AsyncIterator[ChatEvent]: ...
+    def chat(self, request: ChatRequest) -> AsyncIterator[ChatEvent]:
+        """The request's events. Abort contract: cancelling the task that iterates them (or
+        closing the iterator) stops generating for this request, so the engine goes idle; the
+        gateway aborts a closed rollout's calls this way."""
+        ...
 
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams
@@ -141,3 +145,16 @@ class Engine(Protocol):
         the swap took (the pause included).
         """
         ...
+
+
+def engine_metrics(engine: Engine) -> dict[str, float]:
+    """The engine's own counters (prefix cache hit rate, syncs, ...) under `engine/`, if any.
+
+    Example:
+        >>> engine_metrics(object())  # an engine without counters
+        {}
+    """
+    metrics = getattr(engine, "metrics", None)
+    if metrics is None:
+        return {}
+    return {f"engine/{key}": float(value) for key, value in metrics().items()}

@@ -160,9 +160,12 @@ class Explorer:
         self.runner = runner
         """Where attempts run; None: as asyncio tasks of this process."""
         self._limit = asyncio.Semaphore(settings.max_concurrency)
+        # Episodes share a pool of keep-alive connections to the gateway. It is capped: the engine
+        # batches far fewer sequences than 1,000 episodes make calls, and opening a socket per
+        # call on a busy event loop timed connects out (calls wait for a free connection instead).
         self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(3600.0, connect=10.0),
-            limits=httpx.Limits(max_connections=max(64, settings.max_concurrency * 2)),
+            timeout=httpx.Timeout(3600.0, connect=60.0),
+            limits=httpx.Limits(max_connections=min(256, max(64, settings.max_concurrency * 2))),
         )
         self._warned_no_calls = False
         self._stragglers: set[asyncio.Task[Any]] = set()
@@ -218,12 +221,16 @@ class Explorer:
             self._stragglers.add(episode)
             episode.add_done_callback(self._stragglers.discard)
 
+    async def _close(self, rollout_id: str, status: RolloutStatus) -> RolloutClosure:
+        return await self.gateway.close_rollout(rollout_id, reason=str(status))
+
     async def _attempt(self, task: Task, scope: RolloutScope) -> tuple[Reward, RolloutClosure]:
+        started = time.monotonic()
         with rollout_scope(scope):
             model = self._model(scope)
             # The task copies the context, so the app's own tasks stay in this rollout too.
-            episode = asyncio.create_task(
-                self.workflow.fn(dict(task.data), model), name=f"episode-{scope.rollout_id}"
+            episode: asyncio.Task[Any] = asyncio.ensure_future(
+                self.workflow.fn(dict(task.data), model)
             )
         episode.add_done_callback(_retrieve)
         result = await self._bounded(episode, scope.rollout_id)
@@ -233,8 +240,18 @@ class Explorer:
         if closure.late_calls:
             logger.debug("episode %s returned with calls in flight: %s", scope.rollout_id, closure)
         if self.workflow.judge is not None:
+            # The judge shares the episode's deadline: a hanging judge times out like an episode.
+            left = self.settings.episode_timeout - (time.monotonic() - started)
             with rollout_scope(None):  # the judge's own model calls are not the policy's
-                judged = await self.workflow.judge(dict(task.data), result)
+                try:
+                    judged = await asyncio.wait_for(
+                        self.workflow.judge(dict(task.data), result), max(left, 0.0)
+                    )
+                except TimeoutError as exc:
+                    raise EpisodeTimeout(
+                        f"the episode and its judge exceeded episode_timeout="
+                        f"{self.settings.episode_timeout}s (the judge did not finish)"
+                    ) from exc
             return as_reward(judged, "judge"), closure
         return as_reward(result, f"workflow `{self.workflow.name}`"), closure
 
@@ -268,6 +285,7 @@ class Explorer:
         started = time.time()
         attempts = self.settings.max_retries + 1
         status, error, runner = RolloutStatus.FAILED, "", None
+        late = aborted = 0
         for attempt in range(attempts):
             attempt_id = rollout_id if attempt == 0 else f"{rollout_id}.retry{attempt}"
             self.gateway.reopen_rollout(attempt_id)
@@ -281,14 +299,11 @@ class Explorer:
                 async with self._limit:
                     if self.runner is None:
                         reward, closure = await self._attempt(task, scope)
-                        runner, emitted = f"local/{os.getpid()}", []
+                        outcome = EpisodeOutcome(reward, f"local/{os.getpid()}")
                     else:
                         outcome, closure = await self._remote_attempt(self.runner, task, scope)
-                        reward, runner, emitted = (
-                            outcome.reward,
-                            outcome.runner,
-                            outcome.step_rewards,
-                        )
+                        reward = outcome.reward
+                runner = outcome.runner
                 calls = await self.gateway.recorder.take(attempt_id, wait_timeout=0)
                 success = (
                     reward.success
@@ -302,7 +317,8 @@ class Explorer:
                     calls=calls,
                     reward=reward.value,
                     success=success,
-                    step_rewards=[*scope.step_rewards, *emitted],
+                    step_rewards=[*scope.step_rewards, *outcome.step_rewards],
+                    step_states=[*scope.step_states, *outcome.step_states],
                     metrics=dict(reward.metrics),
                     started_at=started,
                     finished_at=time.time(),
@@ -321,9 +337,10 @@ class Explorer:
                 status, error = RolloutStatus.FAILED, _error_text(exc)
             finally:
                 await scope.aclose()
-            closure = self._closures.pop(attempt_id, None) or await self.gateway.close_rollout(
-                attempt_id, reason=str(status)
-            )
+            ended = self._closures.pop(attempt_id, None)
+            if ended is None:  # raised by itself: close it now (it may have left calls running)
+                ended = await self._close(attempt_id, status)
+            late, aborted = ended.late_calls, ended.aborted_calls
             calls = await self.gateway.recorder.take(attempt_id, wait_timeout=0)
             if attempt + 1 < attempts:
                 logger.debug("episode %s failed (%s); retrying", attempt_id, status)
@@ -338,8 +355,8 @@ class Explorer:
             started_at=started,
             finished_at=time.time(),
             attempts=attempts,
-            late_calls=closure.late_calls,
-            aborted_calls=closure.aborted_calls,
+            late_calls=late,
+            aborted_calls=aborted,
             runner=runner,
         )
 

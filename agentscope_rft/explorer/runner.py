@@ -77,6 +77,8 @@ class EpisodeOutcome:
     """Where it ran: `local/<pid>` in the explorer's process, `<node>/<pid>` in a Ray runner."""
     step_rewards: list[Any] = field(default_factory=list)
     """Rewards emitted with `emit_reward` in another process (in-process ones go to the scope)."""
+    step_states: list[Any] = field(default_factory=list)
+    """States emitted in another process (in-process ones go to the scope)."""
 
 
 class EpisodeRunner(Protocol):

@@ -11,7 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from agentscope_rft.config import ConfigError, RunConfig, dump_config
-from agentscope_rft.explorer.explorer import EpisodeSettings, ExploreResult
+from agentscope_rft.explorer.explorer import (
+    EpisodeSettings,
+    ExploreResult,
+    default_max_tokens_per_call,
+)
+from agentscope_rft.monitor.records import drop_partial_last_line
 from agentscope_rft.types import Rollout
 
 logger = logging.getLogger(__name__)
@@ -63,7 +68,20 @@ def episode_settings(config: RunConfig, max_model_len: int) -> EpisodeSettings:
         reward_gamma=ex.reward_gamma,
         success_threshold=ex.success_threshold,
         max_sample_length=max_length,
+        late_call_grace=ex.late_call_grace,
     )
+
+
+def max_tokens_per_call(config: RunConfig, max_model_len: int) -> int:
+    """The gateway's cap on an episode call's completion tokens (logged when derived)."""
+    ex = config.explorer
+    if ex.max_tokens_per_call is not None:
+        return ex.max_tokens_per_call
+    limit = max(default_max_tokens_per_call(max_model_len), ex.sampling.max_tokens or 0)
+    logger.info(
+        "explorer.max_tokens_per_call not set: episode calls generate at most %d tokens", limit
+    )
+    return limit
 
 
 def nominal_batch_size(config: RunConfig) -> int:
@@ -86,14 +104,23 @@ def sampling_rules(config: RunConfig) -> dict[str, dict[str, Any]]:
 
 @dataclass
 class RolloutLog:
-    """Appends one compact JSON line per rollout to `rollouts.jsonl` (for inspection)."""
+    """Appends one compact JSON line per rollout to `rollouts.jsonl` (for inspection).
+
+    A batch's lines go out in one unbuffered write, so a killed run leaves whole lines (at worst a
+    torn last one after a power loss, which a resumed run drops).
+    """
 
     path: Path
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        if self.resume:
+            drop_partial_last_line(self.path)
 
     def write(self, step: int, phase: str, result: ExploreResult) -> None:
-        with open(self.path, "a", encoding="utf-8") as handle:
-            for rollout in result.rollouts:
-                handle.write(json.dumps(_rollout_line(step, phase, rollout)) + "\n")
+        text = "".join(json.dumps(_rollout_line(step, phase, r)) + "\n" for r in result.rollouts)
+        with open(self.path, "ab", buffering=0) as handle:
+            handle.write(text.encode("utf-8"))
 
 
 def _rollout_line(step: int, phase: str, rollout: Rollout) -> dict[str, Any]:

@@ -19,13 +19,20 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from agentscope_rft.api import load_workflow
 from agentscope_rft.buffer.config import BufferConfig, build_buffer
 from agentscope_rft.config import RunConfig, dump_config
+from agentscope_rft.engines.base import engine_metrics
 from agentscope_rft.engines.factory import build_engine
 from agentscope_rft.explorer.explorer import Explorer, ExploreResult
 from agentscope_rft.explorer.runner import ModelSettings
 from agentscope_rft.explorer.tasks import load_tasks
 from agentscope_rft.explorer.trajectory import TrajectoryStats
 from agentscope_rft.gateway.server import Gateway
-from agentscope_rft.runtime.components import RolloutLog, episode_settings, sampling_rules
+from agentscope_rft.runtime.components import (
+    RolloutLog,
+    episode_settings,
+    max_tokens_per_call,
+    sampling_rules,
+)
+from agentscope_rft.runtime.signals import RunStop, RunStopped, Stopping
 from agentscope_rft.types import Rollout
 
 logger = logging.getLogger(__name__)
@@ -56,19 +63,24 @@ async def explore(
     split: str = "train",
     limit: int | None = None,
     group_size: int | None = None,
+    stop: RunStop | None = None,
 ) -> dict[str, float]:
     """Explore every task of a split; returns the summary metrics.
+
+    `stop` (the CLI routes SIGINT/SIGTERM to it) ends early: the batch in flight is cancelled,
+    the finished tasks' results and summary are written, then `RunStopped` is raised.
 
     Example:
         >>> summary = asyncio.run(explore(config, Path("runs/x/explore")))  # doctest: +SKIP
     """
+    stop = stop or RunStop()
     if config.runtime.type == "local":
-        return await _explore(config, out_dir, split, limit, group_size, None)
+        return await _explore(config, out_dir, split, limit, group_size, stop, None)
     from agentscope_rft.runtime.ray import RayRuntime
 
     ray_runtime = await asyncio.to_thread(RayRuntime, config)
     try:
-        return await _explore(config, out_dir, split, limit, group_size, ray_runtime)
+        return await _explore(config, out_dir, split, limit, group_size, stop, ray_runtime)
     finally:
         ray_runtime.close()
 
@@ -79,6 +91,7 @@ async def _explore(
     split: str,
     limit: int | None,
     group_size: int | None,
+    stop: RunStop,
     ray_runtime: Any,
 ) -> dict[str, float]:
     source = config.tasks.train if split == "train" else config.tasks.eval
@@ -121,6 +134,7 @@ async def _explore(
             seed_base=config.explorer.seed,
             generate_api_key=True,
             host=host,
+            max_tokens_limit=max_tokens_per_call(config, engine.max_model_len),
         ) as gateway:
             settings = episode_settings(config, engine.max_model_len)
             runner = None
@@ -139,12 +153,17 @@ async def _explore(
             with Progress(*columns, transient=True) as progress:
                 bar = progress.add_task("episodes", total=len(tasks) * groups)
                 for first in range(0, len(tasks), chunk):
-                    result: ExploreResult = await explorer.explore(
-                        tasks[first : first + chunk],
-                        group_size=groups,
-                        batch_id=f"{split}{first}",
-                        on_rollout=lambda _: progress.advance(bar),
-                    )
+                    try:
+                        result: ExploreResult = await stop.until(
+                            explorer.explore(
+                                tasks[first : first + chunk],
+                                group_size=groups,
+                                batch_id=f"{split}{first}",
+                                on_rollout=lambda _: progress.advance(bar),
+                            )
+                        )
+                    except Stopping:
+                        break
                     log.write(0, split, result)
                     stats.merge(result.trajectory)
                     all_rollouts.extend(result.rollouts)
@@ -158,9 +177,18 @@ async def _explore(
                             mine = [r for r in result.rollouts if r.task_id == task.id]
                             handle.write(json.dumps(_task_result(task.id, mine)) + "\n")
             await explorer.close()
+        counters = engine_metrics(engine)
     finally:
         await engine.close()
         await buffer.close()
     summary = ExploreResult(all_rollouts, [], stats, time.perf_counter() - started).metrics()
+    summary.update(counters)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    if stop.requested:
+        done = len(all_rollouts) // groups
+        raise RunStopped(
+            stop.reason or "request",
+            f"stopped on {stop.reason} after {done} of {len(tasks)} tasks; their results are in "
+            f"{results_path}",
+        )
     return summary

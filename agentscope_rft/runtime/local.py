@@ -11,26 +11,27 @@ episodes while weights update.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
-from agentscope_rft.api import load_workflow
 from agentscope_rft.buffer.config import build_buffer
 from agentscope_rft.config import RunConfig
-from agentscope_rft.engines.base import Engine
+from agentscope_rft.engines.base import Engine, engine_metrics
 from agentscope_rft.engines.factory import build_engine
 from agentscope_rft.explorer.explorer import EpisodeSettings, Explorer
 from agentscope_rft.explorer.runner import EpisodeRunner, ModelSettings
-from agentscope_rft.explorer.tasks import TaskSampler, load_tasks
+from agentscope_rft.explorer.tasks import TaskSampler
 from agentscope_rft.gateway.server import Gateway
-from agentscope_rft.models import resolve_model
 from agentscope_rft.monitor import Monitor
 from agentscope_rft.runtime.components import (
     RolloutLog,
     checkpoint_dir,
     episode_settings,
+    max_tokens_per_call,
     nominal_batch_size,
     prepare_run_dir,
     prune_checkpoints,
@@ -40,6 +41,8 @@ from agentscope_rft.runtime.components import (
 )
 from agentscope_rft.runtime.memory import release_freed_memory
 from agentscope_rft.runtime.offline import offline_batches
+from agentscope_rft.runtime.preflight import Checked, preflight
+from agentscope_rft.runtime.signals import RunStop, RunStopped, Stopping
 from agentscope_rft.trainers.base import Trainer
 from agentscope_rft.trainers.factory import build_trainer
 
@@ -59,20 +62,34 @@ async def _sync_weights(engine: Engine, trainer: Trainer, version: int) -> float
     return time.perf_counter() - started
 
 
-async def train(config: RunConfig, run_dir: Path, *, resume: bool = False) -> dict[str, float]:
+async def train(
+    config: RunConfig,
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    stop: RunStop | None = None,
+    checked: Checked | None = None,
+) -> dict[str, float]:
     """Run training as configured; returns the last step's metrics.
+
+    `stop` (the CLI routes SIGINT/SIGTERM to it) ends the run early but cleanly: exploring stops,
+    a step in progress finishes, a checkpoint and the run state are written, then `RunStopped` is
+    raised; `resume=True` continues exactly from there. `checked`: the result of `preflight` when
+    the caller ran it already (the CLI does, to fail fast before importing the training stack).
 
     Example:
         >>> asyncio.run(train(load_config("run.yaml"), Path("runs/run")))  # doctest: +SKIP
     """
+    stop = stop or RunStop()
+    checked = checked or preflight(config)  # everything checkable, before anything loads
     if config.runtime.type == "local":
-        return await _train(config, run_dir, resume=resume, ray_runtime=None)
+        return await _train(config, run_dir, resume, stop, checked, ray_runtime=None)
     from agentscope_rft.runtime.ray import RayRuntime
 
     # Joined (or started) and checked before any work, so the trainer's Ray ranks join it too.
     ray_runtime = await asyncio.to_thread(RayRuntime, config)
     try:
-        return await _train(config, run_dir, resume=resume, ray_runtime=ray_runtime)
+        return await _train(config, run_dir, resume, stop, checked, ray_runtime=ray_runtime)
     finally:
         ray_runtime.close()
 
@@ -100,15 +117,20 @@ async def _episode_runner(
 
 
 async def _train(
-    config: RunConfig, run_dir: Path, *, resume: bool, ray_runtime: Any
+    config: RunConfig,
+    run_dir: Path,
+    resume: bool,
+    stop: RunStop,
+    checked: Checked,
+    *,
+    ray_runtime: Any,
 ) -> dict[str, float]:
     prepare_run_dir(config, run_dir, resume=resume)
     mode, steps = config.run.mode, config.run.steps
-    model_path = resolve_model(config.model.name_or_path)
     trainer = await asyncio.to_thread(
         build_trainer,
         config.trainer,
-        model_path,
+        checked.model_path,
         config.algorithm,
         total_steps=steps,
         seed=config.run.seed,
@@ -122,9 +144,9 @@ async def _train(
         start = int(state["step"])
         await asyncio.to_thread(trainer.load, checkpoint_dir(run_dir, start))
         logger.info("resuming %s after step %d", run_dir, start)
-        if mode == "train_only":
-            await buffer.requeue_after(start)
-        else:  # explored-ahead groups are re-explored (same seeds), not trained twice
+        # Groups taken by the steps lost in the crash (`start` and later) go back to the buffer.
+        await buffer.requeue_after(start - 1)
+        if mode != "train_only":  # explorers re-explore them from the saved task position
             await buffer.discard_pending()
     if mode in ("offline", "train_only"):
         engine, gateway, explorer, sampler, eval_tasks = None, None, None, None, []
@@ -141,29 +163,19 @@ async def _train(
             generate_api_key=config.gateway.api_key == "auto",
             sampling_overrides=sampling_rules(config),
             seed_base=config.explorer.seed,
+            max_tokens_limit=max_tokens_per_call(config, engine.max_model_len),
         )
         await gateway.start()
-        workflow = load_workflow(config.workflow or "", config.judge)  # checked by the config
-        required = config.tasks.required_fields
         sampler = TaskSampler(
-            load_tasks(
-                config.tasks.train or "", id_field=config.tasks.id_field, required_fields=required
-            ),
-            shuffle=config.tasks.shuffle,
-            seed=config.run.seed,
+            checked.train_tasks, shuffle=config.tasks.shuffle, seed=config.run.seed
         )
         if "sampler" in state:
             sampler.load_state_dict(state["sampler"])
-        eval_tasks = (
-            load_tasks(config.tasks.eval, id_field=config.tasks.id_field, required_fields=required)[
-                : config.tasks.eval_limit
-            ]
-            if config.tasks.eval
-            else []
-        )
+        eval_tasks = checked.eval_tasks
+        assert checked.workflow is not None  # exploring modes have one (preflight)
         settings = episode_settings(config, engine.max_model_len)
         runner = await _episode_runner(config, settings, ray_runtime, gateway, engine, run_dir)
-        explorer = Explorer(workflow, gateway, settings, runner=runner)
+        explorer = Explorer(checked.workflow, gateway, settings, runner=runner)
 
     lead = LEAD.get(mode, config.run.max_staleness)
     stale_limit = 0 if mode == "sync" else lead
@@ -172,7 +184,7 @@ async def _train(
     trained = asyncio.Condition()  # notified after every trainer step (skipped ones included)
     steps_done = start
     policy_version = start  # of the weights the engine serves
-    rollout_log = RolloutLog(run_dir / "rollouts.jsonl")
+    rollout_log = RolloutLog(run_dir / "rollouts.jsonl", resume=resume)
     last: dict[str, float] = {}
     monitor = Monitor(
         run_dir,
@@ -195,20 +207,26 @@ async def _train(
             phase="eval",
         )
 
+    async def trainer_reached(step: int) -> None:
+        async with trained:
+            while steps_done < step:
+                await trained.wait()
+
     async def explore_loop(progress: Any) -> None:
         assert explorer is not None and sampler is not None and engine is not None
         for step in range(start, steps):
-            async with trained:
-                while steps_done < step - lead:
-                    await trained.wait()
+            await stop.until(trainer_reached(step - lead))
             sampler_states[step] = sampler.state_dict()
             tasks = sampler.next_batch(config.explorer.tasks_per_step)
             progress.reset("explore", total=len(tasks) * config.explorer.group_size)
-            result = await explorer.explore(
-                tasks,
-                group_size=config.explorer.group_size,
-                batch_id=f"s{step}",
-                on_rollout=lambda _: progress.advance("explore"),
+            # A stop cancels the batch: its episodes' rollouts close, their calls are aborted.
+            result = await stop.until(
+                explorer.explore(
+                    tasks,
+                    group_size=config.explorer.group_size,
+                    batch_id=f"s{step}",
+                    on_rollout=lambda _: progress.advance("explore"),
+                )
             )
             rollout_log.write(step, "train", result)
             groups: dict[str, list[Any]] = {}
@@ -216,7 +234,7 @@ async def _train(
                 groups.setdefault(sample.group, []).append(sample)
             for group in groups.values():
                 await buffer.put(group)
-            await produced.put((step, len(groups), result.metrics()))
+            await produced.put((step, len(groups), result.metrics() | engine_metrics(engine)))
 
     async def finish_step(done: int) -> None:
         nonlocal steps_done
@@ -229,6 +247,8 @@ async def _train(
         empty_in_a_row = 0
         offline = offline_batches(config, start) if mode == "offline" else None
         for step in range(start, steps):
+            if stop.requested:
+                return
             step_started = time.perf_counter()
             metrics: dict[str, float] = {}
             if offline is not None:
@@ -237,7 +257,7 @@ async def _train(
                 if mode == "train_only":
                     num_groups = config.explorer.tasks_per_step
                 else:
-                    _, num_groups, metrics = await produced.get()
+                    _, num_groups, metrics = await stop.until(produced.get())
                 if num_groups == 0:
                     empty_in_a_row += 1
                     logger.warning("step %d: no episode produced samples; nothing to train", step)
@@ -252,41 +272,58 @@ async def _train(
                     await finish_step(step + 1)
                     continue
                 empty_in_a_row = 0
-                samples = await buffer.get(
-                    num_groups,
-                    step=step,
-                    min_policy_version=max(0, policy_version - stale_limit),
-                    timeout=config.run.get_timeout,
+                samples = await stop.until(
+                    buffer.get(
+                        num_groups,
+                        step=step,
+                        min_policy_version=max(0, policy_version - stale_limit),
+                        timeout=config.run.get_timeout,
+                    )
                 )
-            progress.reset("train", total=1)
+            progress.reset("train", total=1)  # a step once begun finishes, even on a stop
             metrics.update(await asyncio.to_thread(trainer.step, samples, step))
             progress.advance("train")
             done = step + 1
-            if engine is not None:
+            if engine is not None and not stop.requested:
                 metrics["time/sync"] = await _sync_weights(engine, trainer, version=done)
             policy_version = done
             metrics["time/step"] = time.perf_counter() - step_started
-            if done == steps or (
-                config.run.checkpoint_every and done % config.run.checkpoint_every == 0
+            saved: dict[str, Any] | None = None
+            if (
+                done == steps
+                or stop.requested
+                or (config.run.checkpoint_every and done % config.run.checkpoint_every == 0)
             ):
                 saving = time.perf_counter()
-                await save_checkpoint(done)  # before the explorer moves on (sync mode)
+                saved = await save_checkpoint(done)  # before the explorer moves on (sync mode)
                 metrics["time/checkpoint"] = time.perf_counter() - saving
             await finish_step(done)
             metrics["policy_version"] = float(done)
             last = metrics
             monitor.log(step, metrics)
+            if saved is not None:
+                # state.json names the checkpoint only once its step is logged: a run killed in
+                # between resumes from the one before and redoes this step (superseding its line).
+                commit_checkpoint(saved)
             progress.advance("run")
             if config.run.eval_every and done % config.run.eval_every == 0:
-                await evaluate(done)
+                await stop.until(evaluate(done))
 
-    async def save_checkpoint(done: int) -> None:
+    saved_at = start if resume else None
+
+    async def save_checkpoint(done: int) -> dict[str, Any]:
+        """Save the weights and optimizer of step `done`; returns the run state to commit."""
+        nonlocal saved_at
+        saved_at = done
         target = checkpoint_dir(run_dir, done)
         await asyncio.to_thread(trainer.save, target)
         await asyncio.to_thread(trainer.export_hf, target / "model")
         saved: dict[str, Any] = {"step": done}
         if sampler is not None:  # resume re-explores from the first batch not yet trained
             saved["sampler"] = sampler_states.get(done, sampler.state_dict())
+        return saved
+
+    def commit_checkpoint(saved: dict[str, Any]) -> None:
         write_state(run_dir, saved)
         prune_checkpoints(run_dir, config.run.keep_checkpoints)
 
@@ -294,11 +331,15 @@ async def _train(
         with monitor, monitor.progress() as progress:
             progress.reset("run", total=steps, completed=start)
             if start == 0 and config.run.eval_every:
-                await evaluate(0)
-            jobs = [train_loop(progress)]
-            if explorer is not None:
-                jobs.append(explore_loop(progress))
-            await _run_together(jobs)
+                await _until_stopped(stop.until(evaluate(0)))
+            if not stop.requested:
+                jobs = [_until_stopped(train_loop(progress))]
+                if explorer is not None:
+                    jobs.append(_until_stopped(explore_loop(progress)))
+                await _run_together(jobs)
+            if stop.requested and saved_at != steps_done:
+                # what was trained so far, and where to resume
+                commit_checkpoint(await save_checkpoint(steps_done))
     finally:
         if explorer is not None:
             await explorer.close()
@@ -308,7 +349,20 @@ async def _train(
             await engine.close()
         await buffer.close()
         trainer.close()
+    if stop.requested and steps_done < steps:
+        reason = stop.reason or "request"
+        raise RunStopped(
+            reason,
+            f"stopped on {reason} after step {steps_done} of {steps} (checkpoint saved); "
+            f"continue with `agentscope-rft train --resume {run_dir}`",
+        )
     return last
+
+
+async def _until_stopped(job: Awaitable[None]) -> None:
+    """Run one of the loops; a stop request ends it quietly (the run then saves and exits)."""
+    with contextlib.suppress(Stopping):
+        await job
 
 
 async def _run_together(jobs: list[Any]) -> None:

@@ -24,3 +24,22 @@ async def run(task: dict, model) -> float:
 
 async def broken(task: dict, model) -> float:
     raise RuntimeError("the app is broken")
+
+
+_SERVER: list[object] = []
+
+
+async def run_with_server(task: dict, model) -> float:
+    """`run`, in an app that starts a helper process once (as apps start environment servers);
+    its pid goes to `$TOY_APP_PID_FILE`. Episodes take a moment, so a signal lands mid-step."""
+    import asyncio
+    import os
+    import subprocess
+
+    if not _SERVER:
+        server = subprocess.Popen(["sleep", "600"])
+        _SERVER.append(server)
+        with open(os.environ["TOY_APP_PID_FILE"], "w") as handle:
+            handle.write(str(server.pid))
+    await asyncio.sleep(0.3)
+    return await run(task, model)

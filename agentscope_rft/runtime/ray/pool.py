@@ -253,7 +253,9 @@ class RayRunnerPool:
             raise WorkflowReturnError(result.error)
         if result.status != "ok":
             raise EpisodeFailed(f"in runner {runner.label}:\n{result.error}", runner.label)
-        return EpisodeOutcome(result.reward, runner.label, list(result.step_rewards))
+        return EpisodeOutcome(
+            result.reward, runner.label, list(result.step_rewards), list(result.step_states)
+        )
 
     async def settle(self) -> int:
         """Wait for runner replacements under way; returns the runners alive."""

@@ -44,6 +44,7 @@ class AttemptResult:
     """`ok`, `timeout`, `bad_return` (not a reward) or `error` (the workflow raised)."""
     reward: Any = None
     step_rewards: list[Any] = field(default_factory=list)
+    step_states: list[Any] = field(default_factory=list)
     error: str = ""
     rss_mb: float = 0.0
     """The runner's resident memory after the attempt (for `runtime.runner_memory_mb`)."""
@@ -108,4 +109,6 @@ class EpisodeRunnerProcess:
             return AttemptResult("bad_return", error=str(exc), rss_mb=_rss_mb())
         except Exception as exc:
             return AttemptResult("error", error=_error_text(exc), rss_mb=_rss_mb())
-        return AttemptResult("ok", reward, list(scope.step_rewards), rss_mb=_rss_mb())
+        return AttemptResult(
+            "ok", reward, list(scope.step_rewards), list(scope.step_states), rss_mb=_rss_mb()
+        )

@@ -1,0 +1,192 @@
+"""Stopping a run: SIGTERM/SIGINT to a real `train` process, then `--resume`; pre-flight checks."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentscope_rft.config import load_config
+from agentscope_rft.runtime.local import train
+from agentscope_rft.runtime.signals import EXIT_STOPPED, RunStop, RunStopped
+
+from .test_train_loop import final_weights, toy_config
+
+CLI = [sys.executable, "-m", "agentscope_rft.cli"]
+
+
+@pytest.fixture(scope="module")
+def toy_tasks(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("toy") / "tasks.jsonl"
+    path.write_text(
+        "".join(json.dumps({"id": f"t{i}", "prompt": f"Say {i}"}) + "\n" for i in range(8))
+    )
+    return path
+
+
+def train_lines(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r.get("phase") == "train"]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as handle:  # a zombie is not running
+        return handle.read().split(")")[-1].split()[0] != "Z"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_mid_run_saves_and_resume_trains_every_step_once(
+    tiny_model_path, toy_tasks, tmp_path, signum
+):
+    run_dir, pid_file = tmp_path / "run", tmp_path / "server.pid"
+    args = [
+        f"model.name_or_path={tiny_model_path}",
+        "workflow=tests/integration/toy_app.py:run_with_server",
+        f"tasks.train={toy_tasks}",
+        "explorer.group_size=4",
+        "explorer.tasks_per_step=2",
+        "explorer.sampling.max_tokens=8",
+        "engine.dtype=float32",
+        "trainer.dtype=float32",
+        "run.steps=4",
+        f"run.dir={run_dir}",
+        "monitor.tensorboard=false",
+    ]
+    sets = [x for a in args for x in ("--set", a)]
+    env = {**os.environ, "TOY_APP_PID_FILE": str(pid_file), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [*CLI, "train", *sets], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True
+    )
+    deadline = time.time() + 300
+    while not train_lines(run_dir):  # step 0 trained: step 1 is being explored now
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.time() < deadline, "no step finished in time"
+        time.sleep(0.2)
+    proc.send_signal(signum)
+    signalled = time.time()
+    out, _ = proc.communicate(timeout=120)
+    stopping = time.time() - signalled
+    assert proc.returncode == EXIT_STOPPED, out
+    assert stopping < 60, stopping
+    name = signal.Signals(signum).name
+    assert f"stopped on {name} after step" in out and "--resume" in out
+    state = json.loads((run_dir / "state.json").read_text())
+    stopped_at = state["step"]
+    assert 1 <= stopped_at < 4, state
+    assert (run_dir / "checkpoints" / f"step-{stopped_at:06d}" / "model").is_dir()
+    assert len(train_lines(run_dir)) == stopped_at
+    server = int(pid_file.read_text())
+    assert not alive(server), "the app's helper process outlived the run"
+
+    pid_file.unlink()
+    resumed = subprocess.run(
+        [*CLI, "train", "--resume", str(run_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    steps = [row["step"] for row in train_lines(run_dir)]
+    assert steps == [0, 1, 2, 3]  # every step trained once
+    assert final_weights(run_dir, 4)
+    assert not alive(int(pid_file.read_text()))
+
+
+async def test_stop_request_then_resume_reaches_the_same_parameters(
+    tiny_model_path, toy_tasks, tmp_path
+):
+    extra = ("run.steps=3", "trainer.lr=1e-2", "trainer.old_logprobs=recompute")
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    await train(toy_config(tiny_model_path, toy_tasks, straight, *extra), straight)
+
+    stop = RunStop()
+    job = asyncio.create_task(
+        train(toy_config(tiny_model_path, toy_tasks, stopped, *extra), stopped, stop=stop)
+    )
+    while not train_lines(stopped):
+        assert not job.done(), job.exception()
+        await asyncio.sleep(0.05)
+    stop.request("test")
+    with pytest.raises(RunStopped, match=r"stopped on test after step 1 of 3"):
+        await job
+    assert json.loads((stopped / "state.json").read_text())["step"] == 1
+    await train(load_config(stopped / "config.yaml"), stopped, resume=True)
+
+    a, b = final_weights(straight, 3), final_weights(stopped, 3)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0)
+    assert [r["step"] for r in train_lines(stopped)] == [0, 1, 2]
+
+
+def test_bad_workflow_path_fails_before_the_engine_starts(toy_tasks, tmp_path):
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [
+            *CLI,
+            "train",
+            "--set",
+            "workflow=no/such/app.py:run",
+            "--set",
+            f"tasks.train={toy_tasks}",
+            "--set",
+            f"run.dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    elapsed = time.perf_counter() - started
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "workflow file no/such/app.py does not exist" in proc.stderr
+    assert not (tmp_path / "run").exists()  # nothing was created, nothing loaded
+    assert "engine ready" not in proc.stderr
+    # The interpreter and the config module (torch) load first; the check itself is instant.
+    assert elapsed < 5 or os.getloadavg()[0] > 4, elapsed
+
+
+async def test_preflight_checks_everything_before_any_model_loads(
+    tiny_model_path, toy_tasks, tmp_path, monkeypatch
+):
+    from agentscope_rft.api import WorkflowError
+    from agentscope_rft.config import ConfigError
+    from agentscope_rft.explorer.tasks import TaskSetError
+    from agentscope_rft.models import ModelNotFoundError
+    from agentscope_rft.runtime import local
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded before the config was checked")
+
+    monkeypatch.setattr(local, "build_trainer", no_loading)
+    monkeypatch.setattr(local, "build_engine", no_loading)
+    cases = [
+        ("workflow=tests/integration/toy_app.py:nothing_here", WorkflowError, "nothing_here"),
+        ("judge=tests/integration/toy_app.py:uppercase_share", WorkflowError, "async function"),
+        (f"tasks.eval={tmp_path / 'none.jsonl'}", TaskSetError, "does not exist"),
+        ("model.name_or_path=/no/model", ModelNotFoundError, "unknown model"),
+        ("engine.device=cuda:0", ConfigError, "no CUDA device"),
+        ("model.chat_template=nope", ConfigError, "neither a template nor a file"),
+    ]
+    if torch.cuda.is_available():
+        cases = [c for c in cases if "cuda" not in c[0]]
+    for i, (override, error, fragment) in enumerate(cases):
+        config = toy_config(tiny_model_path, toy_tasks, tmp_path / f"r{i}", override)
+        started = time.perf_counter()
+        with pytest.raises(error, match=fragment):
+            await train(config, tmp_path / f"r{i}")
+        if i == 0:  # the bad workflow: reported at once (no model, no task file read)
+            assert time.perf_counter() - started < 5
+        assert not (tmp_path / f"r{i}").exists()
