@@ -22,6 +22,7 @@ from agentscope_rft.algorithms.config import AlgorithmConfig
 from agentscope_rft.buffer.config import BufferConfig
 from agentscope_rft.config_base import Section
 from agentscope_rft.monitor.config import MonitorConfig
+from agentscope_rft.runtime.config import RuntimeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -428,6 +429,9 @@ class RunConfig(Section):
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     """Console, TensorBoard, W&B, MLflow, plots."""
     offline: OfflineConfig = Field(default_factory=OfflineConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    """Where episodes run: `local` (default, in this process) or `ray` (isolated runner processes
+    on a Ray cluster, one or many machines)."""
     run: RunSettings = Field(default_factory=RunSettings)
 
     @model_validator(mode="before")

@@ -206,6 +206,8 @@ class Rollout:
     """Model calls still in flight when the episode returned or timed out."""
     aborted_calls: int = 0
     """Of those, the ones aborted at the engine (not recorded)."""
+    runner: str | None = None
+    """The process the (last) attempt ran in: `local/<pid>`, or `<node>/<pid>` for a Ray runner."""
 
     @property
     def ok(self) -> bool:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import time
 import traceback
 import uuid
@@ -33,6 +34,14 @@ import httpx
 from agentscope.model import OpenAIChatModel
 
 from agentscope_rft.api import Workflow
+from agentscope_rft.explorer.runner import (
+    EpisodeFailed,
+    EpisodeOutcome,
+    EpisodeRunner,
+    EpisodeTimeout,
+    WorkflowReturnError,
+    as_reward,
+)
 from agentscope_rft.explorer.tasks import Task
 from agentscope_rft.explorer.trajectory import RewardSpread, TrajectoryStats, build_samples
 from agentscope_rft.gateway.app import RolloutClosure
@@ -41,6 +50,15 @@ from agentscope_rft.integration.agentscope import RolloutScope, rollout_model, r
 from agentscope_rft.types import Call, Reward, Rollout, RolloutStatus, Sample
 
 logger = logging.getLogger(__name__)
+
+__all__ = [
+    "EpisodeSettings",
+    "EpisodeTimeout",
+    "ExploreResult",
+    "Explorer",
+    "WorkflowReturnError",
+    "as_reward",
+]
 
 CANCEL_GRACE = 2.0
 """Seconds an episode gets to unwind after its rollout is closed and its task cancelled."""
@@ -57,25 +75,6 @@ def default_max_tokens_per_call(max_model_len: int) -> int:
         2048
     """
     return max(16, max_model_len // 4)
-
-
-class EpisodeTimeout(Exception):
-    """The episode did not finish within `episode_timeout`."""
-
-
-class WorkflowReturnError(TypeError):
-    """The workflow (or judge) returned something that is not a reward."""
-
-
-def as_reward(value: Any, source: str) -> Reward:
-    if isinstance(value, Reward):
-        return value
-    if isinstance(value, bool | int | float) and math.isfinite(float(value)):
-        return Reward(float(value))
-    raise WorkflowReturnError(
-        f"the {source} returned {type(value).__name__} {value!r:.80}; it must return a finite "
-        "float or agentscope_rft.Reward (a workflow with a judge may return any response)"
-    )
 
 
 @dataclass(frozen=True)
@@ -106,6 +105,8 @@ class ExploreResult:
     trajectory: TrajectoryStats
     seconds: float
     no_model_calls: list[str] = field(default_factory=list)
+    runtime: dict[str, float] = field(default_factory=dict)
+    """The episode runners' counters over this batch (e.g. `runtime/runner_deaths`)."""
 
     def metrics(self) -> dict[str, float]:
         ok = [r for r in self.rollouts if r.ok]
@@ -136,6 +137,7 @@ class ExploreResult:
             "time/explore": self.seconds,
         }
         out.update(self.trajectory.metrics())
+        out.update(self.runtime)
         return out
 
 
@@ -153,10 +155,18 @@ class Explorer:
         >>> result = await explorer.explore(tasks, group_size=4, batch_id="step1")  # doctest: +SKIP
     """
 
-    def __init__(self, workflow: Workflow, gateway: Gateway, settings: EpisodeSettings) -> None:
+    def __init__(
+        self,
+        workflow: Workflow,
+        gateway: Gateway,
+        settings: EpisodeSettings,
+        runner: EpisodeRunner | None = None,
+    ) -> None:
         self.workflow = workflow
         self.gateway = gateway
         self.settings = settings
+        self.runner = runner
+        """Where attempts run; None: as asyncio tasks of this process."""
         self._limit = asyncio.Semaphore(settings.max_concurrency)
         # Episodes share a pool of keep-alive connections to the gateway. It is capped: the engine
         # batches far fewer sequences than 1,000 episodes make calls, and opening a socket per
@@ -176,6 +186,8 @@ class Explorer:
             episode.cancel()
         if stragglers:
             await asyncio.wait(stragglers, timeout=CANCEL_GRACE)
+        if self.runner is not None:
+            await self.runner.close()
         await self._http.aclose()
 
     def _model(self, scope: RolloutScope) -> OpenAIChatModel:
@@ -251,12 +263,36 @@ class Explorer:
             return as_reward(judged, "judge"), closure
         return as_reward(result, f"workflow `{self.workflow.name}`"), closure
 
+    async def _remote_attempt(
+        self, runner: EpisodeRunner, task: Task, scope: RolloutScope
+    ) -> tuple[EpisodeOutcome, RolloutClosure]:
+        """One attempt in a runner process; at the deadline the rollout is closed here (its calls
+        are refused) while the runner cancels the episode (or is replaced if it cannot)."""
+        remote = asyncio.ensure_future(
+            runner.run(dict(task.data), scope, self.settings.episode_timeout)
+        )
+        try:
+            done, _ = await asyncio.wait({remote}, timeout=self.settings.episode_timeout)
+            if not done:
+                self._closures[scope.rollout_id] = await self.gateway.close_rollout(
+                    scope.rollout_id, reason="timeout"
+                )
+            outcome = await remote
+        except asyncio.CancelledError:
+            remote.cancel()
+            await self.gateway.close_rollout(scope.rollout_id, reason="cancelled")
+            raise
+        closure = await self.gateway.close_rollout(
+            scope.rollout_id, reason="finished", grace=self.settings.late_call_grace
+        )
+        return outcome, closure
+
     async def run_episode(self, task: Task, rollout_id: str | None = None) -> Rollout:
         """Run one episode (with retries); never raises for a failing episode."""
         rollout_id = rollout_id or uuid.uuid4().hex
         started = time.time()
         attempts = self.settings.max_retries + 1
-        status, error = RolloutStatus.FAILED, ""
+        status, error, runner = RolloutStatus.FAILED, "", None
         late = aborted = 0
         for attempt in range(attempts):
             attempt_id = rollout_id if attempt == 0 else f"{rollout_id}.retry{attempt}"
@@ -269,7 +305,13 @@ class Explorer:
             )
             try:
                 async with self._limit:
-                    reward, closure = await self._attempt(task, scope)
+                    if self.runner is None:
+                        reward, closure = await self._attempt(task, scope)
+                        outcome = EpisodeOutcome(reward, f"local/{os.getpid()}")
+                    else:
+                        outcome, closure = await self._remote_attempt(self.runner, task, scope)
+                        reward = outcome.reward
+                runner = outcome.runner
                 calls = await self.gateway.recorder.take(attempt_id, wait_timeout=0)
                 overflow = self.gateway.recorder.pop_overflow(attempt_id)
                 truncated = reward.truncated or ("context_window" if overflow else None)
@@ -288,19 +330,22 @@ class Explorer:
                     error=overflow,
                     truncated=truncated,
                     success=success,
-                    step_rewards=scope.step_rewards,
-                    step_states=scope.step_states,
+                    step_rewards=[*scope.step_rewards, *outcome.step_rewards],
+                    step_states=[*scope.step_states, *outcome.step_states],
                     metrics=dict(reward.metrics),
                     started_at=started,
                     finished_at=time.time(),
                     attempts=attempt + 1,
                     late_calls=closure.late_calls,
                     aborted_calls=closure.aborted_calls,
+                    runner=runner,
                 )
             except EpisodeTimeout as exc:
                 status, error = RolloutStatus.TIMEOUT, str(exc)
-            except WorkflowReturnError as exc:
+                runner = getattr(exc, "runner", None)
+            except (WorkflowReturnError, EpisodeFailed) as exc:
                 status, error = RolloutStatus.FAILED, str(exc)
+                runner = getattr(exc, "runner", None)
             except Exception as exc:
                 status, error = RolloutStatus.FAILED, _error_text(exc)
             finally:
@@ -330,6 +375,7 @@ class Explorer:
             attempts=attempts,
             late_calls=late,
             aborted_calls=aborted,
+            runner=runner,
         )
 
     def _overflowed(
@@ -420,6 +466,7 @@ class Explorer:
             trajectory=stats,
             seconds=time.perf_counter() - started,
             no_model_calls=no_calls,
+            runtime=self.runner.take_metrics() if self.runner is not None else {},
         )
 
 

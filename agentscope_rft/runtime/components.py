@@ -136,6 +136,8 @@ def _rollout_line(step: int, phase: str, rollout: Rollout) -> dict[str, Any]:
         "truncated": rollout.truncated,
         "error": (rollout.error or "")[-1000:] or None,
         "metrics": dict(rollout.metrics),
+        "attempts": rollout.attempts,
+        "runner": rollout.runner,
         "calls": [
             {
                 "agent": call.agent_name,
