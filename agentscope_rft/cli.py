@@ -200,7 +200,7 @@ def _stopped(exc: BaseException) -> typer.Exit:
         logging.getLogger(__name__).warning(
             "terminated %d process(es) the run left running: %s", len(leftovers), leftovers
         )
-    console.print(f"[bold yellow]stopped:[/] {exc}")
+    console.print(f"[bold yellow]stopped:[/] {exc}", soft_wrap=True)  # one line: copy-paste
     return typer.Exit(code=EXIT_STOPPED)
 
 
