@@ -103,7 +103,7 @@ def test_signal_mid_run_saves_and_resume_trains_every_step_once(
     steps = [row["step"] for row in train_lines(run_dir)]
     assert steps == [0, 1, 2, 3]  # every step trained once
     assert final_weights(run_dir, 4)
-    assert not alive(int(pid_file.read_text()))
+    assert not alive(int(pid_file.read_text()))  # also a finished run leaves no orphans
 
 
 async def test_stop_request_then_resume_reaches_the_same_parameters(
@@ -151,7 +151,8 @@ def test_bad_workflow_path_fails_before_the_engine_starts(toy_tasks, tmp_path):
     )
     elapsed = time.perf_counter() - started
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "no/such/app.py does not exist" in proc.stderr
+    message = " ".join(proc.stderr.split())  # the console wraps long lines
+    assert "no/such/app.py does not exist" in message, message
     assert not (tmp_path / "run").exists()  # nothing was created, nothing loaded
     assert "engine ready" not in proc.stderr
     # The interpreter and the config module (torch) load first; the check itself is instant.
