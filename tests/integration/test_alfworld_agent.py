@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from agentscope_rft.check import check_workflow
+from agentscope_rft.engines.embedded import EmbeddedEngine
 from agentscope_rft.explorer.explorer import EpisodeSettings, Explorer
 from agentscope_rft.explorer.tasks import load_tasks as load_task_rows
 from agentscope_rft.explorer.trajectory import build_samples
@@ -99,7 +100,7 @@ async def test_full_history_trains_one_merged_sample_with_observations_masked() 
 
 async def test_window_mode_trains_one_sample_per_turn_with_step_rewards_on_its_command() -> None:
     settings = AlfworldAgentSettings(
-        max_steps=3, context="window", window=2, invalid_command_reward=-0.05
+        max_steps=4, context="window", window=2, invalid_command_reward=-0.05
     )
     run = make_workflow(settings)
     engine = ScriptedEngine(lambda messages, tools: "dance wildly")  # never admissible
@@ -108,9 +109,9 @@ async def test_window_mode_trains_one_sample_per_turn_with_step_rewards_on_its_c
         rollout = await explorer.run_episode(load_task_rows(TASKS[1:2])[0])
         await explorer.close()
     assert rollout.ok and not rollout.success and rollout.reward == -0.1
-    assert rollout.metrics["invalid_commands"] == 3.0
+    assert rollout.metrics["invalid_commands"] == 4.0
     samples, _ = build_samples(rollout)
-    assert [s.num_calls for s in samples] == [1, 1, 1]
+    assert [s.num_calls for s in samples] == [1, 1, 1, 1]
     for sample in samples:
         assert sample.reward == -0.1
         last_trained = max(i for i, m in enumerate(sample.loss_mask) if m)
@@ -119,6 +120,8 @@ async def test_window_mode_trains_one_sample_per_turn_with_step_rewards_on_its_c
         assert sample.token_rewards[last_trained] == pytest.approx(-0.05)
     # The last prompt shows the last two turns and the current observation, not the first turn.
     prompt = _text(engine.requests[-1].messages[-1])
+    assert "You have taken 3 step(s). Your last 2 step(s), oldest first:" in prompt
+    assert "[3] Nothing happens. > dance wildly" in prompt
     assert "[2] Nothing happens. > dance wildly" in prompt and "[1]" not in prompt
     assert prompt.startswith("Your task is to: ")
 
@@ -135,7 +138,10 @@ async def test_concurrent_episodes_do_not_share_game_state() -> None:
 
 async def test_the_app_runs_end_to_end_on_a_tiny_model(tiny_model_path: str) -> None:
     run = make_workflow(AlfworldAgentSettings(max_steps=3, demo=False))
-    report = await check_workflow(run, TASKS[2], model=tiny_model_path, show=False)
+    # A short context bounds how much a random model can babble per call.
+    engine = EmbeddedEngine(tiny_model_path, dtype="float32", device="cpu", max_model_len=640)
+    report = await check_workflow(run, TASKS[2], engine=engine, show=False)
+    await engine.close()
     assert report.rollout.ok, report.rollout.error
     assert len(report.rollout.calls) == 3 and report.rollout.metrics["steps"] == 3.0
     [sample] = report.samples
@@ -179,7 +185,7 @@ async def test_real_data_layout_plays_and_a_broken_game_file_is_a_clear_error(
     export_games(TASKS[:1], tmp_path, "valid_seen")
     monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path))
     [row] = find_games("valid_seen")
-    run = make_workflow(AlfworldAgentSettings(max_steps=8))
+    run = make_workflow(AlfworldAgentSettings(max_steps=12))
     [rollout], _ = await _explore(run, [{**row, "id": "real"}], concurrent=False)
     assert rollout.ok and rollout.success
     broken = Path(row["game_file"])
