@@ -115,7 +115,13 @@ class RayCluster:
             return cls(owns=False, address="(already initialized)")
         address = config.address or os.environ.get("RAY_ADDRESS") or None
         if address is None:
-            ray.init(num_cpus=config.num_cpus, include_dashboard=False, log_to_driver=True)
+            # "local": a new cluster of its own, even if this machine runs another one.
+            ray.init(
+                address="local",
+                num_cpus=config.num_cpus,
+                include_dashboard=False,
+                log_to_driver=True,
+            )
             cluster = cls(owns=True, address="local")
         else:
             probe_address(address)

@@ -41,6 +41,19 @@ STUCK_GRACE_S = 10.0
 """How long past its timeout a runner may take to answer before it is considered stuck."""
 
 
+def _runner_gone() -> tuple[type[BaseException], ...]:
+    """Ray's errors for an actor whose process or node went away (crash, kill, OOM kill)."""
+    from ray import exceptions as ex
+
+    return (ex.RayActorError, ex.OutOfMemoryError, ex.WorkerCrashedError, ex.NodeDiedError)
+
+
+def _start_failures() -> tuple[type[BaseException], ...]:
+    import ray
+
+    return (*_runner_gone(), ray.exceptions.RuntimeEnvSetupError)
+
+
 @dataclass
 class _Runner:
     slot: int
@@ -112,7 +125,7 @@ class RayRunnerPool:
                 f"the resources one runner asks (runtime.runner_cpus {self.config.runner_cpus}, "
                 f"runtime.runner_gpus {self.config.runner_gpus})"
             ) from exc
-        except ray.exceptions.RayActorError as exc:
+        except _start_failures() as exc:
             raise RunnerStartError(f"runner {slot} failed to start: {exc}") from exc
         label = f"{info['node'][:8]}/{info['pid']}"
         async with self._changed:
@@ -231,7 +244,7 @@ class RayRunnerPool:
                 "did not answer (blocking code?): the runner was replaced",
                 runner.label,
             ) from exc
-        except ray.exceptions.RayActorError as exc:
+        except _runner_gone() as exc:
             first = self._runners[runner.slot] is runner
             await self._lost(runner, "runtime/runner_deaths")
             if first:

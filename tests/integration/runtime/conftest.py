@@ -29,6 +29,9 @@ def ray_cluster():
     from ray.cluster_utils import Cluster
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Ray kills workers when the node is above 95% memory; on a shared CI box that is other
+    # jobs' memory, and it would turn into extra runner deaths the tests do not expect.
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
     before = _raylets()
     cluster = Cluster(
         initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}

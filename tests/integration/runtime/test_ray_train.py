@@ -154,3 +154,27 @@ async def test_rewards_from_runners_update_the_weights(ray_cluster, tiny_model_p
     before = load_file(str(Path(tiny_model_path) / "model.safetensors"))
     after = load_file(str(tmp_path / "run/checkpoints/step-000002/model/model.safetensors"))
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.slow
+async def test_without_an_address_the_run_starts_and_stops_its_own_cluster(
+    ray_cluster, tiny_model_path, tmp_path
+):
+    """Even with another cluster on this machine (the test cluster), the run starts its own."""
+    from .conftest import _raylets
+
+    before = _raylets()
+    config = quickstart(
+        tiny_model_path,
+        tmp_path,
+        "run.steps=1",
+        "runtime.num_cpus=1",
+        "runtime.runners=1",
+        "runtime.runner_cpus=0.5",
+    )
+    await train(config, tmp_path / "run")
+    assert not ray.is_initialized()
+    assert _raylets() <= before  # its raylet is gone, the other cluster's are untouched
+    assert before & _raylets() == before
+    rows = [json.loads(x) for x in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
+    assert all(r["status"] == "ok" and not r["runner"].startswith("local/") for r in rows)

@@ -21,7 +21,7 @@ async def test_a_replica_reloads_the_object_store_copy(
     vllm_engine: VLLMEngine, smollm2_path: Path
 ) -> None:
     assert GREEDY.temperature == 0
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     url = vllm_engine.replicas[0].server.url
     placement = WeightPlacement(
         {url: ray.get_runtime_context().get_node_id()},
