@@ -145,3 +145,16 @@ class Engine(Protocol):
         the swap took (the pause included).
         """
         ...
+
+
+def engine_metrics(engine: Engine) -> dict[str, float]:
+    """The engine's own counters (prefix cache hit rate, syncs, ...) under `engine/`, if any.
+
+    Example:
+        >>> engine_metrics(object())  # an engine without counters
+        {}
+    """
+    metrics = getattr(engine, "metrics", None)
+    if metrics is None:
+        return {}
+    return {f"engine/{key}": float(value) for key, value in metrics().items()}

@@ -123,8 +123,10 @@ class ContinuousBatcher:
         seed: int = 0,
         prefix_cache: PrefixCache | None = None,
         prefill_chunk_tokens: int | None = None,
+        num_threads: int | None = None,
     ) -> None:
         self.model = model
+        self.num_threads = num_threads
         self.device = next(model.parameters()).device
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
@@ -209,6 +211,8 @@ class ContinuousBatcher:
     # ----------------------------------------------------------------- engine thread
     def _run(self) -> None:
         torch.set_grad_enabled(False)
+        if self.num_threads is not None:  # per thread: the trainer's threads are untouched
+            torch.set_num_threads(self.num_threads)
         while not self._stopping:
             try:
                 self._maybe_swap()

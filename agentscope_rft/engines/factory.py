@@ -72,4 +72,5 @@ def build_engine(model: ModelConfig, engine: EngineConfig, log_dir: Path | None 
         prefix_cache_gib=engine.prefix_cache_gib,
         prefix_block_tokens=engine.prefix_block_tokens,
         prefill_chunk_tokens=engine.prefill_chunk_tokens,
+        num_threads=engine.num_threads,
     )

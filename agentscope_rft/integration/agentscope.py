@@ -29,7 +29,7 @@ from agentscope.model import OpenAIChatModel
 from pydantic import SecretStr
 
 from agentscope_rft.gateway.app import AGENT_HEADER
-from agentscope_rft.types import StepReward
+from agentscope_rft.types import StepReward, StepState
 
 _OWN_CLIENT = "_agentscope_rft_own_client"
 
@@ -43,6 +43,7 @@ class RolloutScope:
     """The rollout's OpenAI base URL on the gateway (`.../rollouts/<id>/v1`)."""
     api_key: str
     step_rewards: list[StepReward] = field(default_factory=list)
+    step_states: list[StepState] = field(default_factory=list)
     calls_made: dict[str | None, int] = field(default_factory=dict)
     """Answered model calls so far, per agent name (for `emit_reward` without a step)."""
     last_agent: str | None = None
@@ -61,7 +62,7 @@ class RolloutScope:
                 base_url=self.base_url,
                 default_headers=headers,
                 max_retries=0,  # the app's model retries; a retry here would double-record
-                timeout=httpx.Timeout(3600.0, connect=10.0),
+                timeout=httpx.Timeout(3600.0, connect=60.0),  # loopback, maybe a busy loop
                 http_client=self.http_client,
             )
             self._clients[agent_name] = client

@@ -7,6 +7,7 @@ later with `run.mode: train_only`), per-task results to `results.jsonl`, a summa
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -18,8 +19,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from agentscope_rft.api import load_workflow
 from agentscope_rft.buffer.config import BufferConfig, build_buffer
 from agentscope_rft.config import RunConfig, dump_config
+from agentscope_rft.engines.base import engine_metrics
 from agentscope_rft.engines.factory import build_engine
 from agentscope_rft.explorer.explorer import Explorer, ExploreResult
+from agentscope_rft.explorer.runner import ModelSettings
 from agentscope_rft.explorer.tasks import load_tasks
 from agentscope_rft.explorer.trajectory import TrajectoryStats
 from agentscope_rft.gateway.server import Gateway
@@ -71,6 +74,26 @@ async def explore(
         >>> summary = asyncio.run(explore(config, Path("runs/x/explore")))  # doctest: +SKIP
     """
     stop = stop or RunStop()
+    if config.runtime.type == "local":
+        return await _explore(config, out_dir, split, limit, group_size, stop, None)
+    from agentscope_rft.runtime.ray import RayRuntime
+
+    ray_runtime = await asyncio.to_thread(RayRuntime, config)
+    try:
+        return await _explore(config, out_dir, split, limit, group_size, stop, ray_runtime)
+    finally:
+        ray_runtime.close()
+
+
+async def _explore(
+    config: RunConfig,
+    out_dir: Path,
+    split: str,
+    limit: int | None,
+    group_size: int | None,
+    stop: RunStop,
+    ray_runtime: Any,
+) -> dict[str, float]:
     source = config.tasks.train if split == "train" else config.tasks.eval
     if source is None:
         raise ValueError(f"tasks.{split} is not set in the config")
@@ -103,14 +126,23 @@ async def explore(
     if split != "train":
         rules[""] = rules["eval"]
     try:
+        # Runners on other machines reach the gateway at the configured interface.
+        host = config.gateway.host if ray_runtime is not None else "127.0.0.1"
         async with Gateway(
             engine,
             sampling_overrides=rules,
             seed_base=config.explorer.seed,
             generate_api_key=True,
+            host=host,
             max_tokens_limit=max_tokens_per_call(config, engine.max_model_len),
         ) as gateway:
-            explorer = Explorer(workflow, gateway, episode_settings(config, engine.max_model_len))
+            settings = episode_settings(config, engine.max_model_len)
+            runner = None
+            if ray_runtime is not None:
+                await ray_runtime.place_weights(engine, out_dir)
+                model = ModelSettings(engine.model_name, settings.model_stream, settings.max_tokens)
+                runner = await ray_runtime.episode_runner(config, model, gateway.port)
+            explorer = Explorer(workflow, gateway, settings, runner=runner)
             chunk = max(1, config.explorer.max_concurrency // groups)
             columns = [
                 TextColumn("exploring"),
@@ -145,10 +177,12 @@ async def explore(
                             mine = [r for r in result.rollouts if r.task_id == task.id]
                             handle.write(json.dumps(_task_result(task.id, mine)) + "\n")
             await explorer.close()
+        counters = engine_metrics(engine)
     finally:
         await engine.close()
         await buffer.close()
     summary = ExploreResult(all_rollouts, [], stats, time.perf_counter() - started).metrics()
+    summary.update(counters)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     if stop.requested:
         done = len(all_rollouts) // groups
