@@ -60,6 +60,11 @@ class EpisodeTimeout(Exception):
     """The episode did not finish within `episode_timeout`."""
 
 
+POOL_SIZE = 32
+"""Episodes per HTTP connection pool (each pool keeps up to twice as many connections)."""
+POOL_SHARDS = 64
+
+
 class WorkflowReturnError(TypeError):
     """The workflow (or judge) returned something that is not a reward."""
 
@@ -150,13 +155,18 @@ class Explorer:
         self.gateway = gateway
         self.settings = settings
         self._limit = asyncio.Semaphore(settings.max_concurrency)
-        # Episodes share a pool of keep-alive connections to the gateway. It is capped: the engine
-        # batches far fewer sequences than 1,000 episodes make calls, and opening a socket per
-        # call on a busy event loop timed connects out (calls wait for a free connection instead).
-        self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(3600.0, connect=60.0),
-            limits=httpx.Limits(max_connections=min(256, max(64, settings.max_concurrency * 2))),
-        )
+        # Episodes share keep-alive connections to the gateway, through several small pools:
+        # httpx's pool scans all its waiting requests for every connection event, so one pool of
+        # 1,000 concurrent episodes stalled the event loop for minutes (quadratic).
+        shards = max(1, min(POOL_SHARDS, settings.max_concurrency // POOL_SIZE))
+        self._pools = [
+            httpx.AsyncClient(
+                timeout=httpx.Timeout(3600.0, connect=60.0),
+                limits=httpx.Limits(max_connections=POOL_SIZE * 2),
+            )
+            for _ in range(shards)
+        ]
+        self._episodes_started = 0
         self._warned_no_calls = False
         self._stragglers: set[asyncio.Task[Any]] = set()
         self._closures: dict[str, RolloutClosure] = {}
@@ -168,7 +178,8 @@ class Explorer:
             episode.cancel()
         if stragglers:
             await asyncio.wait(stragglers, timeout=CANCEL_GRACE)
-        await self._http.aclose()
+        for pool in self._pools:
+            await pool.aclose()
 
     def _model(self, scope: RolloutScope) -> OpenAIChatModel:
         parameters = OpenAIChatModel.Parameters(max_tokens=self.settings.max_tokens)
@@ -250,6 +261,7 @@ class Explorer:
         attempts = self.settings.max_retries + 1
         status, error = RolloutStatus.FAILED, ""
         late = aborted = 0
+        self._episodes_started += 1
         for attempt in range(attempts):
             attempt_id = rollout_id if attempt == 0 else f"{rollout_id}.retry{attempt}"
             self.gateway.reopen_rollout(attempt_id)
@@ -257,7 +269,7 @@ class Explorer:
                 rollout_id=attempt_id,
                 base_url=self.gateway.rollout_base_url(attempt_id),
                 api_key=self.gateway.api_key or "no-key",
-                http_client=self._http,
+                http_client=self._pools[self._episodes_started % len(self._pools)],
             )
             try:
                 async with self._limit:
