@@ -8,6 +8,7 @@ The public API for agent developers:
     async def run(task: dict, model) -> float: ...
 
     agentscope_rft.emit_reward(0.5)            # a reward during the episode
+    agentscope_rft.emit_state(observation)     # the state of the next call (GiGPO anchors)
     await agentscope_rft.check_workflow(run, task)   # run one episode, see what is captured
 """
 
@@ -20,13 +21,14 @@ from agentscope_rft.types import Reward
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from agentscope_rft.api import Workflow, emit_reward, workflow
+    from agentscope_rft.api import Workflow, emit_reward, emit_state, workflow
     from agentscope_rft.check import CheckReport, check_workflow
 
 _LAZY = {
     "workflow": "agentscope_rft.api",
     "Workflow": "agentscope_rft.api",
     "emit_reward": "agentscope_rft.api",
+    "emit_state": "agentscope_rft.api",
     "check_workflow": "agentscope_rft.check",
     "CheckReport": "agentscope_rft.check",
 }
@@ -48,5 +50,6 @@ __all__ = [
     "__version__",
     "check_workflow",
     "emit_reward",
+    "emit_state",
     "workflow",
 ]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentscope_rft.types import Reward, StepReward
+from agentscope_rft.types import Reward, StepReward, StepState
 
 WorkflowFn = Callable[[dict[str, Any], Any], Awaitable[Any]]
 JudgeFn = Callable[[dict[str, Any], Any], Awaitable[float | Reward]]
@@ -123,6 +123,35 @@ def emit_reward(value: float, step: int | None = None) -> None:
     if step is None:
         step = max(scope.calls_made.get(agent, 0) - 1, 0)
     scope.step_rewards.append(StepReward(value=float(value), call_index=step, agent_name=agent))
+
+
+def emit_state(key: str, agent: str | None = None) -> None:
+    """Record the environment state the agent's *next* model call acts in.
+
+    Calls of one group's episodes made in the same state (equal `key`) form a step group, which
+    step-level advantages compare against each other (GiGPO's anchor states, `advantage: gigpo`).
+    Use a key that identifies the state, e.g. the observation text plus what the agent can do.
+
+    Args:
+        key: The state, as text.
+        agent: The AgentScope agent name whose next call it is; default: the agent whose reply is
+            running, else the one that was called last, else the episode's only agent.
+
+    Raises:
+        RuntimeError: called outside an episode.
+
+    Example:
+        >>> emit_state(observation + "|" + "|".join(admissible))  # doctest: +SKIP
+        >>> reply = await agent.reply(UserMsg(name="user", content=observation))  # doctest: +SKIP
+    """
+    from agentscope_rft.integration.agentscope import current_agent, current_scope
+
+    scope = current_scope()
+    if scope is None:
+        raise RuntimeError("emit_state() was called outside an episode run by agentscope-rft")
+    agent = agent or current_agent() or scope.last_agent
+    step = scope.calls_made.get(agent, 0)
+    scope.step_states.append(StepState(key=str(key), call_index=step, agent_name=agent))
 
 
 def _import_module_from_file(path: Path) -> Any:

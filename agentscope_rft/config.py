@@ -22,6 +22,7 @@ from agentscope_rft.algorithms.config import AlgorithmConfig
 from agentscope_rft.buffer.config import BufferConfig
 from agentscope_rft.config_base import Section
 from agentscope_rft.monitor.config import MonitorConfig
+from agentscope_rft.runtime.config import RuntimeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -339,6 +340,9 @@ class ExplorerConfig(Section):
     """An episode succeeds when its reward reaches this (unless the Reward says otherwise)."""
     max_sample_length: int | None = Field(default=None, ge=16)
     """Longest training sample: longer merges split into several samples."""
+    context_overflow_reward: float = 0.0
+    """Reward of an episode whose conversation outgrew the context window: it is recorded as
+    `truncated` and its calls are trained with this reward (not failed, not retried)."""
     seed: int | None = 0
     """Each training call without a seed gets one derived from this, its rollout and call
     number, so exploration is reproducible (null: unseeded)."""
@@ -425,6 +429,9 @@ class RunConfig(Section):
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     """Console, TensorBoard, W&B, MLflow, plots."""
     offline: OfflineConfig = Field(default_factory=OfflineConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    """Where episodes run: `local` (default, in this process) or `ray` (isolated runner processes
+    on a Ray cluster, one or many machines)."""
     run: RunSettings = Field(default_factory=RunSettings)
 
     @model_validator(mode="before")

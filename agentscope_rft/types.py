@@ -131,6 +131,8 @@ class Call:
 
 class RolloutStatus(enum.StrEnum):
     OK = "ok"
+    TRUNCATED = "truncated"
+    """Cut short by a limit (the app's turn limit, the context window): still trained."""
     FAILED = "failed"
     TIMEOUT = "timeout"
 
@@ -148,6 +150,9 @@ class Reward:
     metrics: Mapping[str, float] = field(default_factory=dict)
     success: bool | None = None
     """Whether the episode solved its task; `None` lets the explorer decide (`value > 0`)."""
+    truncated: str | None = None
+    """Why the episode was cut short, if it was (e.g. `turn_limit`): the rollout is recorded with
+    status `truncated` and this reason, and still trained with `value`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +168,20 @@ class StepReward:
     agent_name: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class StepState:
+    """The environment state a model call acts in, recorded with `emit_state`.
+
+    Calls of different episodes of one group that act in the same state (same `key`) form a step
+    group for step-level advantages (GiGPO's anchor states).
+    """
+
+    key: str
+    call_index: int
+    """Index of the model call it belongs to, in the emitting agent's call order."""
+    agent_name: str | None = None
+
+
 @dataclass(slots=True)
 class Rollout:
     """One finished (or failed) episode of a workflow on one task."""
@@ -174,8 +193,11 @@ class Rollout:
     reward: float
     status: RolloutStatus = RolloutStatus.OK
     error: str | None = None
+    truncated: str | None = None
+    """Why a `truncated` episode was cut short (`turn_limit`, `context_window`, ...)."""
     success: bool = False
     step_rewards: list[StepReward] = field(default_factory=list)
+    step_states: list[StepState] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     started_at: float = 0.0
     finished_at: float = 0.0
@@ -184,10 +206,13 @@ class Rollout:
     """Model calls still in flight when the episode returned or timed out."""
     aborted_calls: int = 0
     """Of those, the ones aborted at the engine (not recorded)."""
+    runner: str | None = None
+    """The process the (last) attempt ran in: `local/<pid>`, or `<node>/<pid>` for a Ray runner."""
 
     @property
     def ok(self) -> bool:
-        return self.status is RolloutStatus.OK
+        """Whether the episode is data: it finished, or a limit cut it short (`truncated`)."""
+        return self.status in (RolloutStatus.OK, RolloutStatus.TRUNCATED)
 
     def to_dict(self) -> JSON:
         data = dataclasses.asdict(self)
@@ -236,6 +261,9 @@ class Sample:
     """`rl` (sampled by the policy), `sft` (demonstration), `dpo_chosen` / `dpo_rejected`."""
     pair_id: str | None = None
     """Links the two samples of a DPO pair."""
+    step_states: Sequence[str] | None = None
+    """The anchor state of each call in the sample, in call order (`""` where none was recorded;
+    see `emit_state`); None when the episode recorded none."""
     metrics: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -246,6 +274,11 @@ class Sample:
             raise ValueError(
                 f"sample {self.sample_id or self.rollout_id}: token_ids ({n}), loss_mask "
                 f"({len(self.loss_mask)}) and logprobs ({len(self.logprobs)}) differ in length"
+            )
+        if self.step_states is not None and len(self.step_states) != self.num_calls:
+            raise ValueError(
+                f"sample {self.sample_id or self.rollout_id}: step_states has "
+                f"{len(self.step_states)} entries for {self.num_calls} calls"
             )
         if self.token_rewards is not None and len(self.token_rewards) != n:
             raise ValueError(
@@ -267,6 +300,8 @@ class Sample:
             if data[key] is not None:
                 data[key] = list(data[key])
         data["metrics"] = dict(self.metrics)
+        if self.step_states is not None:
+            data["step_states"] = list(self.step_states)
         return data
 
     @classmethod

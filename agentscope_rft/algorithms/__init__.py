@@ -25,6 +25,7 @@ from agentscope_rft.algorithms.base import (
 )
 from agentscope_rft.algorithms.config import AlgorithmConfig, CriticConfig, KLConfig
 from agentscope_rft.algorithms.custom import CustomAdvantageConfig, CustomPolicyLossConfig
+from agentscope_rft.algorithms.gigpo import GiGPOConfig
 from agentscope_rft.algorithms.kl import KL_ESTIMATORS, apply_kl_penalty, kl_estimate
 from agentscope_rft.algorithms.losses import (
     CISPOConfig,
@@ -62,6 +63,7 @@ __all__ = [
     "GAEConfig",
     "GRPOConfig",
     "GSPOConfig",
+    "GiGPOConfig",
     "KLConfig",
     "LossInputs",
     "LossNormalizers",

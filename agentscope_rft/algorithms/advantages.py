@@ -23,6 +23,7 @@ from agentscope_rft.algorithms.episodes import (
     group_stats,
     pack_trained_tokens,
     segment_reduce,
+    turns_of,
 )
 from agentscope_rft.algorithms.spec import AdvantageConfigBase
 
@@ -252,27 +253,11 @@ def stepwise_advantages(inputs: AdvantageInputs, cfg: StepwiseConfig) -> Advanta
     ep = episodes_of(inputs)
     packed = pack_trained_tokens(ep.index, inputs.loss_mask)
     token_rewards = _episode_token_rewards(inputs, ep.reward, packed)  # [E, L]
-    flat_rewards = token_rewards[packed.episode, packed.pos]  # [M]
-
-    # A turn starts at an episode's first trained token or after a gap in the sample's positions.
-    new_turn = torch.ones_like(packed.rows, dtype=torch.bool)
-    new_turn[1:] = (
-        (packed.episode[1:] != packed.episode[:-1])
-        | (packed.rows[1:] != packed.rows[:-1])
-        | (packed.cols[1:] != packed.cols[:-1] + 1)
-    )
-    turn = torch.cumsum(new_turn.long(), 0) - 1  # [M] global turn id
-    num_turns = int(turn.max()) + 1 if turn.numel() else 0
-    turn_episode = segment_reduce(packed.episode, turn, num_turns, "amax")
-    turn_reward = flat_rewards.new_zeros(num_turns).index_add_(0, turn, flat_rewards)
-    turns_per_episode = torch.bincount(turn_episode, minlength=ep.reward.numel())
-    turn_start = torch.cumsum(turns_per_episode, 0) - turns_per_episode  # [E]
-    turn_pos = torch.arange(num_turns, device=turn.device) - turn_start[turn_episode]  # [num_turns]
-    by_turn = turn_reward.new_zeros(
-        ep.reward.numel(), int(turns_per_episode.max()) if num_turns else 0
-    )
-    by_turn[turn_episode, turn_pos] = turn_reward
-    turn_returns = discounted_returns(by_turn, cfg.gamma)  # [E, K]
+    turns = turns_of(packed, token_rewards)
+    turn_returns = discounted_returns(turns.rewards, cfg.gamma)  # [E, K]
+    turn_episode, turn_pos, turn = turns.episode, turns.pos, turns.turn
+    turns_per_episode = turns.per_episode
+    num_turns = turns.num_turns
 
     num_episodes = ep.reward.numel()
     episode_return = turn_returns[:, 0] if num_turns else ep.reward.new_zeros(num_episodes)

@@ -42,6 +42,9 @@ class AdvantageInputs:
     `apply_kl_penalty`), 0 elsewhere; nonzero values on untrained tokens are an error."""
     values: Tensor | None = None
     """[N, T] critic values for GAE."""
+    step_state_ids: Tensor | None = None
+    """[N, T] long: the anchor state (from `emit_state`) of each trained token's call, equal
+    within a call, -1 where none was recorded (for GiGPO's step groups)."""
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ class AlgorithmConfig(StrictModel):
     `sft_rl_mix` (CHORD: RL samples and SFT samples in one batch, weights from `sft_mix`)."""
     advantage: SerializeAsAny[AdvantageConfigBase] = GRPOConfig()
     """Advantage estimator: a name or `{type: name, ...}`: grpo, rloo, reinforce_plus_plus,
-    reinforce_plus_plus_baseline, gae, stepwise, or custom (`path`, `args`)."""
+    reinforce_plus_plus_baseline, gae, stepwise, gigpo, or custom (`path`, `args`)."""
     policy_loss: SerializeAsAny[PolicyLossConfigBase] = PPOClipConfig()
     """Policy loss: a name or `{type: name, ...}`: ppo, gspo, cispo, or custom (`path`, `args`)."""
     loss_agg: LossAgg = "token-mean"

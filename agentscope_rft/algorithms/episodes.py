@@ -132,3 +132,38 @@ def discounted_returns(rewards: Tensor, gamma: float) -> Tensor:
         running = rewards[:, t] + gamma * running
         returns[:, t] = running
     return returns
+
+
+@dataclass(frozen=True)
+class Turns:
+    """The turns (model calls) of packed episodes: a turn is a run of consecutive trained tokens
+    of one sample. `M` trained tokens, `K` = most turns of an episode."""
+
+    turn: Tensor  # [M] global turn id of each packed trained token
+    episode: Tensor  # [num_turns] episode of each turn
+    pos: Tensor  # [num_turns] index of the turn within its episode
+    per_episode: Tensor  # [E] turns per episode
+    rewards: Tensor  # [E, K] summed token rewards of each turn (0 after an episode's last turn)
+    num_turns: int
+
+
+def turns_of(packed: PackedTokens, token_rewards: Tensor) -> Turns:
+    """Split packed episodes into turns and sum `token_rewards` [E, L] per turn."""
+    flat_rewards = token_rewards[packed.episode, packed.pos]  # [M]
+    # A turn starts at an episode's first trained token or after a gap in the sample's positions.
+    new_turn = torch.ones_like(packed.rows, dtype=torch.bool)
+    new_turn[1:] = (
+        (packed.episode[1:] != packed.episode[:-1])
+        | (packed.rows[1:] != packed.rows[:-1])
+        | (packed.cols[1:] != packed.cols[:-1] + 1)
+    )
+    turn = torch.cumsum(new_turn.long(), 0) - 1  # [M]
+    num_turns = int(turn.max()) + 1 if turn.numel() else 0
+    turn_episode = segment_reduce(packed.episode, turn, num_turns, "amax")
+    turn_reward = flat_rewards.new_zeros(num_turns).index_add_(0, turn, flat_rewards)
+    per_episode = torch.bincount(turn_episode, minlength=packed.num_episodes)  # [E]
+    turn_start = torch.cumsum(per_episode, 0) - per_episode
+    turn_pos = torch.arange(num_turns, device=turn.device) - turn_start[turn_episode]
+    by_turn = turn_reward.new_zeros(packed.num_episodes, int(per_episode.max()) if num_turns else 0)
+    by_turn[turn_episode, turn_pos] = turn_reward
+    return Turns(turn, turn_episode, turn_pos, per_episode, by_turn, num_turns)

@@ -55,7 +55,7 @@ def _check_advantage_inputs(inputs: AdvantageInputs) -> None:
         value: Tensor = getattr(inputs, name)
         if value.shape != (n,):
             raise ValueError(f"{name} must be [N] = [{n}], got {tuple(value.shape)}")
-    for name in ("token_rewards", "values"):
+    for name in ("token_rewards", "values", "step_state_ids"):
         value_or_none: Tensor | None = getattr(inputs, name)
         if value_or_none is not None and value_or_none.shape != mask.shape:
             raise ValueError(f"{name} must be [N, T] = {tuple(mask.shape)}")

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from torch import Tensor
 
 from agentscope_rft.algorithms import advantages as adv
-from agentscope_rft.algorithms import losses
+from agentscope_rft.algorithms import gigpo, losses
 from agentscope_rft.algorithms.base import AdvantageInputs, AdvantageOutputs, LossInputs
 from agentscope_rft.algorithms.custom import (
     CustomAdvantageConfig,
@@ -54,6 +54,7 @@ ADVANTAGE_ESTIMATORS: dict[str, Entry[AdvantageFn, AdvantageConfigBase]] = {
     ),
     "gae": Entry(adv.gae_advantages, adv.GAEConfig),
     "stepwise": Entry(adv.stepwise_advantages, adv.StepwiseConfig),
+    "gigpo": Entry(gigpo.gigpo_advantages, gigpo.GiGPOConfig),
     "custom": Entry(custom_advantages, CustomAdvantageConfig),
 }
 

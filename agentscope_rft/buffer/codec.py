@@ -1,9 +1,9 @@
 """Samples to storage rows and back, without pickle.
 
 Per-token arrays become little-endian binary blobs: token ids int32, loss mask uint8, log-probs
-and token rewards float32. Scalars become columns; `metrics` becomes JSON text. Round trips are
-exact except that log-probs and token rewards come back at float32 precision (a value `x` comes
-back as `float(numpy.float32(x))`), and metric values come back as floats.
+and token rewards float32. Scalars become columns; `metrics` and `step_states` become JSON text.
+Round trips are exact except that log-probs and token rewards come back at float32 precision (a
+value `x` comes back as `float(numpy.float32(x))`), and metric values come back as floats.
 
 Every field of `Sample` is listed here once (`SCALAR_FIELDS`, `ARRAY_DTYPES`, `metrics`); a test
 fails when `Sample` gains a field this module does not store.
@@ -36,7 +36,7 @@ OPTIONAL_STRING_FIELDS = ("agent_name", "pair_id")
 INT_FIELDS = ("policy_version", "num_calls")
 FLOAT_FIELDS = ("reward", "temperature")
 SCALAR_FIELDS = STRING_FIELDS + OPTIONAL_STRING_FIELDS + INT_FIELDS + FLOAT_FIELDS
-STORED_FIELDS = frozenset((*SCALAR_FIELDS, *ARRAY_DTYPES, "metrics"))
+STORED_FIELDS = frozenset((*SCALAR_FIELDS, *ARRAY_DTYPES, "metrics", "step_states"))
 """Every `Sample` field the buffer stores."""
 
 _INT32 = np.iinfo(np.int32)
@@ -74,6 +74,14 @@ def _metrics_json(metrics: Any, where: str) -> str:
             )
         values[key] = float(value)
     return json.dumps(values, sort_keys=True)
+
+
+def _step_states_json(states: Any, where: str) -> str | None:
+    if states is None:
+        return None
+    if isinstance(states, str) or not all(isinstance(s, str) for s in states):
+        raise BufferInputError(f"{where}: field 'step_states' must be a list of strings or null")
+    return json.dumps(list(states))
 
 
 def _check_scalars(sample: Sample, where: str) -> None:
@@ -126,6 +134,7 @@ def encode_sample(sample: Sample, where: str) -> dict[str, Any]:
             row[name] = _array(sample, name, where).tobytes()
     row["num_tokens"] = len(sample.token_ids)
     row["metrics_json"] = _metrics_json(sample.metrics, where)
+    row["step_states_json"] = _step_states_json(sample.step_states, where)
     return row
 
 
@@ -149,6 +158,8 @@ def decode_sample(row: Mapping[Any, Any]) -> Sample:
         blob = row[name]
         values[name] = None if blob is None else _decode_array(bytes(blob), name, num_tokens, where)
     values["metrics"] = json.loads(row["metrics_json"])
+    states = row.get("step_states_json")
+    values["step_states"] = None if states is None else json.loads(states)
     return Sample(**values)
 
 
@@ -161,5 +172,7 @@ def sample_to_json(sample: Sample, fields: tuple[str, ...]) -> dict[str, Any]:
             value = list(value)
         elif name == "metrics":
             value = dict(value)
+        elif name == "step_states" and value is not None:
+            value = list(value)
         data[name] = value
     return data

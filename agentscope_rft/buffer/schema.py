@@ -22,7 +22,7 @@ from agentscope_rft.buffer.base import BufferFormatError
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Bump on any incompatible change of the tables below; older files are then refused."""
 
 PENDING, CONSUMED, DROPPED = "pending", "consumed", "dropped"
@@ -75,6 +75,7 @@ samples_table = sa.Table(
     sa.Column("logprobs", sa.LargeBinary(), nullable=False),
     sa.Column("token_rewards", sa.LargeBinary(), nullable=True),
     sa.Column("metrics_json", sa.Text(), nullable=False),
+    sa.Column("step_states_json", sa.Text(), nullable=True),
 )
 
 SAMPLE_COLUMNS = tuple(c for c in samples_table.columns if c.name not in ("id", "group_ref"))

@@ -165,6 +165,7 @@ def build_samples(
         chains = _chains_for_agent(calls, max_length, stats)
         requests = list(dict.fromkeys(c.request_id for c in calls))
         rewards = _token_rewards(rollout, agent, requests, reward_spread, gamma)
+        states = _call_states(rollout, agent, requests, only_agent=len(by_agent) == 1)
         for k, chain in enumerate(chains):
             token_rewards = [0.0] * len(chain.token_ids)
             for call, end in zip(chain.calls, chain.call_ends, strict=True):
@@ -185,12 +186,28 @@ def build_samples(
                     temperature=chain.calls[0].temperature,
                     token_rewards=token_rewards if any(token_rewards) else None,
                     num_calls=len(chain.calls),
+                    step_states=(
+                        [states.get(c.request_id, "") for c in chain.calls] if states else None
+                    ),
                     sample_id=f"{rollout.rollout_id}:{agent or '-'}:{k}",
                     metrics={"episode_reward": rollout.reward},
                 )
             )
     stats.samples = len(samples)
     return samples, stats
+
+
+def _call_states(
+    rollout: Rollout, agent: str | None, requests: list[str], only_agent: bool
+) -> dict[str, str]:
+    """Anchor state per request id of this agent, from `emit_state` (an untagged state belongs to
+    the episode's only agent)."""
+    out: dict[str, str] = {}
+    for state in rollout.step_states:
+        mine = state.agent_name == agent or (state.agent_name is None and only_agent)
+        if mine and state.call_index < len(requests):
+            out[requests[state.call_index]] = state.key
+    return out
 
 
 def _token_rewards(

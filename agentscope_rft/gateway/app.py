@@ -44,6 +44,7 @@ from agentscope_rft.engines.base import (
     ChoiceDone,
     ChoiceResult,
     ContentDelta,
+    ContextWindowError,
     Engine,
     EngineError,
     PromptReady,
@@ -311,7 +312,12 @@ class _Exchange:
             item = self._abort_error or RequestError("the request was aborted", status=503)
             raise
         except EngineError as exc:
-            item = RequestError(str(exc), status=exc.status, param=exc.param)
+            overflow = isinstance(exc, ContextWindowError)
+            if overflow and self.chat.rollout_id is not None:
+                # The episode outgrew the context window: the explorer keeps it as truncated data.
+                self.state.recorder.note_overflow(self.chat.rollout_id, str(exc))
+            code = "context_length_exceeded" if overflow else None  # OpenAI's code for it
+            item = RequestError(str(exc), status=exc.status, param=exc.param, code=code)
         except Exception as exc:  # handed to the handler, which fails the request with it
             item = exc
         finally:

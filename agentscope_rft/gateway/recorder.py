@@ -77,6 +77,7 @@ class CallRecorder:
         self._in_flight: collections.Counter[str] = collections.Counter()
         self._started: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._idle: dict[str, asyncio.Event] = {}
+        self._overflows: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._max, self._max_age, self._max_bytes = max_rollouts, max_age, max_bytes
         self._clock = clock
         self.total_calls = 0
@@ -188,6 +189,25 @@ class CallRecorder:
         self._drop_calls(rollout_id)
         if rollout_id not in self._in_flight:
             self._active.pop(rollout_id, None)
+        self._overflows.pop(rollout_id, None)
+
+    def note_overflow(self, rollout_id: str, message: str) -> None:
+        """Remember that a request of `rollout_id` did not fit the context window."""
+        self._overflows[rollout_id] = message
+        self._overflows.move_to_end(rollout_id)
+        while len(self._overflows) > self._max:
+            self._overflows.popitem(last=False)
+
+    def pop_overflow(self, rollout_id: str) -> str | None:
+        """The context-window error of `rollout_id`, if one of its requests hit it (then forgotten).
+
+        Example:
+            >>> recorder = CallRecorder()
+            >>> recorder.note_overflow("r1", "the conversation is 9000 tokens")
+            >>> recorder.pop_overflow("r1"), recorder.pop_overflow("r1")
+            ('the conversation is 9000 tokens', None)
+        """
+        return self._overflows.pop(rollout_id, None)
 
     @property
     def rollout_ids(self) -> list[str]:

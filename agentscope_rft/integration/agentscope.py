@@ -29,7 +29,7 @@ from agentscope.model import OpenAIChatModel
 from pydantic import SecretStr
 
 from agentscope_rft.gateway.app import AGENT_HEADER
-from agentscope_rft.types import StepReward
+from agentscope_rft.types import StepReward, StepState
 
 _OWN_CLIENT = "_agentscope_rft_own_client"
 
@@ -43,6 +43,7 @@ class RolloutScope:
     """The rollout's OpenAI base URL on the gateway (`.../rollouts/<id>/v1`)."""
     api_key: str
     step_rewards: list[StepReward] = field(default_factory=list)
+    step_states: list[StepState] = field(default_factory=list)
     calls_made: dict[str | None, int] = field(default_factory=dict)
     """Answered model calls so far, per agent name (for `emit_reward` without a step)."""
     last_agent: str | None = None

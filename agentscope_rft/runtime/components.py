@@ -69,6 +69,7 @@ def episode_settings(config: RunConfig, max_model_len: int) -> EpisodeSettings:
         success_threshold=ex.success_threshold,
         max_sample_length=max_length,
         late_call_grace=ex.late_call_grace,
+        context_overflow_reward=ex.context_overflow_reward,
     )
 
 
@@ -132,7 +133,11 @@ def _rollout_line(step: int, phase: str, rollout: Rollout) -> dict[str, Any]:
         "reward": rollout.reward,
         "success": rollout.success,
         "status": str(rollout.status),
+        "truncated": rollout.truncated,
         "error": (rollout.error or "")[-1000:] or None,
+        "metrics": dict(rollout.metrics),
+        "attempts": rollout.attempts,
+        "runner": rollout.runner,
         "calls": [
             {
                 "agent": call.agent_name,

@@ -1,9 +1,11 @@
 """The local runtime: one process, asyncio; engine, gateway, explorer, buffer and trainer together.
 
-`train` is the whole training loop. The explorer and the trainer are two coroutines joined by the
-buffer; `run.mode` only sets how far the explorer may run ahead of the trainer: 0 batches
-(`sync`, on-policy), 1 (`one_step_off`) or `run.max_staleness` (`async`). Training runs in a
-worker thread, so the gateway keeps serving episodes while weights update.
+`train` is the whole training loop. With `runtime: ray` the loop is the same; only the episodes
+run elsewhere (in runner processes on a Ray cluster, see `agentscope_rft.runtime.ray`). The
+explorer and the trainer are two coroutines joined by the buffer; `run.mode` only sets how far
+the explorer may run ahead of the trainer: 0 batches (`sync`, on-policy), 1 (`one_step_off`) or
+`run.max_staleness` (`async`). Training runs in a worker thread, so the gateway keeps serving
+episodes while weights update.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from agentscope_rft.buffer.config import build_buffer
 from agentscope_rft.config import RunConfig
 from agentscope_rft.engines.base import Engine, engine_metrics
 from agentscope_rft.engines.factory import build_engine
-from agentscope_rft.explorer.explorer import Explorer
+from agentscope_rft.explorer.explorer import EpisodeSettings, Explorer
+from agentscope_rft.explorer.runner import EpisodeRunner, ModelSettings
 from agentscope_rft.explorer.tasks import TaskSampler
 from agentscope_rft.gateway.server import Gateway
 from agentscope_rft.monitor import Monitor
@@ -79,6 +82,49 @@ async def train(
     """
     stop = stop or RunStop()
     checked = checked or preflight(config)  # everything checkable, before anything loads
+    if config.runtime.type == "local":
+        return await _train(config, run_dir, resume, stop, checked, ray_runtime=None)
+    from agentscope_rft.runtime.ray import RayRuntime
+
+    # Joined (or started) and checked before any work, so the trainer's Ray ranks join it too.
+    ray_runtime = await asyncio.to_thread(RayRuntime, config)
+    try:
+        return await _train(config, run_dir, resume, stop, checked, ray_runtime=ray_runtime)
+    finally:
+        ray_runtime.close()
+
+
+async def _episode_runner(
+    config: RunConfig,
+    settings: EpisodeSettings,
+    ray_runtime: Any,
+    gateway: Gateway,
+    engine: Engine,
+    run_dir: Path,
+) -> EpisodeRunner | None:
+    """The Ray runtime's runner pool, weights routed to its nodes (None: episodes run here)."""
+    if ray_runtime is None:
+        return None
+    model = ModelSettings(engine.model_name, settings.model_stream, settings.max_tokens)
+    try:
+        await ray_runtime.place_weights(engine, run_dir)
+        runner: EpisodeRunner = await ray_runtime.episode_runner(config, model, gateway.port)
+    except BaseException:
+        await gateway.stop()
+        await engine.close()
+        raise
+    return runner
+
+
+async def _train(
+    config: RunConfig,
+    run_dir: Path,
+    resume: bool,
+    stop: RunStop,
+    checked: Checked,
+    *,
+    ray_runtime: Any,
+) -> dict[str, float]:
     prepare_run_dir(config, run_dir, resume=resume)
     mode, steps = config.run.mode, config.run.steps
     trainer = await asyncio.to_thread(
@@ -127,9 +173,9 @@ async def train(
             sampler.load_state_dict(state["sampler"])
         eval_tasks = checked.eval_tasks
         assert checked.workflow is not None  # exploring modes have one (preflight)
-        explorer = Explorer(
-            checked.workflow, gateway, episode_settings(config, engine.max_model_len)
-        )
+        settings = episode_settings(config, engine.max_model_len)
+        runner = await _episode_runner(config, settings, ray_runtime, gateway, engine, run_dir)
+        explorer = Explorer(checked.workflow, gateway, settings, runner=runner)
 
     lead = LEAD.get(mode, config.run.max_staleness)
     stale_limit = 0 if mode == "sync" else lead

@@ -31,6 +31,7 @@ class TrainBatch:
     loss_mask: Tensor  # [N, T]
     rollout_logprobs: Tensor  # [N, T]
     token_rewards: Tensor  # [N, T]
+    step_state_ids: Tensor  # [N, T] long: anchor state of each trained token's call, -1 = none
     rewards: Tensor  # [N]
     group_ids: Tensor  # [N] advantage groups: (sample group, agent)
     episode_ids: Tensor  # [N] rollouts
@@ -63,6 +64,36 @@ class TrainBatch:
 def _ids(keys: Sequence[object]) -> Tensor:
     table: dict[object, int] = {}
     return torch.tensor([table.setdefault(k, len(table)) for k in keys], dtype=torch.long)
+
+
+def _trained_runs(loss_mask: Sequence[int]) -> list[tuple[int, int]]:
+    """(start, end) of each run of trained tokens: one per call of a merged sample."""
+    runs: list[tuple[int, int]] = []
+    start = None
+    for t, m in enumerate([*loss_mask, 0]):
+        if m and start is None:
+            start = t
+        elif not m and start is not None:
+            runs.append((start, t))
+            start = None
+    return runs
+
+
+def _fill_step_states(samples: Sequence[Sample], out: Tensor) -> None:
+    """Write each sample's per-call anchor states into `out` [N, T] as ids (shared table)."""
+    table: dict[str, int] = {}
+    for i, s in enumerate(samples):
+        if s.step_states is None:
+            continue
+        runs = _trained_runs(s.loss_mask)
+        if len(runs) != len(s.step_states):
+            raise ValueError(
+                f"sample {s.sample_id}: {len(s.step_states)} step states for {len(runs)} runs of "
+                "trained tokens; each call's completion must be one run"
+            )
+        for (start, end), key in zip(runs, s.step_states, strict=True):
+            if key:
+                out[i, start:end] = table.setdefault(key, len(table))
 
 
 def build_batch(
@@ -99,6 +130,8 @@ def build_batch(
     mask = torch.zeros(n, width, dtype=torch.long)
     logprobs = torch.zeros(n, width)
     token_rewards = torch.zeros(n, width)
+    step_states = torch.full((n, width), -1, dtype=torch.long)
+    _fill_step_states(samples, step_states)
     for i, s in enumerate(samples):
         k = len(s.token_ids)
         ids[i, :k] = torch.tensor(list(s.token_ids))
@@ -115,6 +148,7 @@ def build_batch(
         loss_mask=mask,
         rollout_logprobs=logprobs,
         token_rewards=token_rewards,
+        step_state_ids=step_states,
         rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32),
         group_ids=_ids([(s.group, s.agent_name) for s in samples]),
         episode_ids=_ids([s.rollout_id for s in samples]),

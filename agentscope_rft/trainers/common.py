@@ -135,6 +135,7 @@ def batch_advantages(
             loss_mask=batch.loss_mask[rl],
             token_rewards=token_rewards,
             values=values[rl] if values is not None else None,
+            step_state_ids=batch.step_state_ids[rl],
         ),
         algorithm,
     )

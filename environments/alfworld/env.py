@@ -16,6 +16,7 @@ import json
 import sys
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import textworld
@@ -112,6 +113,40 @@ def normalize_command(command: str) -> str:
     return " ".join(command.strip().lower().rstrip(".").split())
 
 
+GAME_FILE_KEYS = ("pddl_domain", "grammar", "pddl_problem")
+
+
+def check_game_file(path: str | Path) -> str:
+    """`path` if it is a readable ALFWorld game (`game.tw-pddl`), else a ValueError naming it.
+
+    Example:
+        >>> check_game_file("missing/game.tw-pddl")
+        Traceback (most recent call last):
+        ...
+        ValueError: ALFWorld game file missing/game.tw-pddl does not exist; ...
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(
+            f"ALFWorld game file {file} does not exist; check the task's `game_file` (rows from "
+            "find_games point into ALFWORLD_DATA)"
+        )
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(
+            f"ALFWorld game file {file} is not a game (JSON with {', '.join(GAME_FILE_KEYS)}): "
+            f"{exc}; re-download or re-export it"
+        ) from exc
+    missing = [key for key in GAME_FILE_KEYS if not isinstance(data, dict) or key not in data]
+    if missing:
+        raise ValueError(
+            f"ALFWorld game file {file} lacks {', '.join(missing)}; it is damaged or not a "
+            "game.tw-pddl file; re-download or re-export it"
+        )
+    return str(file)
+
+
 def game_for_task(task: dict[str, Any]) -> str | dict[str, Any]:
     """The game of a task row: its `game_file` path, or a game generated from the row.
 
@@ -119,7 +154,7 @@ def game_for_task(task: dict[str, Any]) -> str | dict[str, Any]:
     from them in about a millisecond, so nothing needs caching.
     """
     if task.get("game_file"):
-        return str(task["game_file"])
+        return check_game_file(task["game_file"])
     for key in ("task_type", "layout", "seed"):
         if key not in task:
             raise ValueError(
@@ -171,6 +206,19 @@ class AlfworldEnv:
         self._steps = 0
         self._done = True
 
+    def _load(self) -> None:
+        try:
+            self._env.load(self._game)
+        except Exception as exc:
+            if not isinstance(self._game, str):
+                raise
+            # A game file whose PDDL or grammar does not parse: say which file, not just how.
+            raise ValueError(
+                f"ALFWorld game file {self._game} does not load ({type(exc).__name__}: {exc}); "
+                "it is damaged or from another ALFWorld version; re-download or re-export it"
+            ) from exc
+        self._loaded = True
+
     def _reset(self) -> Observation:
         if self._pddl is None:
             raise RuntimeError("the env is closed; create a new AlfworldEnv")
@@ -178,8 +226,7 @@ class AlfworldEnv:
             argv = sys.argv
             try:
                 if not self._loaded:
-                    self._env.load(self._game)
-                    self._loaded = True
+                    self._load()
                 state = self._env.reset()
             finally:
                 sys.argv = argv

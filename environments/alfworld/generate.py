@@ -20,19 +20,35 @@ from typing import Any
 
 from environments.alfworld.evaluate import play_all
 from environments.alfworld.games import goal_text
-from environments.alfworld.household import ROOMS
-from environments.alfworld.tasks import TASK_ROOMS, TASK_TYPES, make_household
+from environments.alfworld.household import ROOMS, SIZES
+from environments.alfworld.tasks import TASK_ROOMS, TASK_TYPES, check_task_type, make_household
 from environments.jsonl import write_jsonl
 from environments.progress import progress_bar
 
 
-def candidates(split: str, layouts_per_room: int, seed: int) -> Iterator[dict[str, Any]]:
-    """An endless, deterministic stream of task rows (not yet checked) for one split."""
+def candidates(
+    split: str,
+    layouts_per_room: int,
+    seed: int,
+    task_types: tuple[str, ...] = TASK_TYPES,
+    sizes: tuple[str, ...] = SIZES,
+) -> Iterator[dict[str, Any]]:
+    """An endless, deterministic stream of task rows (not yet checked) for one split.
+
+    `task_types` and `sizes` narrow the set (e.g. an easy curriculum stage): each room gets
+    `layouts_per_room` layouts of the wanted sizes, and task types take turns.
+    """
+    for task_type in task_types:
+        check_task_type(task_type)
+    unknown = sorted(set(sizes) - set(SIZES))
+    if unknown or not sizes:
+        raise ValueError(f"unknown layout sizes {unknown}; sizes are {', '.join(SIZES)}")
     rng = random.Random(f"alfworld-{split}-{seed}")
-    layouts = {room: [f"{room}-{split}-{i}" for i in range(layouts_per_room)] for room in ROOMS}
+    wanted = [i for i in range(3 * layouts_per_room) if SIZES[i % len(SIZES)] in sizes]
+    layouts = {room: [f"{room}-{split}-{i}" for i in wanted[:layouts_per_room]] for room in ROOMS}
     index = 0
     while True:
-        task_type = TASK_TYPES[index % len(TASK_TYPES)]
+        task_type = task_types[index % len(task_types)]
         layout = rng.choice(layouts[rng.choice(TASK_ROOMS[task_type])])
         task_seed = rng.randrange(1_000_000)
         try:
@@ -53,10 +69,16 @@ def candidates(split: str, layouts_per_room: int, seed: int) -> Iterator[dict[st
 
 
 def generate_split(
-    split: str, count: int, layouts_per_room: int, seed: int, workers: int
+    split: str,
+    count: int,
+    layouts_per_room: int,
+    seed: int,
+    workers: int,
+    task_types: tuple[str, ...] = TASK_TYPES,
+    sizes: tuple[str, ...] = SIZES,
 ) -> tuple[list[dict[str, Any]], int]:
     """`count` oracle-checked rows for a split, and how many candidates the oracle failed."""
-    stream = candidates(split, layouts_per_room, seed)
+    stream = candidates(split, layouts_per_room, seed, task_types, sizes)
     rows: list[dict[str, Any]] = []
     failed = 0
     with progress_bar() as progress:
@@ -82,14 +104,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--task-types", default=",".join(TASK_TYPES), help="comma-separated task types"
+    )
+    parser.add_argument(
+        "--sizes", default=",".join(SIZES), help="comma-separated: small,medium,large"
+    )
     args = parser.parse_args(argv)
-    manifest: dict[str, Any] = {"seed": args.seed}
+    task_types = tuple(t for t in args.task_types.split(",") if t)
+    sizes = tuple(s for s in args.sizes.split(",") if s)
+    manifest: dict[str, Any] = {"seed": args.seed, "task_types": task_types, "sizes": sizes}
     for split, count, layouts in (
         ("train", args.train, args.train_layouts),
         ("test", args.test, args.test_layouts),
     ):
         start = time.perf_counter()
-        rows, failed = generate_split(split, count, layouts, args.seed, args.workers)
+        rows, failed = generate_split(
+            split, count, layouts, args.seed, args.workers, task_types, sizes
+        )
         write_jsonl(args.out / f"{split}.jsonl", rows)
         manifest[split] = {
             "tasks": len(rows),

@@ -49,7 +49,8 @@ def test_a_buffer_of_another_schema_version_is_refused(tmp_path: Path) -> None:
     SQLBuffer(path)
     with sqlite3.connect(path) as conn:
         conn.execute("UPDATE buffer_meta SET value = '99' WHERE key = 'schema_version'")
-    with pytest.raises(BufferFormatError, match=rf"{path}: buffer schema version 99 .* version 1"):
+    expected = rf"{path}: buffer schema version 99 .* version {SCHEMA_VERSION}"
+    with pytest.raises(BufferFormatError, match=expected):
         SQLBuffer(path)
 
 

@@ -1,0 +1,199 @@
+"""The ALFWorld agent app on the real game engine: episodes, context modes, concurrency, errors.
+
+A scripted engine plays a simple searching policy read off each prompt (`searcher_reply`, so
+episodes can win);
+a tiny random model runs the app end to end through `check_workflow`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentscope_rft.check import check_workflow
+from agentscope_rft.engines.embedded import EmbeddedEngine
+from agentscope_rft.explorer.explorer import EpisodeSettings, Explorer
+from agentscope_rft.explorer.tasks import load_tasks as load_task_rows
+from agentscope_rft.explorer.trajectory import build_samples
+from agentscope_rft.gateway.server import Gateway
+from agentscope_rft.testing import ScriptedEngine
+from agentscope_rft.types import Rollout
+from environments.alfworld import AlfworldEnv, export_games, find_games
+from workflows.alfworld_agent import (
+    AlfworldAgentSettings,
+    make_workflow,
+    parse_command,
+    window_prompt,
+)
+from workflows.alfworld_scripted import searcher_reply
+
+TASKS = [
+    {"id": f"t{i}", "task_type": "pick_and_place_simple", "layout": layout, "seed": seed}
+    for i, (layout, seed) in enumerate(
+        [
+            ("bedroom-train-3", 11),
+            ("kitchen-train-3", 5),
+            ("livingroom-train-0", 7),
+            ("bathroom-train-0", 3),
+            ("bedroom-train-0", 21),
+            ("kitchen-train-0", 2),
+        ]
+    )
+]
+
+
+def _text(message: dict[str, Any]) -> str:
+    content = message.get("content") or ""
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content)
+    return str(content)
+
+
+async def _explore(
+    run: Any, tasks: list[dict[str, Any]], concurrent: bool
+) -> tuple[list[Rollout], ScriptedEngine]:
+    engine = ScriptedEngine(searcher_reply)
+    async with Gateway(engine) as gateway:
+        explorer = Explorer(run, gateway, EpisodeSettings(max_retries=0))
+        try:
+            loaded = load_task_rows(tasks)
+            if concurrent:
+                rollouts = await asyncio.gather(*(explorer.run_episode(t) for t in loaded))
+            else:
+                rollouts = [await explorer.run_episode(t) for t in loaded]
+        finally:
+            await explorer.close()
+    return list(rollouts), engine
+
+
+def _commands(rollout: Rollout) -> list[str]:
+    return [c.content or "" for c in sorted(rollout.calls, key=lambda c: c.started_at)]
+
+
+async def test_full_history_trains_one_merged_sample_with_observations_masked() -> None:
+    run = make_workflow(AlfworldAgentSettings(max_steps=12))
+    [rollout], engine = await _explore(run, TASKS[:1], concurrent=False)
+    assert rollout.ok and rollout.success and rollout.reward == 1.0, _commands(rollout)
+    commands = _commands(rollout)
+    assert commands[-1].startswith("move baseballbat")
+    [sample], stats = build_samples(rollout)
+    assert sample.num_calls == len(commands) == int(rollout.metrics["steps"])
+    assert stats.breaks == {}
+    trained = engine.tokenizer.decode(
+        [t for t, m in zip(sample.token_ids, sample.loss_mask, strict=True) if m]
+    )
+    masked = engine.tokenizer.decode(
+        [t for t, m in zip(sample.token_ids, sample.loss_mask, strict=True) if not m]
+    )
+    for command in commands:
+        assert command in trained
+    assert "You arrive at" in masked and "You arrive at" not in trained
+    assert "Admissible actions" in masked and "Admissible actions" not in trained
+    assert sample.reward == 1.0 and sample.token_rewards is None
+    assert sample.step_states is not None and len(sample.step_states) == sample.num_calls
+    assert len(set(sample.step_states)) == sample.num_calls  # every turn a different state
+
+
+async def test_window_mode_trains_one_sample_per_turn_with_step_rewards_on_its_command() -> None:
+    settings = AlfworldAgentSettings(
+        max_steps=4, context="window", window=2, invalid_command_reward=-0.05
+    )
+    run = make_workflow(settings)
+    engine = ScriptedEngine(lambda messages, tools: "dance wildly")  # never admissible
+    async with Gateway(engine) as gateway:
+        explorer = Explorer(run, gateway, EpisodeSettings(max_retries=0))
+        rollout = await explorer.run_episode(load_task_rows(TASKS[1:2])[0])
+        await explorer.close()
+    assert rollout.ok and not rollout.success and rollout.reward == -0.1
+    assert rollout.metrics["invalid_commands"] == 4.0
+    samples, _ = build_samples(rollout)
+    assert [s.num_calls for s in samples] == [1, 1, 1, 1]
+    for sample in samples:
+        assert sample.reward == -0.1
+        last_trained = max(i for i, m in enumerate(sample.loss_mask) if m)
+        assert sample.token_rewards is not None
+        assert [i for i, r in enumerate(sample.token_rewards) if r] == [last_trained]
+        assert sample.token_rewards[last_trained] == pytest.approx(-0.05)
+    # The last prompt shows the last two turns and the current observation, not the first turn.
+    prompt = _text(engine.requests[-1].messages[-1])
+    assert "You have taken 3 step(s). Your last 2 step(s), oldest first:" in prompt
+    assert "[3] Nothing happens. > dance wildly" in prompt
+    assert "[2] Nothing happens. > dance wildly" in prompt and "[1]" not in prompt
+    assert prompt.startswith("Your task is to: ")
+
+
+async def test_concurrent_episodes_do_not_share_game_state() -> None:
+    run = make_workflow(AlfworldAgentSettings(max_steps=12))
+    sequential, _ = await _explore(run, TASKS, concurrent=False)
+    concurrent, _ = await _explore(run, TASKS, concurrent=True)
+    assert sum(r.success for r in sequential) >= 4
+    for one, other in zip(sequential, concurrent, strict=True):
+        assert other.ok and _commands(one) == _commands(other)
+        assert (one.reward, one.metrics["steps"]) == (other.reward, other.metrics["steps"])
+
+
+async def test_the_app_runs_end_to_end_on_a_tiny_model(tiny_model_path: str) -> None:
+    run = make_workflow(AlfworldAgentSettings(max_steps=3, demo=False))
+    # A short context bounds how much a random model can babble per call.
+    engine = EmbeddedEngine(tiny_model_path, dtype="float32", device="cpu", max_model_len=640)
+    report = await check_workflow(run, TASKS[2], engine=engine, show=False)
+    await engine.close()
+    assert report.rollout.ok, report.rollout.error
+    assert len(report.rollout.calls) == 3 and report.rollout.metrics["steps"] == 3.0
+    [sample] = report.samples
+    assert sample.num_calls == 3 and 0 < sample.num_trained_tokens < len(sample.token_ids)
+
+
+def test_parse_command_and_window_prompt() -> None:
+    assert parse_command("> Take Apple 1 from Fridge 1.") == "take apple 1 from fridge 1"
+    assert parse_command("\n\n1. go to desk 1\nthen more") == "go to desk 1"
+    history = [("You arrive at desk 1.\nOn it...", "go to desk 1"), ("Nothing happens.", "x")]
+    prompt = window_prompt(
+        "put a pen in drawer", history, "Now here.", AlfworldAgentSettings(window=1)
+    )
+    assert prompt.splitlines() == [
+        "Your task is to: put a pen in drawer.",
+        "You have taken 2 step(s). Your last 1 step(s), oldest first:",
+        "[2] Nothing happens. > x",
+        "Now: Now here.",
+    ]
+
+
+async def test_a_step_limit_of_zero_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match=r"max_steps = 0: the step limit must be a whole number"):
+        AlfworldAgentSettings(max_steps=0)
+    run = make_workflow(AlfworldAgentSettings(max_steps=3))
+    [rollout], _ = await _explore(run, [{**TASKS[0], "max_steps": 0}], concurrent=False)
+    assert not rollout.ok and "task 't0' max_steps = 0" in (rollout.error or "")
+
+
+def test_a_missing_alfworld_data_folder_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "nowhere"))
+    with pytest.raises(FileNotFoundError, match="ALFWORLD_DATA"):
+        find_games("valid_seen")
+
+
+async def test_real_data_layout_plays_and_a_broken_game_file_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    export_games(TASKS[:1], tmp_path, "valid_seen")
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path))
+    [row] = find_games("valid_seen")
+    run = make_workflow(AlfworldAgentSettings(max_steps=12))
+    [rollout], _ = await _explore(run, [{**row, "id": "real"}], concurrent=False)
+    assert rollout.ok and rollout.success
+    broken = Path(row["game_file"])
+    broken.write_text(json.dumps({"pddl_domain": "(define", "grammar": ""}))
+    with pytest.raises(ValueError, match=f"{broken} lacks pddl_problem"):
+        AlfworldEnv({"game_file": str(broken)})
+    broken.write_text("{not json")
+    with pytest.raises(ValueError, match=f"{broken} is not a game"):
+        AlfworldEnv({"game_file": str(broken)})
+    [rollout], _ = await _explore(run, [{"id": "gone", "game_file": str(tmp_path / "x")}], False)
+    assert not rollout.ok and "does not exist" in (rollout.error or "")
