@@ -77,6 +77,11 @@ def default_max_tokens_per_call(max_model_len: int) -> int:
     return max(16, max_model_len // 4)
 
 
+POOL_SIZE = 32
+"""Episodes per HTTP connection pool (each pool keeps up to twice as many connections)."""
+POOL_SHARDS = 64
+
+
 @dataclass(frozen=True)
 class EpisodeSettings:
     """How episodes run (the explorer section of the run config maps onto this)."""
@@ -168,13 +173,18 @@ class Explorer:
         self.runner = runner
         """Where attempts run; None: as asyncio tasks of this process."""
         self._limit = asyncio.Semaphore(settings.max_concurrency)
-        # Episodes share a pool of keep-alive connections to the gateway. It is capped: the engine
-        # batches far fewer sequences than 1,000 episodes make calls, and opening a socket per
-        # call on a busy event loop timed connects out (calls wait for a free connection instead).
-        self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(3600.0, connect=60.0),
-            limits=httpx.Limits(max_connections=min(256, max(64, settings.max_concurrency * 2))),
-        )
+        # Episodes share keep-alive connections to the gateway, through several small pools:
+        # httpx's pool scans all its waiting requests for every connection event, so one pool of
+        # 1,000 concurrent episodes stalled the event loop for minutes (quadratic).
+        shards = max(1, min(POOL_SHARDS, settings.max_concurrency // POOL_SIZE))
+        self._pools = [
+            httpx.AsyncClient(
+                timeout=httpx.Timeout(3600.0, connect=60.0),
+                limits=httpx.Limits(max_connections=POOL_SIZE * 2),
+            )
+            for _ in range(shards)
+        ]
+        self._episodes_started = 0
         self._warned_no_calls = False
         self._stragglers: set[asyncio.Task[Any]] = set()
         self._closures: dict[str, RolloutClosure] = {}
@@ -188,7 +198,8 @@ class Explorer:
             await asyncio.wait(stragglers, timeout=CANCEL_GRACE)
         if self.runner is not None:
             await self.runner.close()
-        await self._http.aclose()
+        for pool in self._pools:
+            await pool.aclose()
 
     def _model(self, scope: RolloutScope) -> OpenAIChatModel:
         parameters = OpenAIChatModel.Parameters(max_tokens=self.settings.max_tokens)
@@ -294,6 +305,7 @@ class Explorer:
         attempts = self.settings.max_retries + 1
         status, error, runner = RolloutStatus.FAILED, "", None
         late = aborted = 0
+        self._episodes_started += 1
         for attempt in range(attempts):
             attempt_id = rollout_id if attempt == 0 else f"{rollout_id}.retry{attempt}"
             self.gateway.reopen_rollout(attempt_id)
@@ -301,7 +313,7 @@ class Explorer:
                 rollout_id=attempt_id,
                 base_url=self.gateway.rollout_base_url(attempt_id),
                 api_key=self.gateway.api_key or "no-key",
-                http_client=self._http,
+                http_client=self._pools[self._episodes_started % len(self._pools)],
             )
             try:
                 async with self._limit:

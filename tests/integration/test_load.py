@@ -54,7 +54,9 @@ async def test_1000_concurrent_then_10000_sequential_episodes(tiny_model_path):
         wide = Explorer(
             workflow,
             gateway,
-            EpisodeSettings(max_concurrency=CONCURRENT, max_tokens=2, max_retries=0),
+            EpisodeSettings(
+                max_concurrency=CONCURRENT, max_tokens=2, max_retries=0, episode_timeout=3600
+            ),
         )
         tasks = load_tasks([{"id": f"c{i}", "prompt": f"hi {i}"} for i in range(CONCURRENT)])
         started = time.perf_counter()
