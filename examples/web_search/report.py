@@ -9,8 +9,9 @@
         trained=runs/web_search/explore-trained
 
 Each folder's `rollouts.jsonl` holds the episodes (their `f1` and `em` metrics); the question
-types come from the task file. The scripted oracle and the random solver run on exactly the
-questions the explored folders cover.
+types come from the task file. A training run's folder works too, with `#STEP` for its greedy
+evaluation at that step (`before=runs/web_search#0 after=runs/web_search#3`). The scripted
+oracle and the random solver run on exactly the questions the explored folders cover.
 """
 
 from __future__ import annotations
@@ -29,19 +30,30 @@ from environments.search.evaluate import evaluate
 TYPES = ("single_hop", "two_hop", "comparison", "multi_hop")
 
 
-def explored_scores(folder: Path, types: dict[str, str]) -> dict[str, dict[str, float]]:
-    """Mean EM and F1 per question type (and `all`) of an explore folder's episodes.
+def read_rollouts(spec: str) -> list[dict[str, Any]]:
+    """The episodes of `folder` (an explore run), or of `folder#STEP` (a training run's
+    evaluation at that step)."""
+    folder, _, step = spec.partition("#")
+    with open(Path(folder) / "rollouts.jsonl", encoding="utf-8") as handle:
+        rollouts = [json.loads(line) for line in handle]
+    if step:
+        rollouts = [r for r in rollouts if r["phase"] == "eval" and r["step"] == int(step)]
+        if not rollouts:
+            raise SystemExit(f"{folder} has no evaluation at step {step}")
+    return rollouts
+
+
+def explored_scores(rollouts: list[dict[str, Any]], types: dict[str, str]) -> dict[str, Any]:
+    """Mean EM and F1 per question type (and `all`) of explored episodes.
 
     A failed or timed-out episode counts as 0 (it answered nothing).
     """
     scores: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    with open(folder / "rollouts.jsonl", encoding="utf-8") as handle:
-        for line in handle:
-            rollout = json.loads(line)
-            metrics = rollout.get("metrics") or {}
-            for group in ("all", types.get(rollout["task_id"], "unknown")):
-                for name in ("em", "f1"):
-                    scores[name][group].append(float(metrics.get(name, 0.0)))
+    for rollout in rollouts:
+        metrics = rollout.get("metrics") or {}
+        for group in ("all", types.get(rollout["task_id"], "unknown")):
+            for name in ("em", "f1"):
+                scores[name][group].append(float(metrics.get(name, 0.0)))
     return {
         name: {group: statistics.mean(values) for group, values in groups.items()}
         for name, groups in scores.items()
@@ -69,10 +81,10 @@ def main(argv: list[str] | None = None) -> None:
     rows: dict[str, Any] = {}
     covered: set[str] = set()
     for item in args.runs:
-        name, _, folder = item.partition("=")
-        rows[name] = explored_scores(Path(folder), types)
-        with open(Path(folder) / "rollouts.jsonl", encoding="utf-8") as handle:
-            covered |= {json.loads(line)["task_id"] for line in handle}
+        name, _, spec = item.partition("=")
+        rollouts = read_rollouts(spec)
+        rows[name] = explored_scores(rollouts, types)
+        covered |= {r["task_id"] for r in rollouts}
     subset = [tasks[task_id] for task_id in tasks if task_id in covered]
     solved = asyncio.run(evaluate(subset, load_index()))
     for solver in ("scripted", "random"):
