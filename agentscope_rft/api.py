@@ -72,7 +72,8 @@ def workflow(
 
     With a `judge`, the function returns its response (anything) and
     `await judge(task, response)` gives the reward; the judge runs outside the episode, so its own
-    model calls (an LLM judge) are neither redirected nor trained.
+    model calls (an LLM judge) are neither redirected nor trained. The episode and its judge
+    share one deadline (`explorer.episode_timeout`).
 
     Raises:
         WorkflowError: the function or judge has the wrong shape.

@@ -190,17 +190,23 @@ def _resumed_config(run_dir: Any, overrides: list[str]) -> Any:
     return load_resumed_config(run_dir, overrides)
 
 
-def _stopped(exc: BaseException) -> typer.Exit:
-    """A clean stop on a signal: end what the run left running, say how to go on, exit 75."""
+def _end_leftovers() -> None:
+    """Terminate processes the run left running (an app's environment server, a server that
+    did not stop): a finished or stopped run leaves no orphans behind."""
     from agentscope_rft.runtime.processes import kill_descendants
-    from agentscope_rft.runtime.signals import EXIT_STOPPED
 
     leftovers = kill_descendants(grace=5.0)
     if leftovers:
         logging.getLogger(__name__).warning(
             "terminated %d process(es) the run left running: %s", len(leftovers), leftovers
         )
-    console.print(f"[bold yellow]stopped:[/] {exc}")
+
+
+def _stopped(exc: BaseException) -> typer.Exit:
+    """A clean stop on a signal: say how to go on, exit 75."""
+    from agentscope_rft.runtime.signals import EXIT_STOPPED
+
+    console.print(f"[bold yellow]stopped:[/] {exc}", soft_wrap=True)  # one line: copy-paste
     return typer.Exit(code=EXIT_STOPPED)
 
 
@@ -248,6 +254,8 @@ def train(
         raise _stopped(exc) from exc
     except _user_errors() as exc:
         raise fail(str(exc)) from exc
+    finally:
+        _end_leftovers()
     shown = {
         k: round(v, 4)
         for k, v in last.items()
@@ -288,6 +296,8 @@ def explore(
         raise _stopped(exc) from exc
     except _user_errors(ValueError) as exc:
         raise fail(str(exc)) from exc
+    finally:
+        _end_leftovers()
     table = Table(title=f"explore {split}: {out_dir}")
     table.add_column("metric")
     table.add_column("value", justify="right")

@@ -22,6 +22,7 @@ from agentscope_rft.algorithms.config import AlgorithmConfig
 from agentscope_rft.buffer.config import BufferConfig
 from agentscope_rft.config_base import Section
 from agentscope_rft.monitor.config import MonitorConfig
+from agentscope_rft.runtime.config import RuntimeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -271,8 +272,8 @@ TrainerConfig = Annotated[TorchTrainerConfig | VerlTrainerConfig, Field(discrimi
 
 
 class TasksConfig(Section):
-    """Where tasks come from: JSONL, JSON, Parquet or CSV files (one task per row); paths in a config
-    file are relative to its folder."""
+    """Where tasks come from: JSONL, JSON, Parquet or CSV files (one task per row); paths in a
+    config file are relative to its folder."""
 
     train: str | None = None
     """Training tasks (required unless `run.mode` is `offline` or `train_only`)."""
@@ -312,8 +313,9 @@ class ExplorerConfig(Section):
     max_concurrency: int = Field(default=32, ge=1)
     """Episodes running at once."""
     episode_timeout: float = Field(default=300.0, gt=0)
-    """Seconds an episode may run. At the deadline its rollout is closed (model calls in flight
-    are aborted, new ones refused), the episode is cancelled and recorded as timed out."""
+    """Seconds an episode (its judge included) may run. At the deadline its rollout is closed
+    (model calls in flight are aborted, new ones refused), the episode is cancelled and recorded
+    as timed out."""
     late_call_grace: float = Field(default=2.0, ge=0)
     """Seconds model calls still in flight when an episode returns may take to finish (they are
     then aborted); both are counted as `episode/late_calls` and `episode/aborted_calls`."""
@@ -338,6 +340,9 @@ class ExplorerConfig(Section):
     """An episode succeeds when its reward reaches this (unless the Reward says otherwise)."""
     max_sample_length: int | None = Field(default=None, ge=16)
     """Longest training sample: longer merges split into several samples."""
+    context_overflow_reward: float = 0.0
+    """Reward of an episode whose conversation outgrew the context window: it is recorded as
+    `truncated` and its calls are trained with this reward (not failed, not retried)."""
     seed: int | None = 0
     """Each training call without a seed gets one derived from this, its rollout and call
     number, so exploration is reproducible (null: unseeded)."""
@@ -424,6 +429,9 @@ class RunConfig(Section):
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     """Console, TensorBoard, W&B, MLflow, plots."""
     offline: OfflineConfig = Field(default_factory=OfflineConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    """Where episodes run: `local` (default, in this process) or `ray` (isolated runner processes
+    on a Ray cluster, one or many machines)."""
     run: RunSettings = Field(default_factory=RunSettings)
 
     @model_validator(mode="before")

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 JSON = dict[str, Any]
+MIN_TEMPERATURE = 1e-3
+"""The smallest non-zero sampling temperature: logits divided by less can overflow (fp16)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +43,11 @@ class SamplingParams:
         problems = []
         if not (0.0 <= self.temperature <= 2.0) or math.isnan(self.temperature):
             problems.append(f"temperature must be in [0, 2], got {self.temperature}")
+        elif 0.0 < self.temperature < MIN_TEMPERATURE:  # logits / temperature would overflow
+            problems.append(
+                f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got "
+                f"{self.temperature}"
+            )
         if not (0.0 < self.top_p <= 1.0):
             problems.append(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k == 0 or self.top_k < -1:
@@ -124,6 +131,8 @@ class Call:
 
 class RolloutStatus(enum.StrEnum):
     OK = "ok"
+    TRUNCATED = "truncated"
+    """Cut short by a limit (the app's turn limit, the context window): still trained."""
     FAILED = "failed"
     TIMEOUT = "timeout"
 
@@ -141,6 +150,9 @@ class Reward:
     metrics: Mapping[str, float] = field(default_factory=dict)
     success: bool | None = None
     """Whether the episode solved its task; `None` lets the explorer decide (`value > 0`)."""
+    truncated: str | None = None
+    """Why the episode was cut short, if it was (e.g. `turn_limit`): the rollout is recorded with
+    status `truncated` and this reason, and still trained with `value`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +193,8 @@ class Rollout:
     reward: float
     status: RolloutStatus = RolloutStatus.OK
     error: str | None = None
+    truncated: str | None = None
+    """Why a `truncated` episode was cut short (`turn_limit`, `context_window`, ...)."""
     success: bool = False
     step_rewards: list[StepReward] = field(default_factory=list)
     step_states: list[StepState] = field(default_factory=list)
@@ -192,10 +206,13 @@ class Rollout:
     """Model calls still in flight when the episode returned or timed out."""
     aborted_calls: int = 0
     """Of those, the ones aborted at the engine (not recorded)."""
+    runner: str | None = None
+    """The process the (last) attempt ran in: `local/<pid>`, or `<node>/<pid>` for a Ray runner."""
 
     @property
     def ok(self) -> bool:
-        return self.status is RolloutStatus.OK
+        """Whether the episode is data: it finished, or a limit cut it short (`truncated`)."""
+        return self.status in (RolloutStatus.OK, RolloutStatus.TRUNCATED)
 
     def to_dict(self) -> JSON:
         data = dataclasses.asdict(self)

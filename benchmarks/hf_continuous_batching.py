@@ -50,7 +50,11 @@ class HFSide:
         from transformers import ContinuousBatchingConfig, GenerationConfig
 
         self.model = model
-        self.config = ContinuousBatchingConfig(return_logprobs=True, allow_block_sharing=True)
+        # 128 blocks of 256 tokens (its default block size): room for 32k tokens, a fixed size
+        # rather than a share of this shared machine's free memory.
+        self.config = ContinuousBatchingConfig(
+            return_logprobs=True, allow_block_sharing=True, num_blocks=128
+        )
         self.generation = GenerationConfig(
             do_sample=False, max_new_tokens=max_new, eos_token_id=-1, pad_token_id=0
         )

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {
     "embedded-nocache": ["engine.prefix_caching=false"],
     "embedded": [],
-    "vllm": ["engine.type=vllm"],
+    "vllm": ["engine.type=vllm", "engine.kv_cache_space_gib=1"],
 }
 
 

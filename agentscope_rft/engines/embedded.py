@@ -19,6 +19,7 @@ import torch
 from transformers import PreTrainedModel
 
 from agentscope_rft.chat.template import ChatFormatError, ChatRenderer, token_text
+from agentscope_rft.engines.attention import use_decode_attention
 from agentscope_rft.engines.base import (
     ChatEvent,
     ChatRequest,
@@ -198,6 +199,8 @@ class EmbeddedEngine:
         model = await asyncio.to_thread(
             load_causal_lm, self.model_path, dtype=self.dtype, device=str(self._device)
         )
+        if self._device.type == "cpu" and model.config._attn_implementation == "sdpa":
+            use_decode_attention(model)  # CPU SDPA copies the whole KV cache every decode step
         limit = int(getattr(model.config.get_text_config(), "max_position_embeddings", 4096))
         max_len = min(self._max_model_len_override or limit, limit)
         prefix_cache = None

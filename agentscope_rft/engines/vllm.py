@@ -165,6 +165,9 @@ class VLLMEngine:
         self._stop_ids = {int(self.tokenizer.eos_token_id)}
 
         self.replicas: list[_Replica] = []
+        self.weight_paths: Callable[[Path, int], Awaitable[Mapping[str, Path]]] | None = None
+        """Where each replica (by URL) reads a weights folder; None: the folder itself (set by
+        the Ray runtime for replicas on other machines)."""
         self._max_model_len = 0
         self._version = 0
         self._active_model = self._model_name
@@ -216,6 +219,11 @@ class VLLMEngine:
             "server_crashes": float(sum(r.server.crashes for r in self.replicas)),
             "server_restarts": float(sum(r.server.restarts for r in self.replicas)),
         }
+
+    @property
+    def weights_dir(self) -> Path | None:
+        """The folder new weights are written under for the servers to reload (once started)."""
+        return self._tmp
 
     def token_texts(self, token_ids: Sequence[int]) -> list[str]:
         return [self._decode([tid], skip_special_tokens=False) for tid in token_ids]
@@ -553,11 +561,22 @@ class VLLMEngine:
             return await self.load_lora(weights, version)
         started = time.perf_counter()
         folder = await asyncio.to_thread(self._weights_folder, weights, version)
+        # Replicas on other machines may read a copy of the folder (see runtime/ray/weights.py).
+        paths = await self.weight_paths(folder, version) if self.weight_paths else {}
 
         async def reload() -> None:
-            await self._on_all(
-                "/collective_rpc",
-                {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}},
+            await asyncio.gather(
+                *(
+                    self._post(
+                        replica,
+                        "/collective_rpc",
+                        {
+                            "method": "reload_weights",
+                            "kwargs": {"weights_path": str(paths.get(replica.server.url, folder))},
+                        },
+                    )
+                    for replica in self.replicas
+                )
             )
             self._weights_path = folder
             self._active_model = self._model_name  # full weights replace any adapter

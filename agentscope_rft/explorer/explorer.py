@@ -4,6 +4,9 @@ Each episode runs in its own asyncio task inside a rollout scope, so its model c
 injected model's, or the app's own redirected ones) are recorded under its rollout id. An episode
 that raises or exceeds its timeout is retried up to `max_retries` times with a fresh rollout id;
 if it still fails it becomes a failed rollout carrying the error text. It never fails the batch.
+An episode cut short by a limit is data, not a failure: one whose conversation outgrew the
+context window (the app's call got the engine's error) and one whose reward says `truncated`
+(the app's turn limit) are recorded with status `truncated`, their calls kept and trained.
 
 Episodes are bounded whatever the app does. At the deadline the explorer closes the rollout at the
 gateway first (calls in flight are aborted at the engine, new calls under its id are refused) and
@@ -19,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import time
 import traceback
 import uuid
@@ -30,14 +34,31 @@ import httpx
 from agentscope.model import OpenAIChatModel
 
 from agentscope_rft.api import Workflow
+from agentscope_rft.explorer.runner import (
+    EpisodeFailed,
+    EpisodeOutcome,
+    EpisodeRunner,
+    EpisodeTimeout,
+    WorkflowReturnError,
+    as_reward,
+)
 from agentscope_rft.explorer.tasks import Task
 from agentscope_rft.explorer.trajectory import RewardSpread, TrajectoryStats, build_samples
 from agentscope_rft.gateway.app import RolloutClosure
 from agentscope_rft.gateway.server import Gateway
 from agentscope_rft.integration.agentscope import RolloutScope, rollout_model, rollout_scope
-from agentscope_rft.types import Reward, Rollout, RolloutStatus, Sample
+from agentscope_rft.types import Call, Reward, Rollout, RolloutStatus, Sample
 
 logger = logging.getLogger(__name__)
+
+__all__ = [
+    "EpisodeSettings",
+    "EpisodeTimeout",
+    "ExploreResult",
+    "Explorer",
+    "WorkflowReturnError",
+    "as_reward",
+]
 
 CANCEL_GRACE = 2.0
 """Seconds an episode gets to unwind after its rollout is closed and its task cancelled."""
@@ -56,25 +77,6 @@ def default_max_tokens_per_call(max_model_len: int) -> int:
     return max(16, max_model_len // 4)
 
 
-class EpisodeTimeout(Exception):
-    """The episode did not finish within `episode_timeout`."""
-
-
-class WorkflowReturnError(TypeError):
-    """The workflow (or judge) returned something that is not a reward."""
-
-
-def as_reward(value: Any, source: str) -> Reward:
-    if isinstance(value, Reward):
-        return value
-    if isinstance(value, bool | int | float) and math.isfinite(float(value)):
-        return Reward(float(value))
-    raise WorkflowReturnError(
-        f"the {source} returned {type(value).__name__} {value!r:.80}; it must return a finite "
-        "float or agentscope_rft.Reward (a workflow with a judge may return any response)"
-    )
-
-
 @dataclass(frozen=True)
 class EpisodeSettings:
     """How episodes run (the explorer section of the run config maps onto this)."""
@@ -90,6 +92,8 @@ class EpisodeSettings:
     max_sample_length: int | None = None
     late_call_grace: float = 2.0
     """Seconds an episode's calls still in flight after it returned may take before abort."""
+    context_overflow_reward: float = 0.0
+    """Reward of an episode whose conversation outgrew the context window (kept as data)."""
 
 
 @dataclass
@@ -101,6 +105,8 @@ class ExploreResult:
     trajectory: TrajectoryStats
     seconds: float
     no_model_calls: list[str] = field(default_factory=list)
+    runtime: dict[str, float] = field(default_factory=dict)
+    """The episode runners' counters over this batch (e.g. `runtime/runner_deaths`)."""
 
     def metrics(self) -> dict[str, float]:
         ok = [r for r in self.rollouts if r.ok]
@@ -119,6 +125,9 @@ class ExploreResult:
             "explore/rollouts": float(n),
             "explore/failed": float(sum(r.status is RolloutStatus.FAILED for r in self.rollouts)),
             "explore/timeout": float(sum(r.status is RolloutStatus.TIMEOUT for r in self.rollouts)),
+            "explore/truncated": float(
+                sum(r.status is RolloutStatus.TRUNCATED for r in self.rollouts)
+            ),
             "explore/retried": float(sum(r.attempts > 1 for r in self.rollouts)),
             "explore/no_model_calls": float(len(self.no_model_calls)),
             "explore/calls_per_episode": sum(len(r.calls) for r in ok) / len(ok) if ok else 0.0,
@@ -128,6 +137,7 @@ class ExploreResult:
             "time/explore": self.seconds,
         }
         out.update(self.trajectory.metrics())
+        out.update(self.runtime)
         return out
 
 
@@ -145,14 +155,25 @@ class Explorer:
         >>> result = await explorer.explore(tasks, group_size=4, batch_id="step1")  # doctest: +SKIP
     """
 
-    def __init__(self, workflow: Workflow, gateway: Gateway, settings: EpisodeSettings) -> None:
+    def __init__(
+        self,
+        workflow: Workflow,
+        gateway: Gateway,
+        settings: EpisodeSettings,
+        runner: EpisodeRunner | None = None,
+    ) -> None:
         self.workflow = workflow
         self.gateway = gateway
         self.settings = settings
+        self.runner = runner
+        """Where attempts run; None: as asyncio tasks of this process."""
         self._limit = asyncio.Semaphore(settings.max_concurrency)
+        # Episodes share a pool of keep-alive connections to the gateway. It is capped: the engine
+        # batches far fewer sequences than 1,000 episodes make calls, and opening a socket per
+        # call on a busy event loop timed connects out (calls wait for a free connection instead).
         self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(3600.0, connect=10.0),
-            limits=httpx.Limits(max_connections=max(64, settings.max_concurrency * 2)),
+            timeout=httpx.Timeout(3600.0, connect=60.0),
+            limits=httpx.Limits(max_connections=min(256, max(64, settings.max_concurrency * 2))),
         )
         self._warned_no_calls = False
         self._stragglers: set[asyncio.Task[Any]] = set()
@@ -165,6 +186,8 @@ class Explorer:
             episode.cancel()
         if stragglers:
             await asyncio.wait(stragglers, timeout=CANCEL_GRACE)
+        if self.runner is not None:
+            await self.runner.close()
         await self._http.aclose()
 
     def _model(self, scope: RolloutScope) -> OpenAIChatModel:
@@ -210,6 +233,7 @@ class Explorer:
         return await self.gateway.close_rollout(rollout_id, reason=str(status))
 
     async def _attempt(self, task: Task, scope: RolloutScope) -> tuple[Reward, RolloutClosure]:
+        started = time.monotonic()
         with rollout_scope(scope):
             model = self._model(scope)
             # The task copies the context, so the app's own tasks stay in this rollout too.
@@ -224,17 +248,51 @@ class Explorer:
         if closure.late_calls:
             logger.debug("episode %s returned with calls in flight: %s", scope.rollout_id, closure)
         if self.workflow.judge is not None:
+            # The judge shares the episode's deadline: a hanging judge times out like an episode.
+            left = self.settings.episode_timeout - (time.monotonic() - started)
             with rollout_scope(None):  # the judge's own model calls are not the policy's
-                judged = await self.workflow.judge(dict(task.data), result)
+                try:
+                    judged = await asyncio.wait_for(
+                        self.workflow.judge(dict(task.data), result), max(left, 0.0)
+                    )
+                except TimeoutError as exc:
+                    raise EpisodeTimeout(
+                        f"the episode and its judge exceeded episode_timeout="
+                        f"{self.settings.episode_timeout}s (the judge did not finish)"
+                    ) from exc
             return as_reward(judged, "judge"), closure
         return as_reward(result, f"workflow `{self.workflow.name}`"), closure
+
+    async def _remote_attempt(
+        self, runner: EpisodeRunner, task: Task, scope: RolloutScope
+    ) -> tuple[EpisodeOutcome, RolloutClosure]:
+        """One attempt in a runner process; at the deadline the rollout is closed here (its calls
+        are refused) while the runner cancels the episode (or is replaced if it cannot)."""
+        remote = asyncio.ensure_future(
+            runner.run(dict(task.data), scope, self.settings.episode_timeout)
+        )
+        try:
+            done, _ = await asyncio.wait({remote}, timeout=self.settings.episode_timeout)
+            if not done:
+                self._closures[scope.rollout_id] = await self.gateway.close_rollout(
+                    scope.rollout_id, reason="timeout"
+                )
+            outcome = await remote
+        except asyncio.CancelledError:
+            remote.cancel()
+            await self.gateway.close_rollout(scope.rollout_id, reason="cancelled")
+            raise
+        closure = await self.gateway.close_rollout(
+            scope.rollout_id, reason="finished", grace=self.settings.late_call_grace
+        )
+        return outcome, closure
 
     async def run_episode(self, task: Task, rollout_id: str | None = None) -> Rollout:
         """Run one episode (with retries); never raises for a failing episode."""
         rollout_id = rollout_id or uuid.uuid4().hex
         started = time.time()
         attempts = self.settings.max_retries + 1
-        status, error = RolloutStatus.FAILED, ""
+        status, error, runner = RolloutStatus.FAILED, "", None
         late = aborted = 0
         for attempt in range(attempts):
             attempt_id = rollout_id if attempt == 0 else f"{rollout_id}.retry{attempt}"
@@ -247,8 +305,16 @@ class Explorer:
             )
             try:
                 async with self._limit:
-                    reward, closure = await self._attempt(task, scope)
+                    if self.runner is None:
+                        reward, closure = await self._attempt(task, scope)
+                        outcome = EpisodeOutcome(reward, f"local/{os.getpid()}")
+                    else:
+                        outcome, closure = await self._remote_attempt(self.runner, task, scope)
+                        reward = outcome.reward
+                runner = outcome.runner
                 calls = await self.gateway.recorder.take(attempt_id, wait_timeout=0)
+                overflow = self.gateway.recorder.pop_overflow(attempt_id)
+                truncated = reward.truncated or ("context_window" if overflow else None)
                 success = (
                     reward.success
                     if reward.success is not None
@@ -260,20 +326,26 @@ class Explorer:
                     task=task.data,
                     calls=calls,
                     reward=reward.value,
+                    status=RolloutStatus.TRUNCATED if truncated else RolloutStatus.OK,
+                    error=overflow,
+                    truncated=truncated,
                     success=success,
-                    step_rewards=scope.step_rewards,
-                    step_states=scope.step_states,
+                    step_rewards=[*scope.step_rewards, *outcome.step_rewards],
+                    step_states=[*scope.step_states, *outcome.step_states],
                     metrics=dict(reward.metrics),
                     started_at=started,
                     finished_at=time.time(),
                     attempts=attempt + 1,
                     late_calls=closure.late_calls,
                     aborted_calls=closure.aborted_calls,
+                    runner=runner,
                 )
             except EpisodeTimeout as exc:
                 status, error = RolloutStatus.TIMEOUT, str(exc)
-            except WorkflowReturnError as exc:
+                runner = getattr(exc, "runner", None)
+            except (WorkflowReturnError, EpisodeFailed) as exc:
                 status, error = RolloutStatus.FAILED, str(exc)
+                runner = getattr(exc, "runner", None)
             except Exception as exc:
                 status, error = RolloutStatus.FAILED, _error_text(exc)
             finally:
@@ -283,6 +355,11 @@ class Explorer:
                 ended = await self._close(attempt_id, status)
             late, aborted = ended.late_calls, ended.aborted_calls
             calls = await self.gateway.recorder.take(attempt_id, wait_timeout=0)
+            overflow = self.gateway.recorder.pop_overflow(attempt_id)
+            if overflow is not None and status is RolloutStatus.FAILED:
+                rollout = self._overflowed(task, attempt_id, calls, overflow, started, attempt + 1)
+                rollout.late_calls, rollout.aborted_calls = late, aborted
+                return rollout
             if attempt + 1 < attempts:
                 logger.debug("episode %s failed (%s); retrying", attempt_id, status)
         return Rollout(
@@ -298,6 +375,32 @@ class Explorer:
             attempts=attempts,
             late_calls=late,
             aborted_calls=aborted,
+            runner=runner,
+        )
+
+    def _overflowed(
+        self,
+        task: Task,
+        rollout_id: str,
+        calls: list[Call],
+        error: str,
+        started: float,
+        attempts: int,
+    ) -> Rollout:
+        """An episode whose conversation outgrew the context window: the calls it made are data
+        (a policy that rambles should learn from it), with `context_overflow_reward`."""
+        return Rollout(
+            rollout_id=rollout_id,
+            task_id=task.id,
+            task=task.data,
+            calls=calls,
+            reward=self.settings.context_overflow_reward,
+            status=RolloutStatus.TRUNCATED,
+            error=error,
+            truncated="context_window",
+            started_at=started,
+            finished_at=time.time(),
+            attempts=attempts,
         )
 
     async def explore(
@@ -363,6 +466,7 @@ class Explorer:
             trajectory=stats,
             seconds=time.perf_counter() - started,
             no_model_calls=no_calls,
+            runtime=self.runner.take_metrics() if self.runner is not None else {},
         )
 
 

@@ -7,7 +7,8 @@ Routes:
     GET  /rollouts/{rollout_id}                        the rollout's recorded calls (JSON)
     POST /rollouts/{rollout_id}/close                  end the rollout (see `close_rollout`)
     DELETE /rollouts/{rollout_id}                      drop its calls
-    GET  /health, GET /metrics
+    GET  /health
+    GET  /metrics                                      Prometheus text (`?format=json`: JSON)
 
 The rollout id lives in the URL path, so any OpenAI client in any process is attributed by its
 `base_url` alone. The caller's agent name may come in the `X-Agent-Name` header.
@@ -35,6 +36,7 @@ from typing import Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentscope_rft.engines.base import (
     ChatEvent,
@@ -42,9 +44,16 @@ from agentscope_rft.engines.base import (
     ChoiceDone,
     ChoiceResult,
     ContentDelta,
+    ContextWindowError,
     Engine,
     EngineError,
     PromptReady,
+)
+from agentscope_rft.gateway.metrics import (
+    PROMETHEUS_CONTENT_TYPE,
+    Histogram,
+    gateway_metrics,
+    prometheus_text,
 )
 from agentscope_rft.gateway.protocol import (
     ChatCompletionRequest,
@@ -100,6 +109,7 @@ class GatewayState:
     latencies: collections.deque[float] = field(
         default_factory=lambda: collections.deque(maxlen=4096)
     )
+    latency: Histogram = field(default_factory=Histogram)
     exchanges: set[_Exchange] = field(default_factory=set)
     """Every request in flight (attributed or not), so shutdown can abort them."""
     by_rollout: dict[str, set[_Exchange]] = field(default_factory=dict)
@@ -302,7 +312,12 @@ class _Exchange:
             item = self._abort_error or RequestError("the request was aborted", status=503)
             raise
         except EngineError as exc:
-            item = RequestError(str(exc), status=exc.status, param=exc.param)
+            overflow = isinstance(exc, ContextWindowError)
+            if overflow and self.chat.rollout_id is not None:
+                # The episode outgrew the context window: the explorer keeps it as truncated data.
+                self.state.recorder.note_overflow(self.chat.rollout_id, str(exc))
+            code = "context_length_exceeded" if overflow else None  # OpenAI's code for it
+            item = RequestError(str(exc), status=exc.status, param=exc.param, code=code)
         except Exception as exc:  # handed to the handler, which fails the request with it
             item = exc
         finally:
@@ -339,6 +354,7 @@ class _Exchange:
             state.counters["prompt_tokens"] += len(self.prompt.prompt_ids)
         state.counters["requests_ok" if ok else "requests_failed"] += 1
         state.latencies.append(time.time() - self.started)
+        state.latency.observe(state.latencies[-1])
         state.exchanges.discard(self)
         rollout_id = self.chat.rollout_id
         if rollout_id is not None:
@@ -442,6 +458,15 @@ def create_app(state: GatewayState) -> FastAPI:
     async def _request_error(_: Request, exc: RequestError) -> JSONResponse:
         return _error_response(exc)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Unknown routes and methods answer in the OpenAI error shape too.
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        if exc.status_code == 404:
+            message += "; routes: /v1/chat/completions, /rollouts/{rollout_id}/v1/chat/completions"
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _error_response(RequestError(message, status=exc.status_code, kind=kind))
+
     async def chat_completions(request: Request, rollout_id: str | None) -> Response:
         _check_auth(state, request)
         if rollout_id is not None:
@@ -541,17 +566,38 @@ def create_app(state: GatewayState) -> FastAPI:
         )
 
     @app.get("/metrics")
-    async def metrics(request: Request) -> JSONResponse:
+    async def metrics(request: Request, format: str = "prometheus") -> Response:
         _check_auth(state, request)
-        latencies = sorted(state.latencies)
-        p50 = latencies[len(latencies) // 2] if latencies else None
-        return JSONResponse(
-            {
-                **state.counters,
-                "latency_p50_s": p50,
-                "policy_version": state.engine.policy_version,
-                "recorded_calls": state.recorder.total_calls,
-            }
+        engine_metrics = getattr(state.engine, "metrics", None)
+        engine = engine_metrics() if callable(engine_metrics) else {}
+        recorder = state.recorder.stats()
+        if format == "json":
+            latencies = sorted(state.latencies)
+            p50 = latencies[len(latencies) // 2] if latencies else None
+            return JSONResponse(
+                {
+                    **state.counters,
+                    "latency_p50_s": p50,
+                    "policy_version": state.engine.policy_version,
+                    "recorded_calls": state.recorder.total_calls,
+                    **recorder,
+                    **{f"engine_{k}": v for k, v in engine.items()},
+                }
+            )
+        if format != "prometheus":
+            raise RequestError(
+                f"unknown metrics format {format!r}: use `prometheus` (default) or `json`",
+                param="format",
+            )
+        families = gateway_metrics(
+            state.counters,
+            recorder,
+            engine,
+            state.engine.policy_version,
+            state.recorder.total_calls,
+        )
+        return Response(
+            prometheus_text(families, state.latency), media_type=PROMETHEUS_CONTENT_TYPE
         )
 
     return app

@@ -168,6 +168,8 @@ def parse_request(body: bytes) -> ChatCompletionRequest:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RequestError(f"the request body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise RequestError("the request body is not valid JSON: nested too deeply") from exc
     if not isinstance(data, dict):
         raise RequestError("the request body must be a JSON object")
     try:

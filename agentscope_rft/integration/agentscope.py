@@ -62,7 +62,7 @@ class RolloutScope:
                 base_url=self.base_url,
                 default_headers=headers,
                 max_retries=0,  # the app's model retries; a retry here would double-record
-                timeout=httpx.Timeout(3600.0, connect=10.0),
+                timeout=httpx.Timeout(3600.0, connect=60.0),  # loopback, maybe a busy loop
                 http_client=self.http_client,
             )
             self._clients[agent_name] = client

@@ -70,7 +70,7 @@ class MetricsWriter:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         if resume:
-            _drop_partial_last_line(path)
+            drop_partial_last_line(path)
         elif path.exists() and path.stat().st_size > 0:
             logger.warning("new run: replacing the existing %s", path)
             path.unlink()
@@ -92,7 +92,7 @@ class MetricsWriter:
         self._file.close()
 
 
-def _drop_partial_last_line(path: Path) -> None:
+def drop_partial_last_line(path: Path) -> None:
     """A crash mid-write leaves a last line without newline; appending would corrupt it."""
     if not path.exists():
         return

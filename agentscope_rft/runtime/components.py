@@ -16,6 +16,7 @@ from agentscope_rft.explorer.explorer import (
     ExploreResult,
     default_max_tokens_per_call,
 )
+from agentscope_rft.monitor.records import drop_partial_last_line
 from agentscope_rft.types import Rollout
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ def episode_settings(config: RunConfig, max_model_len: int) -> EpisodeSettings:
         success_threshold=ex.success_threshold,
         max_sample_length=max_length,
         late_call_grace=ex.late_call_grace,
+        context_overflow_reward=ex.context_overflow_reward,
     )
 
 
@@ -103,14 +105,23 @@ def sampling_rules(config: RunConfig) -> dict[str, dict[str, Any]]:
 
 @dataclass
 class RolloutLog:
-    """Appends one compact JSON line per rollout to `rollouts.jsonl` (for inspection)."""
+    """Appends one compact JSON line per rollout to `rollouts.jsonl` (for inspection).
+
+    A batch's lines go out in one unbuffered write, so a killed run leaves whole lines (at worst a
+    torn last one after a power loss, which a resumed run drops).
+    """
 
     path: Path
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        if self.resume:
+            drop_partial_last_line(self.path)
 
     def write(self, step: int, phase: str, result: ExploreResult) -> None:
-        with open(self.path, "a", encoding="utf-8") as handle:
-            for rollout in result.rollouts:
-                handle.write(json.dumps(_rollout_line(step, phase, rollout)) + "\n")
+        text = "".join(json.dumps(_rollout_line(step, phase, r)) + "\n" for r in result.rollouts)
+        with open(self.path, "ab", buffering=0) as handle:
+            handle.write(text.encode("utf-8"))
 
 
 def _rollout_line(step: int, phase: str, rollout: Rollout) -> dict[str, Any]:
@@ -122,7 +133,11 @@ def _rollout_line(step: int, phase: str, rollout: Rollout) -> dict[str, Any]:
         "reward": rollout.reward,
         "success": rollout.success,
         "status": str(rollout.status),
+        "truncated": rollout.truncated,
         "error": (rollout.error or "")[-1000:] or None,
+        "metrics": dict(rollout.metrics),
+        "attempts": rollout.attempts,
+        "runner": rollout.runner,
         "calls": [
             {
                 "agent": call.agent_name,

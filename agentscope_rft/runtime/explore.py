@@ -7,6 +7,7 @@ later with `run.mode: train_only`), per-task results to `results.jsonl`, a summa
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -21,6 +22,7 @@ from agentscope_rft.config import RunConfig, dump_config
 from agentscope_rft.engines.base import engine_metrics
 from agentscope_rft.engines.factory import build_engine
 from agentscope_rft.explorer.explorer import Explorer, ExploreResult
+from agentscope_rft.explorer.runner import ModelSettings
 from agentscope_rft.explorer.tasks import load_tasks
 from agentscope_rft.explorer.trajectory import TrajectoryStats
 from agentscope_rft.gateway.server import Gateway
@@ -72,6 +74,26 @@ async def explore(
         >>> summary = asyncio.run(explore(config, Path("runs/x/explore")))  # doctest: +SKIP
     """
     stop = stop or RunStop()
+    if config.runtime.type == "local":
+        return await _explore(config, out_dir, split, limit, group_size, stop, None)
+    from agentscope_rft.runtime.ray import RayRuntime
+
+    ray_runtime = await asyncio.to_thread(RayRuntime, config)
+    try:
+        return await _explore(config, out_dir, split, limit, group_size, stop, ray_runtime)
+    finally:
+        ray_runtime.close()
+
+
+async def _explore(
+    config: RunConfig,
+    out_dir: Path,
+    split: str,
+    limit: int | None,
+    group_size: int | None,
+    stop: RunStop,
+    ray_runtime: Any,
+) -> dict[str, float]:
     source = config.tasks.train if split == "train" else config.tasks.eval
     if source is None:
         raise ValueError(f"tasks.{split} is not set in the config")
@@ -104,14 +126,23 @@ async def explore(
     if split != "train":
         rules[""] = rules["eval"]
     try:
+        # Runners on other machines reach the gateway at the configured interface.
+        host = config.gateway.host if ray_runtime is not None else "127.0.0.1"
         async with Gateway(
             engine,
             sampling_overrides=rules,
             seed_base=config.explorer.seed,
             generate_api_key=True,
+            host=host,
             max_tokens_limit=max_tokens_per_call(config, engine.max_model_len),
         ) as gateway:
-            explorer = Explorer(workflow, gateway, episode_settings(config, engine.max_model_len))
+            settings = episode_settings(config, engine.max_model_len)
+            runner = None
+            if ray_runtime is not None:
+                await ray_runtime.place_weights(engine, out_dir)
+                model = ModelSettings(engine.model_name, settings.model_stream, settings.max_tokens)
+                runner = await ray_runtime.episode_runner(config, model, gateway.port)
+            explorer = Explorer(workflow, gateway, settings, runner=runner)
             chunk = max(1, config.explorer.max_concurrency // groups)
             columns = [
                 TextColumn("exploring"),

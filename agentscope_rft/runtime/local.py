@@ -1,9 +1,11 @@
 """The local runtime: one process, asyncio; engine, gateway, explorer, buffer and trainer together.
 
-`train` is the whole training loop. The explorer and the trainer are two coroutines joined by the
-buffer; `run.mode` only sets how far the explorer may run ahead of the trainer: 0 batches
-(`sync`, on-policy), 1 (`one_step_off`) or `run.max_staleness` (`async`). Training runs in a
-worker thread, so the gateway keeps serving episodes while weights update.
+`train` is the whole training loop. With `runtime: ray` the loop is the same; only the episodes
+run elsewhere (in runner processes on a Ray cluster, see `agentscope_rft.runtime.ray`). The
+explorer and the trainer are two coroutines joined by the buffer; `run.mode` only sets how far
+the explorer may run ahead of the trainer: 0 batches (`sync`, on-policy), 1 (`one_step_off`) or
+`run.max_staleness` (`async`). Training runs in a worker thread, so the gateway keeps serving
+episodes while weights update.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from agentscope_rft.buffer.config import build_buffer
 from agentscope_rft.config import RunConfig
 from agentscope_rft.engines.base import Engine, engine_metrics
 from agentscope_rft.engines.factory import build_engine
-from agentscope_rft.explorer.explorer import Explorer
+from agentscope_rft.explorer.explorer import EpisodeSettings, Explorer
+from agentscope_rft.explorer.runner import EpisodeRunner, ModelSettings
 from agentscope_rft.explorer.tasks import TaskSampler
 from agentscope_rft.gateway.server import Gateway
 from agentscope_rft.monitor import Monitor
@@ -79,6 +82,49 @@ async def train(
     """
     stop = stop or RunStop()
     checked = checked or preflight(config)  # everything checkable, before anything loads
+    if config.runtime.type == "local":
+        return await _train(config, run_dir, resume, stop, checked, ray_runtime=None)
+    from agentscope_rft.runtime.ray import RayRuntime
+
+    # Joined (or started) and checked before any work, so the trainer's Ray ranks join it too.
+    ray_runtime = await asyncio.to_thread(RayRuntime, config)
+    try:
+        return await _train(config, run_dir, resume, stop, checked, ray_runtime=ray_runtime)
+    finally:
+        ray_runtime.close()
+
+
+async def _episode_runner(
+    config: RunConfig,
+    settings: EpisodeSettings,
+    ray_runtime: Any,
+    gateway: Gateway,
+    engine: Engine,
+    run_dir: Path,
+) -> EpisodeRunner | None:
+    """The Ray runtime's runner pool, weights routed to its nodes (None: episodes run here)."""
+    if ray_runtime is None:
+        return None
+    model = ModelSettings(engine.model_name, settings.model_stream, settings.max_tokens)
+    try:
+        await ray_runtime.place_weights(engine, run_dir)
+        runner: EpisodeRunner = await ray_runtime.episode_runner(config, model, gateway.port)
+    except BaseException:
+        await gateway.stop()
+        await engine.close()
+        raise
+    return runner
+
+
+async def _train(
+    config: RunConfig,
+    run_dir: Path,
+    resume: bool,
+    stop: RunStop,
+    checked: Checked,
+    *,
+    ray_runtime: Any,
+) -> dict[str, float]:
     prepare_run_dir(config, run_dir, resume=resume)
     mode, steps = config.run.mode, config.run.steps
     trainer = await asyncio.to_thread(
@@ -98,9 +144,9 @@ async def train(
         start = int(state["step"])
         await asyncio.to_thread(trainer.load, checkpoint_dir(run_dir, start))
         logger.info("resuming %s after step %d", run_dir, start)
-        if mode == "train_only":
-            await buffer.requeue_after(start)
-        else:  # explored-ahead groups are re-explored (same seeds), not trained twice
+        # Groups taken by the steps lost in the crash (`start` and later) go back to the buffer.
+        await buffer.requeue_after(start - 1)
+        if mode != "train_only":  # explorers re-explore them from the saved task position
             await buffer.discard_pending()
     if mode in ("offline", "train_only"):
         engine, gateway, explorer, sampler, eval_tasks = None, None, None, None, []
@@ -127,9 +173,9 @@ async def train(
             sampler.load_state_dict(state["sampler"])
         eval_tasks = checked.eval_tasks
         assert checked.workflow is not None  # exploring modes have one (preflight)
-        explorer = Explorer(
-            checked.workflow, gateway, episode_settings(config, engine.max_model_len)
-        )
+        settings = episode_settings(config, engine.max_model_len)
+        runner = await _episode_runner(config, settings, ray_runtime, gateway, engine, run_dir)
+        explorer = Explorer(checked.workflow, gateway, settings, runner=runner)
 
     lead = LEAD.get(mode, config.run.max_staleness)
     stale_limit = 0 if mode == "sync" else lead
@@ -138,7 +184,7 @@ async def train(
     trained = asyncio.Condition()  # notified after every trainer step (skipped ones included)
     steps_done = start
     policy_version = start  # of the weights the engine serves
-    rollout_log = RolloutLog(run_dir / "rollouts.jsonl")
+    rollout_log = RolloutLog(run_dir / "rollouts.jsonl", resume=resume)
     last: dict[str, float] = {}
     monitor = Monitor(
         run_dir,
@@ -242,25 +288,31 @@ async def train(
                 metrics["time/sync"] = await _sync_weights(engine, trainer, version=done)
             policy_version = done
             metrics["time/step"] = time.perf_counter() - step_started
+            saved: dict[str, Any] | None = None
             if (
                 done == steps
                 or stop.requested
                 or (config.run.checkpoint_every and done % config.run.checkpoint_every == 0)
             ):
                 saving = time.perf_counter()
-                await save_checkpoint(done)  # before the explorer moves on (sync mode)
+                saved = await save_checkpoint(done)  # before the explorer moves on (sync mode)
                 metrics["time/checkpoint"] = time.perf_counter() - saving
             await finish_step(done)
             metrics["policy_version"] = float(done)
             last = metrics
             monitor.log(step, metrics)
+            if saved is not None:
+                # state.json names the checkpoint only once its step is logged: a run killed in
+                # between resumes from the one before and redoes this step (superseding its line).
+                commit_checkpoint(saved)
             progress.advance("run")
             if config.run.eval_every and done % config.run.eval_every == 0:
                 await stop.until(evaluate(done))
 
     saved_at = start if resume else None
 
-    async def save_checkpoint(done: int) -> None:
+    async def save_checkpoint(done: int) -> dict[str, Any]:
+        """Save the weights and optimizer of step `done`; returns the run state to commit."""
         nonlocal saved_at
         saved_at = done
         target = checkpoint_dir(run_dir, done)
@@ -269,6 +321,9 @@ async def train(
         saved: dict[str, Any] = {"step": done}
         if sampler is not None:  # resume re-explores from the first batch not yet trained
             saved["sampler"] = sampler_states.get(done, sampler.state_dict())
+        return saved
+
+    def commit_checkpoint(saved: dict[str, Any]) -> None:
         write_state(run_dir, saved)
         prune_checkpoints(run_dir, config.run.keep_checkpoints)
 
@@ -283,7 +338,8 @@ async def train(
                     jobs.append(_until_stopped(explore_loop(progress)))
                 await _run_together(jobs)
             if stop.requested and saved_at != steps_done:
-                await save_checkpoint(steps_done)  # what was trained so far, and where to resume
+                # what was trained so far, and where to resume
+                commit_checkpoint(await save_checkpoint(steps_done))
     finally:
         if explorer is not None:
             await explorer.close()

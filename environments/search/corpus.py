@@ -1,4 +1,5 @@
-"""Documents and corpus files: JSONL with one `{"id", "title", "text"}` object per line."""
+"""Documents and corpus files: JSONL with one `{"id", "title", "text"}` object per line (or
+Search-R1's `{"id", "contents"}`)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def load_corpus(path: str | Path) -> list[Document]:
     """Reads a corpus file: JSONL, one `{"id": str, "title": str, "text": str}` per line.
 
     Extra keys are ignored, so files from other tools (e.g. a Wikipedia dump converted to JSONL)
-    load as they are.
+    load as they are. Search-R1's wiki-18 lines, `{"id", "contents": "\"Title\"\nText"}`, load
+    too: the quoted first line of `contents` is the title.
 
     Args:
         path: The JSONL file.
@@ -54,6 +56,8 @@ def load_corpus(path: str | Path) -> list[Document]:
     seen: set[str] = set()
     try:
         for line_number, row in iter_jsonl(path):
+            if "contents" in row and "text" not in row:
+                row = _from_contents(path, line_number, row)
             for key in ("id", "title", "text"):
                 if not isinstance(row.get(key), str):
                     raise CorpusError(
@@ -74,6 +78,25 @@ def load_corpus(path: str | Path) -> list[Document]:
             f"{path}: the corpus has no documents; add JSONL lines with id/title/text"
         )
     return documents
+
+
+def _from_contents(path: str | Path, line_number: int, row: dict) -> dict:
+    """A Search-R1 / wiki-18 line `{"id", "contents": "\"Title\"\nText"}` as id/title/text."""
+    from environments.search.searchr1 import split_contents
+
+    if not isinstance(row["contents"], str):
+        raise CorpusError(
+            f"{path}:{line_number}: field 'contents' must be a string, got "
+            f"{type(row['contents']).__name__}"
+        )
+    title, text = split_contents(row["contents"])
+    row_id = row.get("id")
+    return {
+        **row,
+        "id": str(row_id) if isinstance(row_id, int) else row_id,
+        "title": title,
+        "text": text,
+    }
 
 
 def save_corpus(path: str | Path, documents: Iterable[Document]) -> int:

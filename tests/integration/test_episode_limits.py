@@ -1,6 +1,7 @@
 """Bounded episodes on real AgentScope agents: deadlines hold, no call outlives its episode."""
 
 import asyncio
+import contextlib
 import time
 
 import httpx
@@ -43,15 +44,11 @@ async def stubborn_app(task, _model):
     """Swallows everything, cancellation included, and keeps calling the model."""
     planner = agent("planner", own_model(stream=True, endless=True))
     solver = agent("solver", own_model(stream=False))
-    try:
+    with contextlib.suppress(BaseException):
         await planner.reply(UserMsg(name="user", content=task["q"]))
-    except BaseException:  # noqa: BLE001 - the point of this app
-        pass
     for _ in range(3):
-        try:
+        with contextlib.suppress(BaseException):
             await solver.reply(UserMsg(name="user", content="solve it"))
-        except BaseException:  # noqa: BLE001
-            pass
     return 1.0
 
 
@@ -176,17 +173,14 @@ async def test_close_over_http_aborts_a_remote_episode(long_gateway):
 async def test_calls_are_capped_even_when_the_app_sets_no_limit(tiny_model_path):
     engine = EmbeddedEngine(tiny_model_path, dtype="float32", device="cpu", max_model_len=512)
     await engine.start()
-    async with Gateway(engine, max_tokens_limit=12) as gateway:
-        async with httpx.AsyncClient(timeout=60) as client:
-            body = {"model": "x", "messages": [{"role": "user", "content": "hi"}]}
-            capped = await client.post(
-                gateway.rollout_base_url("cap") + "/chat/completions",
-                json={**body, "ignore_eos": True},
-            )
-            asked_less = await client.post(
-                gateway.rollout_base_url("cap") + "/chat/completions",
-                json={**body, "ignore_eos": True, "max_tokens": 5},
-            )
+    body = {"model": "x", "messages": [{"role": "user", "content": "hi"}]}
+    async with (
+        Gateway(engine, max_tokens_limit=12) as gateway,
+        httpx.AsyncClient(timeout=60) as client,
+    ):
+        url = gateway.rollout_base_url("cap") + "/chat/completions"
+        capped = await client.post(url, json={**body, "ignore_eos": True})
+        asked_less = await client.post(url, json={**body, "ignore_eos": True, "max_tokens": 5})
     await engine.close()
     assert capped.json()["usage"]["completion_tokens"] == 12
     assert capped.json()["choices"][0]["finish_reason"] == "length"
@@ -228,3 +222,45 @@ async def test_check_workflow_twenty_times_ends_cleanly(tiny_model_path, monkeyp
         await engine.close()
     assert len(stops) == 20
     assert max(stops) < 2.0, stops
+
+
+async def test_stop_with_calls_in_flight_is_bounded_and_does_not_raise(tiny_model_path):
+    """The crash users saw: a call still streaming when the gateway stops."""
+    engine = EmbeddedEngine(tiny_model_path, dtype="float32", device="cpu")
+    await engine.start()
+    gateway = Gateway(engine)
+    await gateway.start()
+    body = {
+        "model": "x",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 100_000,
+        "ignore_eos": True,
+    }
+    async with httpx.AsyncClient(timeout=60) as client:
+
+        async def streamed() -> str:
+            url = gateway.rollout_base_url("s") + "/chat/completions"
+            async with client.stream("POST", url, json={**body, "stream": True}) as response:
+                return "".join([chunk async for chunk in response.aiter_text()])
+
+        calls = [
+            asyncio.create_task(streamed()),
+            asyncio.create_task(
+                client.post(
+                    gateway.base_url + "/chat/completions",
+                    json={**body, "model": engine.model_name},  # unattributed: the served name
+                )
+            ),
+        ]
+        while len(gateway.state.exchanges) < 2:
+            assert not any(c.done() for c in calls), [c.result() for c in calls if c.done()]
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)  # both are generating
+        seconds = await gateway.stop()
+        assert seconds < 2.0
+        stream_text, plain = await asyncio.gather(*calls, return_exceptions=True)
+    assert await engine_idle(engine, within=0.5)
+    await engine.close()
+    assert "shutting down" in str(stream_text)  # the stream ends with an error event
+    assert isinstance(plain, httpx.Response) and plain.status_code == 503
+    assert await gateway.stop() == 0.0  # stopping twice is harmless

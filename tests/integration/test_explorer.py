@@ -2,6 +2,7 @@
 
 import asyncio
 
+import pytest
 from agentscope.agent import Agent, InjectionConfig
 from agentscope.credential import OpenAICredential
 from agentscope.message import UserMsg
@@ -218,3 +219,67 @@ async def test_check_workflow_reports_what_was_captured(calc_gateway):
     assert report.rollout.reward == 1.0
     assert len(report.samples) == 1 and report.warnings == []
     assert "3 model call(s)" in report.render()
+
+
+async def judged_app(task, model):
+    agent = Agent(
+        name="a",
+        system_prompt="Hi.",
+        model=model,
+        injection_config=InjectionConfig(inject_runtime_state=False),
+    )
+    reply = await agent.reply(UserMsg(name="user", content=task["q"]))
+    return {"text": reply.get_text_content() or "", "task": task["id"]}
+
+
+async def test_a_judge_scores_the_response_outside_the_episode(tiny_gateway):
+    seen = []
+
+    async def judge(task, response):
+        # The judge's own model calls are not the policy's: no rollout scope is set here.
+        from agentscope_rft.integration.agentscope import current_scope
+
+        seen.append((task["id"], response["task"], current_scope()))
+        if task["id"] == "bad":
+            return "not a reward"
+        return agentscope_rft.Reward(0.25 if task["id"] == "x" else 0.75, metrics={"judged": 1.0})
+
+    workflow = agentscope_rft.workflow(judged_app, judge=judge)
+    explorer = Explorer(workflow, tiny_gateway, EpisodeSettings(max_tokens=4, max_retries=0))
+    tasks = load_tasks(
+        [{"id": "x", "q": "1+1?"}, {"id": "y", "q": "2+2?"}, {"id": "bad", "q": "?"}]
+    )
+    result = await explorer.explore(tasks, group_size=1, batch_id="b")
+    await explorer.close()
+    by_task = {r.task_id: r for r in result.rollouts}
+    assert by_task["x"].reward == 0.25 and by_task["y"].reward == 0.75
+    assert by_task["x"].metrics == {"judged": 1.0}
+    assert [len(by_task[t].calls) for t in ("x", "y")] == [1, 1]  # the policy's call only
+    assert sorted((t, r) for t, r, _ in seen) == [("bad", "bad"), ("x", "x"), ("y", "y")]
+    assert all(scope is None for _, _, scope in seen)
+    assert by_task["bad"].status is RolloutStatus.FAILED
+    assert "the judge returned str" in (by_task["bad"].error or "")
+    assert {s.reward for s in result.samples} == {0.25, 0.75}
+
+
+@pytest.mark.timeout(120)  # without the shared deadline the judge would hang the batch
+async def test_a_hanging_judge_times_out_with_its_episode(tiny_gateway):
+    async def slow_judge(task, response):
+        await asyncio.sleep(3600)
+        return 1.0
+
+    workflow = agentscope_rft.workflow(judged_app, judge=slow_judge)
+    explorer = Explorer(
+        workflow, tiny_gateway, EpisodeSettings(episode_timeout=2.0, max_retries=0, max_tokens=4)
+    )
+    started = asyncio.get_running_loop().time()
+    result = await explorer.explore(
+        load_tasks([{"id": "x", "q": "hi"}]), group_size=1, batch_id="b"
+    )
+    elapsed = asyncio.get_running_loop().time() - started
+    await explorer.close()
+    [rollout] = result.rollouts
+    assert rollout.status is RolloutStatus.TIMEOUT
+    assert "judge" in (rollout.error or "") and "episode_timeout=2.0s" in (rollout.error or "")
+    assert elapsed < 60  # bounded by the deadline, not by the judge's hour
+    assert result.samples == []

@@ -222,3 +222,33 @@ async def test_concurrent_rollouts_are_attributed_correctly(tiny_gateway):
         [call] = tiny_gateway.recorder.calls(f"roll-{i}")
         assert call.messages[0]["content"] == f"number {i}"
         assert r.usage.completion_tokens == len(call.completion_ids)
+
+
+async def test_metrics_in_prometheus_text_and_json(tiny_gateway):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    await client(tiny_gateway, "m1").chat.completions.create(
+        model="x", messages=HI, max_tokens=4, seed=0
+    )
+    async with httpx.AsyncClient(base_url=tiny_gateway.base_url.removesuffix("/v1")) as http:
+        text = await http.get("/metrics")
+        as_json = await http.get("/metrics", params={"format": "json"})
+        bad = await http.get("/metrics", params={"format": "xml"})
+    assert text.status_code == 200
+    assert text.headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text.text)
+        for s in family.samples
+    }
+    [call] = tiny_gateway.recorder.calls("m1")
+    assert samples[("agentscope_rft_gateway_requests_total", (("outcome", "ok"),))] == 1
+    assert samples[("agentscope_rft_gateway_completion_tokens_total", ())] == len(
+        call.completion_ids
+    )
+    assert samples[("agentscope_rft_gateway_request_seconds_count", ())] == 1
+    assert samples[("agentscope_rft_recorder_rollouts", ())] == 1
+    numbers = as_json.json()
+    assert numbers["requests_ok"] == 1 and numbers["recorded_calls"] == 1
+    assert numbers["recorder_bytes"] == samples[("agentscope_rft_recorder_bytes", ())] > 0
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "format"

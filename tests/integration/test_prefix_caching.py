@@ -152,3 +152,33 @@ async def test_concurrent_requests_sharing_a_prefix_continue_independently(tiny_
     assert n_way_a.completion_ids != n_way_b.completion_ids
     # The six concurrent requests computed the shared blocks once (the others waited a step).
     assert metrics["prefix_cache/hit_tokens"] >= 5 * (len(SHARED) - 1) // 8 * 8
+
+
+async def test_long_prompt_is_prefilled_in_chunks_between_decode_steps(tiny_model_path):
+    engine = make(tiny_model_path, prefill_chunk_tokens=64)
+    await engine.start()
+    try:
+        batcher = engine.batcher
+        chunks_seen: list[int] = []
+        running = engine._job([5, 6, 7], SamplingParams(max_tokens=60, ignore_eos=True, seed=1))
+        running.on_token = lambda index, token: chunks_seen.append(batcher.stats["prefill_chunks"])
+        batcher.submit(running)
+        async with asyncio.timeout(120):
+            while len(chunks_seen) < 3:
+                await asyncio.sleep(0.001)
+        [long_out] = await engine.generate(list(range(600, 900)), GREEDY)
+        await running.done
+    finally:
+        await engine.close()
+    # 300 tokens in chunks of 64 = 5 chunks, and the running request got tokens in between
+    # (a callback runs on the loop a little after its token, so it may see a later count).
+    assert batcher.stats["prefill_chunks"] == 5
+    assert sum(1 <= seen <= 4 for seen in chunks_seen) >= 3
+    reference = make(tiny_model_path, caching=False, prefill_chunk_tokens=None)
+    await reference.start()
+    try:
+        [expected] = await reference.generate(list(range(600, 900)), GREEDY)
+    finally:
+        await reference.close()
+    assert long_out.completion_ids == expected.completion_ids
+    assert long_out.logprobs == pytest.approx(expected.logprobs, abs=1e-5)

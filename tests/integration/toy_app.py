@@ -26,6 +26,14 @@ async def broken(task: dict, model) -> float:
     raise RuntimeError("the app is broken")
 
 
+async def slow(task: dict, model) -> float:
+    """`run` after a pause: an episode long enough to be stopped in the middle."""
+    import asyncio
+
+    await asyncio.sleep(1.0)
+    return await run(task, model)
+
+
 _SERVER: list[object] = []
 
 

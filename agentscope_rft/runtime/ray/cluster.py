@@ -1,0 +1,193 @@
+"""Joining (or starting) the run's Ray cluster, and checking it can hold the run before any work.
+
+Everything fails early with a message that says what to change: an address where no cluster
+answers, more CPUs or GPUs asked than the cluster has, a gateway the other machines cannot reach.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentscope_rft.config import ConfigError
+from agentscope_rft.runtime.config import RuntimeConfig
+
+logger = logging.getLogger(__name__)
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+PROBE_TIMEOUT_S = 5.0
+
+
+class RayClusterError(ConfigError):
+    """The Ray cluster cannot run this job as configured (the message says what to change)."""
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """`host:port` or `ray://host:port` -> (host, port); `auto` and other forms -> None."""
+    rest = address.removeprefix("ray://")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def probe_address(address: str) -> None:
+    """Raise `RayClusterError` unless something listens at a `host:port` cluster address."""
+    target = _host_port(address)
+    if target is None:
+        return
+    try:
+        with socket.create_connection(target, timeout=PROBE_TIMEOUT_S):
+            return
+    except OSError as exc:
+        raise RayClusterError(
+            f"runtime.address {address!r}: no Ray cluster answers at {target[0]}:{target[1]} "
+            f"({exc.strerror or exc}). Start its head with `ray start --head --port={target[1]}`, "
+            "fix the address, or set `runtime.address: null` to start a local cluster for the run"
+        ) from exc
+
+
+@dataclass
+class ResourceNeeds:
+    """What the run asks of the cluster, per resource, with who asks (for the error message)."""
+
+    asks: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def add(self, resource: str, who: str, amount: float) -> None:
+        if amount > 0:
+            self.asks.setdefault(resource, {})[who] = amount
+
+    def total(self, resource: str) -> float:
+        return sum(self.asks.get(resource, {}).values())
+
+
+def resource_needs(runtime: RuntimeConfig, trainer: Any) -> ResourceNeeds:
+    """Ray resources the runners and (a multi-rank verl) trainer will ask for."""
+    needs = ResourceNeeds()
+    runners = runtime.runners
+    needs.add(
+        "CPU",
+        f"runners: {runners} x runner_cpus {runtime.runner_cpus:g}",
+        runners * runtime.runner_cpus,
+    )
+    needs.add(
+        "GPU",
+        f"runners: {runners} x runner_gpus {runtime.runner_gpus:g}",
+        runners * runtime.runner_gpus,
+    )
+    if getattr(trainer, "type", None) == "verl" and trainer.world_size > 1:
+        on_gpu = trainer.device == "cuda" or (trainer.device == "auto" and _has_cuda())
+        ranks = f"trainer: {trainer.nnodes} node(s) x n_gpus_per_node {trainer.n_gpus_per_node}"
+        needs.add("GPU" if on_gpu else "CPU", ranks, float(trainer.world_size))
+    return needs
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return False
+    return bool(torch.cuda.is_available())
+
+
+class RayCluster:
+    """The Ray cluster a run uses: joined (`runtime.address`) or started for the run.
+
+    Example:
+        >>> cluster = RayCluster.connect(RuntimeConfig(type="ray"))  # doctest: +SKIP
+        >>> cluster.check(resource_needs(config.runtime, config.trainer))  # doctest: +SKIP
+        >>> cluster.close()  # stops the cluster it started  # doctest: +SKIP
+    """
+
+    def __init__(self, owns: bool, address: str) -> None:
+        self.owns = owns
+        self.address = address
+
+    @classmethod
+    def connect(cls, config: RuntimeConfig) -> RayCluster:
+        import ray
+
+        if ray.is_initialized():
+            logger.info("ray runtime: using the Ray this process already joined")
+            return cls(owns=False, address="(already initialized)")
+        address = config.address or os.environ.get("RAY_ADDRESS") or None
+        if address is None:
+            # "local": a new cluster of its own, even if this machine runs another one.
+            ray.init(
+                address="local",
+                num_cpus=config.num_cpus,
+                include_dashboard=False,
+                log_to_driver=True,
+            )
+            cluster = cls(owns=True, address="local")
+        else:
+            probe_address(address)
+            try:
+                ray.init(address=address, log_to_driver=True)
+            except ConnectionError as exc:
+                raise RayClusterError(
+                    f"runtime.address {address!r}: cannot join a Ray cluster ({exc}). Start one "
+                    "with `ray start --head`, fix the address, or set `runtime.address: null` to "
+                    "start a local cluster for the run"
+                ) from exc
+            cluster = cls(owns=False, address=address)
+        resources = ray.cluster_resources()
+        logger.info(
+            "ray runtime: %s (%d node(s), %g CPUs, %g GPUs)",
+            "started a local Ray cluster" if cluster.owns else f"joined the cluster at {address}",
+            len(cluster.nodes()),
+            resources.get("CPU", 0.0),
+            resources.get("GPU", 0.0),
+        )
+        return cluster
+
+    def nodes(self) -> list[dict[str, Any]]:
+        import ray
+
+        return [n for n in ray.nodes() if n.get("Alive")]
+
+    def check(self, needs: ResourceNeeds) -> None:
+        """Raise `RayClusterError` if the cluster has fewer CPUs/GPUs than the run asks."""
+        import ray
+
+        resources = ray.cluster_resources()
+        for kind, asks in needs.asks.items():
+            have = resources.get(kind, 0.0)
+            if needs.total(kind) > have + 1e-9:
+                detail = "; ".join(asks)
+                raise RayClusterError(
+                    f"the run asks the Ray cluster for {needs.total(kind):g} {kind}s ({detail}) "
+                    f"but it has {have:g} over {len(self.nodes())} node(s): lower those settings, "
+                    f"or add nodes (`ray start --address=<head> --num-{kind.lower()}s=N`)"
+                )
+
+    def gateway_url(self, host: str, port: int) -> str:
+        """The gateway's URL as the runners reach it, checked against where the nodes are."""
+        import ray
+
+        here = ray.util.get_node_ip_address()
+        if host in ("0.0.0.0", "::", ""):
+            host = here
+        elif host in LOOPBACK:
+            elsewhere = sorted({n["NodeManagerAddress"] for n in self.nodes()} - {here, *LOOPBACK})
+            if elsewhere:
+                raise RayClusterError(
+                    f"gateway.host {host} is loopback, but Ray nodes on other machines "
+                    f"({', '.join(elsewhere)}) run episodes and must reach it: set "
+                    "`gateway.host: 0.0.0.0` (the per-run API key guards it) or the address of "
+                    "this machine they can reach"
+                )
+        return f"http://{host}:{port}"
+
+    def close(self) -> None:
+        """Disconnect; a cluster started for the run is stopped."""
+        import ray
+
+        if ray.is_initialized() and self.owns:
+            ray.shutdown()
+            logger.info("ray runtime: local Ray cluster stopped")
+        elif ray.is_initialized() and self.address != "(already initialized)":
+            ray.shutdown()  # disconnects this driver; the cluster keeps running

@@ -1,0 +1,76 @@
+"""The `runtime:` section and the Ray runtime's checks that need no cluster."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from agentscope_rft.config import ConfigError, load_config
+from agentscope_rft.runtime.config import RuntimeConfig
+from agentscope_rft.runtime.ray import portable_spec
+from agentscope_rft.runtime.ray.cluster import RayClusterError, probe_address, resource_needs
+
+BASE = ["workflow=app.py:run", "tasks.train=t.jsonl"]
+
+
+def test_local_is_the_default_and_ray_has_short_forms():
+    assert load_config(None, BASE).runtime.type == "local"
+    assert load_config(None, [*BASE, "runtime=ray"]).runtime.runners == 2
+    cfg = load_config(None, [*BASE, "runtime.type=ray", "runtime.address=auto"])
+    assert cfg.runtime.address == "auto"
+
+
+def test_ray_keys_on_the_local_runtime_are_an_error():
+    with pytest.raises(ConfigError, match=r"runtime keys \['runners'\] apply to type 'ray' only"):
+        load_config(None, [*BASE, "runtime.runners=4"])
+    with pytest.raises(ConfigError, match="did you mean 'runners'"):
+        load_config(None, [*BASE, "runtime.type=ray", "runtime.runner=4"])
+
+
+def test_a_resolved_ray_config_round_trips():
+    cfg = RuntimeConfig(type="ray", env={"A": "1"}, runner_memory_mb=512)
+    assert RuntimeConfig.model_validate(cfg.model_dump()) == cfg
+    assert RuntimeConfig.model_validate(RuntimeConfig().model_dump()).type == "local"
+
+
+def test_file_specs_become_absolute_or_relative_to_the_shipped_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "app").mkdir()
+    assert portable_spec("pkg.mod:run", None) == "pkg.mod:run"
+    assert portable_spec("app/main.py:run", None) == f"{tmp_path}/app/main.py:run"
+    assert portable_spec("app/main.py:run", str(tmp_path)) == "app/main.py:run"
+    assert portable_spec("app/main.py:run", "/elsewhere") == f"{tmp_path}/app/main.py:run"
+    assert portable_spec(None, None) is None
+
+
+def test_an_address_where_nothing_listens_is_named_with_the_fix():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    with pytest.raises(RayClusterError, match=rf"127\.0\.0\.1:{port}.*ray start --head"):
+        probe_address(f"127.0.0.1:{port}")
+    with pytest.raises(RayClusterError):
+        probe_address(f"ray://127.0.0.1:{port}")
+    probe_address("auto")  # left to Ray (it looks for a cluster on this machine)
+
+
+def test_resource_needs_count_runners_and_verl_ranks():
+    cfg = load_config(
+        None,
+        [
+            *BASE,
+            "runtime.type=ray",
+            "runtime.runners=4",
+            "runtime.runner_cpus=0.5",
+            "runtime.runner_gpus=0.25",
+            "trainer.type=verl",
+            "trainer.device=cuda",
+            "trainer.n_gpus_per_node=2",
+            "trainer.nnodes=2",
+        ],
+    )
+    needs = resource_needs(cfg.runtime, cfg.trainer)
+    assert needs.total("CPU") == 2.0
+    assert needs.total("GPU") == 1.0 + 4.0
+    assert any("n_gpus_per_node 2" in who for who in needs.asks["GPU"])
