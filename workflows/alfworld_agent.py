@@ -198,15 +198,18 @@ def check_max_steps(value: Any, where: str) -> int:
 
 
 def parse_command(reply: str) -> str:
-    """The command in a model reply: its first non-empty line, without a leading `>`, `Action:`,
-    list marker, quotes or trailing period, normalized as the game spells commands.
+    """The command in a model reply: its first non-empty line up to the first comma (no ALFWorld
+    command has one; a small model sometimes copies the whole list), without a leading `>`,
+    `Action:`, list marker, quotes or trailing period, normalized as the game spells commands.
 
     Example:
         >>> parse_command('Action: "Go to fridge 1."\\nThen open it.')
         'go to fridge 1'
+        >>> parse_command("go to cabinet 1, go to cabinet 2, go to")
+        'go to cabinet 1'
     """
     line = next((ln for ln in (reply or "").splitlines() if ln.strip()), "")
-    line = _PREFIX.sub("", line).strip().strip("\"'`").strip()
+    line = _PREFIX.sub("", line.split(",", 1)[0]).strip().strip("\"'`").strip()
     return normalize_command(line)
 
 

@@ -144,13 +144,18 @@ async def test_the_app_runs_end_to_end_on_a_tiny_model(tiny_model_path: str) -> 
     await engine.close()
     assert report.rollout.ok, report.rollout.error
     assert len(report.rollout.calls) == 3 and report.rollout.metrics["steps"] == 3.0
-    [sample] = report.samples
-    assert sample.num_calls == 3 and 0 < sample.num_trained_tokens < len(sample.token_ids)
+    # A random model's babble may not survive the chat template's round trip, so its calls need
+    # not merge; whatever the split, every call is trained once and its prompt is masked.
+    assert sum(s.num_calls for s in report.samples) == 3
+    for sample in report.samples:
+        assert 0 < sample.num_trained_tokens < len(sample.token_ids)
+        assert sample.reward == -0.1
 
 
 def test_parse_command_and_window_prompt() -> None:
     assert parse_command("> Take Apple 1 from Fridge 1.") == "take apple 1 from fridge 1"
     assert parse_command("\n\n1. go to desk 1\nthen more") == "go to desk 1"
+    assert parse_command("go to cabinet 1, go to cabinet 2, go to ") == "go to cabinet 1"
     history = [("You arrive at desk 1.\nOn it...", "go to desk 1"), ("Nothing happens.", "x")]
     prompt = window_prompt(
         "put a pen in drawer", history, "Now here.", AlfworldAgentSettings(window=1)
