@@ -229,7 +229,7 @@ class EmbeddedEngine:
             str(self.dtype).removeprefix("torch."),
             max_len,
             self._max_batch_size,
-            f"{self._prefix_cache_bytes / 2**30:g} GiB" if prefix_cache else "off",
+            f"{self._prefix_cache_bytes / 2**30:g} GiB" if prefix_cache is not None else "off",
         )
 
     async def close(self) -> None:
