@@ -332,6 +332,9 @@ async def play(
     return Reward(
         value=1.0 if won else settings.failure_reward,
         success=won,
+        # Out of commands: the explorer records the episode as truncated by the turn limit (and
+        # still trains on it with the failure reward).
+        truncated=None if won else "turn_limit",
         metrics={
             "won": float(won),
             "steps": float(steps),

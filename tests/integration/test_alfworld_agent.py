@@ -78,6 +78,7 @@ async def test_full_history_trains_one_merged_sample_with_observations_masked() 
     run = make_workflow(AlfworldAgentSettings(max_steps=12))
     [rollout], engine = await _explore(run, TASKS[:1], concurrent=False)
     assert rollout.ok and rollout.success and rollout.reward == 1.0, _commands(rollout)
+    assert (rollout.status, rollout.truncated) == ("ok", None)
     commands = _commands(rollout)
     assert commands[-1].startswith("move baseballbat")
     [sample], stats = build_samples(rollout)
@@ -109,6 +110,7 @@ async def test_window_mode_trains_one_sample_per_turn_with_step_rewards_on_its_c
         rollout = await explorer.run_episode(load_task_rows(TASKS[1:2])[0])
         await explorer.close()
     assert rollout.ok and not rollout.success and rollout.reward == -0.1
+    assert (rollout.status, rollout.truncated) == ("truncated", "turn_limit")
     assert rollout.metrics["invalid_commands"] == 4.0
     samples, _ = build_samples(rollout)
     assert [s.num_calls for s in samples] == [1, 1, 1, 1]
