@@ -212,9 +212,23 @@ def _check_schema(engine: Engine, where: str, create: bool) -> None:
         stored = conn.execute(
             sa.select(meta_table.c.value).where(meta_table.c.key == "schema_version")
         ).scalar()
+        if stored == "1":
+            _upgrade_from_1(conn, where)
+            stored = str(SCHEMA_VERSION)
     if stored != str(SCHEMA_VERSION):
         raise BufferFormatError(
             f"{where}: buffer schema version {stored} but this agentscope-rft reads version "
             f"{SCHEMA_VERSION}; export it with the version that wrote it "
             "(`agentscope-rft buffer export`) or use a new buffer file"
         )
+
+
+def _upgrade_from_1(conn: Connection, where: str) -> None:
+    """Version 2 added the nullable `step_states_json` column: add it in place, keep every row."""
+    conn.execute(sa.text(f"ALTER TABLE {samples_table.name} ADD COLUMN step_states_json TEXT"))
+    conn.execute(
+        meta_table.update()
+        .where(meta_table.c.key == "schema_version")
+        .values(value=str(SCHEMA_VERSION))
+    )
+    logger.info("buffer: upgraded %s from schema version 1 to %d", where, SCHEMA_VERSION)

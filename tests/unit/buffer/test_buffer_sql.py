@@ -54,6 +54,22 @@ def test_a_buffer_of_another_schema_version_is_refused(tmp_path: Path) -> None:
         SQLBuffer(path)
 
 
+async def test_a_version_1_buffer_is_upgraded_in_place_with_its_samples(tmp_path: Path) -> None:
+    path = tmp_path / "buffer.db"
+    first = SQLBuffer(path)
+    await first.put(make_group("a"))
+    await first.close()
+    with sqlite3.connect(path) as conn:  # what version 1 wrote: no step_states_json column
+        conn.execute("ALTER TABLE buffer_samples DROP COLUMN step_states_json")
+        conn.execute("UPDATE buffer_meta SET value = '1' WHERE key = 'schema_version'")
+    again = SQLBuffer(path, create=False)
+    assert await again.get(1, step=1, timeout=1) == [stored_form(s) for s in make_group("a")]
+    await again.close()
+    with sqlite3.connect(path) as conn:
+        version = conn.execute("SELECT value FROM buffer_meta WHERE key = 'schema_version'")
+        assert version.fetchone()[0] == str(SCHEMA_VERSION)
+
+
 def test_a_database_with_other_tables_gets_buffer_tables_but_foreign_buffer_tables_fail(
     tmp_path: Path,
 ) -> None:
