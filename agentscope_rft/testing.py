@@ -32,6 +32,7 @@ from agentscope_rft.models import (
     load_tokenizer,
     resolve_model,
 )
+from agentscope_rft.trainers.batch import trained_runs
 from agentscope_rft.types import JSON, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -42,21 +43,10 @@ Conversation = tuple[list[JSON], list[JSON] | None]
 """OpenAI-format messages (assistant turns included) and the tool schemas they were given."""
 
 
-def _assistant_spans(mask: list[int]) -> list[tuple[int, int]]:
-    spans, start = [], None
-    for i, value in enumerate([*mask, 0]):
-        if value and start is None:
-            start = i
-        elif not value and start is not None:
-            spans.append((start, i))
-            start = None
-    return spans
-
-
 def reproduces(model: torch.nn.Module, ids: list[int], mask: list[int]) -> bool:
     """Whether greedy decoding regenerates every assistant span of `ids` exactly."""
     with torch.no_grad():
-        for start, end in _assistant_spans(mask):
+        for start, end in trained_runs(mask):
             prompt = torch.tensor([ids[:start]])
             out = model.generate(  # type: ignore[operator]
                 prompt,

@@ -66,7 +66,7 @@ def _ids(keys: Sequence[object]) -> Tensor:
     return torch.tensor([table.setdefault(k, len(table)) for k in keys], dtype=torch.long)
 
 
-def _trained_runs(loss_mask: Sequence[int]) -> list[tuple[int, int]]:
+def trained_runs(loss_mask: Sequence[int]) -> list[tuple[int, int]]:
     """(start, end) of each run of trained tokens: one per call of a merged sample."""
     runs: list[tuple[int, int]] = []
     start = None
@@ -85,7 +85,7 @@ def _fill_step_states(samples: Sequence[Sample], out: Tensor) -> None:
     for i, s in enumerate(samples):
         if s.step_states is None:
             continue
-        runs = _trained_runs(s.loss_mask)
+        runs = trained_runs(s.loss_mask)
         if len(runs) != len(s.step_states):
             raise ValueError(
                 f"sample {s.sample_id}: {len(s.step_states)} step states for {len(runs)} runs of "
