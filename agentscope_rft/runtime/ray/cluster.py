@@ -19,6 +19,9 @@ logger = logging.getLogger(__name__)
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 PROBE_TIMEOUT_S = 5.0
+# Set when this process started a local cluster while RAY_AUTH_MODE was unset: Ray then switched
+# token auth on for the whole process, for good (see `RayCluster.connect`).
+_auth_switched_on_by_local_cluster = False
 
 
 class RayClusterError(ConfigError):
@@ -113,8 +116,11 @@ class RayCluster:
         if ray.is_initialized():
             logger.info("ray runtime: using the Ray this process already joined")
             return cls(owns=False, address="(already initialized)")
+        global _auth_switched_on_by_local_cluster
         address = config.address or os.environ.get("RAY_ADDRESS") or None
         if address is None:
+            if "RAY_AUTH_MODE" not in os.environ:
+                _auth_switched_on_by_local_cluster = True
             # "local": a new cluster of its own, even if this machine runs another one.
             ray.init(
                 address="local",
@@ -125,6 +131,15 @@ class RayCluster:
             cluster = cls(owns=True, address="local")
         else:
             probe_address(address)
+            if _auth_switched_on_by_local_cluster:
+                logger.warning(
+                    "ray runtime: this process started a local Ray cluster earlier, which switched "
+                    "Ray's token authentication on for the process (RAY_AUTH_MODE=token). If the "
+                    "cluster at %s runs without token auth, its actors will be cancelled: start "
+                    "it with RAY_AUTH_MODE=token (the token is ~/.ray/auth_token), or run this "
+                    "job in a new process",
+                    address,
+                )
             try:
                 ray.init(address=address, log_to_driver=True)
             except ConnectionError as exc:

@@ -32,6 +32,16 @@ def ray_cluster():
     # Ray kills workers when the node is above 95% memory; on a shared CI box that is other
     # jobs' memory, and it would turn into extra runner deaths the tests do not expect.
     os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
+    # Like `ray start --head` on a machine that has a token (Ray 2.60 writes ~/.ray/auth_token for
+    # the first local cluster): token auth on. A process that started its own local cluster has
+    # token mode switched on for good, so it could not use a cluster without auth afterwards.
+    from ray._private.authentication.authentication_token_setup import (
+        enable_token_auth_by_default,
+        ensure_token_if_auth_enabled,
+    )
+
+    enable_token_auth_by_default()  # RAY_AUTH_MODE=token unless it is set
+    ensure_token_if_auth_enabled(create_token_if_missing=True)
     before = _raylets()
     cluster = Cluster(
         initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}

@@ -36,6 +36,23 @@ def perturbed_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def perturbed_folder(path: Path, dest: Path) -> Path:
+    """The perturbed weights saved as a checkpoint folder (loading it starts the sync at once)."""
+    from safetensors.torch import save_file
+
+    state = perturbed_state_dict(path)
+    seen: set[int] = set()
+    tensors = {}
+    for name, tensor in state.items():
+        if tensor.data_ptr() in seen:  # tied weights: safetensors refuses shared storage
+            tensor = tensor.clone()
+        seen.add(tensor.data_ptr())
+        tensors[name] = tensor.contiguous()
+    dest.mkdir(parents=True)
+    save_file(tensors, str(dest / "model.safetensors"))
+    return dest
+
+
 async def prompt_scores(engine: VLLMEngine, prompt_ids: list[int], ids: list[int]) -> list[float]:
     """Log-probs the engine's current weights give `ids` after `prompt_ids` (teacher-forced)."""
     body = {
@@ -50,7 +67,7 @@ async def prompt_scores(engine: VLLMEngine, prompt_ids: list[int], ids: list[int
 
 @pytest.mark.parametrize("sync_mode", ["wait", "keep"])
 async def test_reload_under_concurrent_calls(
-    vllm_engine: VLLMEngine, smollm2_path: Path, sync_mode: str
+    vllm_engine: VLLMEngine, smollm2_path: Path, sync_mode: str, tmp_path: Path
 ) -> None:
     """Every call records the version it was admitted under. In `wait` mode that policy sampled all
     of it; in `keep` mode a call frozen by the reload goes on with the new weights: its log-probs
@@ -60,7 +77,9 @@ async def test_reload_under_concurrent_calls(
     mixed_before = vllm_engine.mixed_policy_calls
     ids_before, lp_before, version = await fixed_logprobs(vllm_engine)
     assert version == base_version
-    state = await asyncio.to_thread(perturbed_state_dict, smollm2_path)
+    # Written before the calls start: writing 540 MB while they run could outlast them on a slow
+    # machine, and the sync would then find nothing in flight.
+    state = await asyncio.to_thread(perturbed_folder, smollm2_path, tmp_path / "perturbed")
     prompts: dict[int, list[int]] = {}
 
     async def call(i: int) -> tuple[int, int, list[int], list[float]]:
