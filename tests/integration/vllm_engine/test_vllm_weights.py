@@ -53,6 +53,16 @@ def perturbed_folder(path: Path, dest: Path) -> Path:
     return dest
 
 
+async def generated_tokens(engine: VLLMEngine) -> float:
+    """The server's count of tokens generated so far (its Prometheus `/metrics`)."""
+    response = await engine.replicas[0].http.get("/metrics")
+    assert response.status_code == 200, response.text
+    for line in response.text.splitlines():
+        if line.startswith("vllm:generation_tokens_total"):
+            return float(line.rsplit(" ", 1)[-1])
+    raise AssertionError("vllm:generation_tokens_total is not in the server's /metrics")
+
+
 async def prompt_scores(engine: VLLMEngine, prompt_ids: list[int], ids: list[int]) -> list[float]:
     """Log-probs the engine's current weights give `ids` after `prompt_ids` (teacher-forced)."""
     body = {
@@ -96,8 +106,14 @@ async def test_reload_under_concurrent_calls(
         return i, choice.policy_version, choice.completion_ids, choice.logprobs
 
     try:
+        generated = await generated_tokens(vllm_engine)
         calls = [asyncio.create_task(call(i)) for i in range(4)]
-        await asyncio.sleep(1.0)
+        # Sync once every call has sampled a few tokens with the old weights, however slow the
+        # machine (a fixed sleep found calls still prefilling on a loaded one).
+        deadline = asyncio.get_running_loop().time() + 120
+        while await generated_tokens(vllm_engine) < generated + 4 * 8:
+            assert asyncio.get_running_loop().time() < deadline, "the calls did not start"
+            await asyncio.sleep(0.05)
         assert vllm_engine.metrics()["in_flight"] == 4  # all admitted, none finished
         seconds = await vllm_engine.load_weights(state, base_version + 1)
         late = [asyncio.create_task(call(i)) for i in range(4, 6)]
