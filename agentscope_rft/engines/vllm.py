@@ -190,7 +190,7 @@ class VLLMEngine:
         self._weights_path: Path | None = None
         self._replica_weights: dict[str, Path] = {}  # replica URL -> its copy of the weights
         self._owned_weights: list[Path] = []
-        self._loras: list[tuple[str, Path]] = []
+        self._loras: list[tuple[str, dict[str, Path]]] = []  # name, replica URL -> its folder
         self._gate = asyncio.Event()
         self._gate.set()
         self._idle = asyncio.Event()
@@ -645,10 +645,22 @@ class VLLMEngine:
             )
         name = f"{self._model_name}-lora-v{version}"
         path = adapter.resolve()
+        # Replicas on other machines may read a copy of the folder (see runtime/ray/weights.py).
+        paths = await self.weight_paths(path, version) if self.weight_paths else {}
+        where = {r.server.url: paths.get(r.server.url, path) for r in self.replicas}
 
         async def load() -> None:
-            await self._on_all("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
-            self._loras.append((name, path))
+            await asyncio.gather(
+                *(
+                    self._post(
+                        r,
+                        "/v1/load_lora_adapter",
+                        {"lora_name": name, "lora_path": str(where[r.server.url])},
+                    )
+                    for r in self.replicas
+                )
+            )
+            self._loras.append((name, where))
             self._active_model = name
 
         # No server pause: calls in flight keep their adapter; the gate orders the switch.
@@ -675,6 +687,7 @@ class VLLMEngine:
                 "/collective_rpc",
                 {"method": "reload_weights", "kwargs": {"weights_path": str(path)}},
             )
-        for name, path in self._loras:
-            await post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+        for name, paths in self._loras:
+            lora_path = str(paths[server.url])
+            await post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": lora_path})
         logger.info("%s restarted with policy version %d", server.describe(), self._version)
