@@ -92,5 +92,21 @@ def test_resource_needs_count_vllm_replicas():
     assert needs("runtime.replica_gpus=0.5", "engine.replicas=2").total("GPU") == 1.0
     assert needs("engine.extra_args=[-tp=4, -pp, '2']", cluster_gpus=8).total("GPU") == 8
     # servers the run joins by URL are not placed on the cluster
-    joined = needs("engine.urls=[http://10.0.0.7:8000]", "runtime.replica_gpus=1")
+    joined = needs("engine.urls=[http://10.0.0.7:8000]", tp2, cluster_gpus=8)
     assert joined.total("GPU") == 0 and joined.total("CPU") == 1.0
+
+
+def test_replica_keys_need_replicas_the_run_starts():
+    ray = [*BASE, "runtime.type=ray"]
+    with pytest.raises(ConfigError, match=r"\['replica_gpus'\] place the vLLM replicas the run"):
+        load_config(None, [*ray, "runtime.replica_gpus=1"])  # the embedded engine
+    with pytest.raises(ConfigError, match=r"without `engine.urls`"):
+        joined = ["engine.type=vllm", "engine.urls=[http://h:1]"]
+        load_config(None, [*ray, *joined, "runtime.replica_nodes=[h]"])
+    cfg = load_config(None, [*ray, "engine.type=vllm", "runtime.replica_nodes=[10.0.0.7]"])
+    assert cfg.runtime.replica_nodes == ["10.0.0.7"]
+    # a resolved config (every key, at its default) loads with the embedded engine
+    from agentscope_rft.config import dump_config
+
+    assert load_config(None, ray).runtime.replica_cpus == 1.0
+    assert "replica_cpus" in dump_config(load_config(None, ray))

@@ -87,12 +87,17 @@ class ReplicaHost:
         assert self.process is not None, "prepare() first"
         return self.process.start(header)
 
-    async def wait_exit(self) -> int:
-        """Return the server's exit code once it has exited (long poll)."""
+    async def wait_exit(self) -> int | None:
+        """Return the server's exit code once it has exited (long poll); None when it was ended
+        by `terminate()` meanwhile (nobody waits for that answer)."""
         assert self.process is not None
-        while (code := self.process.exited()) is None:
+        pid = self.process.pid
+        while self.process.pid == pid and pid is not None:
+            code = self.process.exited()
+            if code is not None:
+                return code
             await asyncio.sleep(0.2)
-        return code
+        return None
 
     async def terminate(self) -> None:
         """End the server's process group (SIGTERM, then SIGKILL)."""

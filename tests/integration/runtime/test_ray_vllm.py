@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -203,3 +204,48 @@ async def test_replica_dies_with_a_killed_driver(ray_cluster, vllm_tiny, tmp_pat
     finally:
         if driver.poll() is None:
             driver.kill()
+
+
+async def test_quickstart_trains_on_a_vllm_replica_placed_by_ray(
+    ray_cluster, vllm_tiny, tmp_path, caplog
+):
+    from agentscope_rft.runtime.local import train
+
+    from .test_ray_train import quickstart
+
+    ray.init(address=ray_cluster, log_to_driver=False)
+    worker = _other_node()["NodeID"]
+    ray.shutdown()
+    config = quickstart(
+        str(vllm_tiny),
+        tmp_path,
+        f"runtime.address={ray_cluster}",
+        "runtime.runner_cpus=0.25",
+        f"runtime.replica_nodes=[{worker[:12]}]",
+        "engine.type=vllm",
+        "engine.enforce_eager=true",
+        "engine.kv_cache_space_gib=1",
+        "model.max_model_len=512",
+    )
+    with caplog.at_level(logging.INFO):
+        last = await train(config, tmp_path / "run")
+
+    assert last["policy_version"] == 2.0
+    placed = [r.message for r in caplog.records if "replicas run under Ray actors" in r.message]
+    assert len(placed) == 1 and f"(node {worker[:8]})" in placed[0]
+    assert any(
+        "weights: engine replicas on 1 node(s) get new weights through the shared filesystem"
+        in r.message
+        for r in caplog.records
+    )
+    rows = [json.loads(x) for x in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * 2 * 2 and all(r["status"] == "ok" for r in rows)
+    assert {c["policy_version"] for r in rows if r["step"] == 1 for c in r["calls"]} == {1}
+    assert (tmp_path / "run" / "logs" / "vllm-replica-0.log").stat().st_size > 0
+    # No server of the run is left: nothing runs the run's model any more.
+    left = [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if any(str(vllm_tiny) in part for part in p.info["cmdline"] or [])
+    ]
+    assert _gone(left, timeout=30) == []
