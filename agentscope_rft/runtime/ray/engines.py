@@ -58,10 +58,13 @@ class ReplicaHost:
         """Check this node can run the replica and fix its address; returns where it will be."""
         import ray
 
-        from agentscope_rft.engines.vllm_env import find_vllm_python
+        from agentscope_rft.engines.vllm_env import VLLMNotFoundError, find_vllm_python
 
         ip = ray.util.get_node_ip_address()
-        python = find_vllm_python(launch.python)
+        try:
+            python = find_vllm_python(launch.python)
+        except VLLMNotFoundError as exc:
+            raise VLLMNotFoundError(f"on node {ip}: {exc}") from None
         if not Path(launch.model_path).exists():
             raise FileNotFoundError(
                 f"the model {launch.model_path} is not on node {ip}: vLLM replicas load it from "

@@ -20,6 +20,7 @@ import pytest
 
 from agentscope_rft.engines.base import ChatRequest
 from agentscope_rft.engines.vllm import VLLMEngine
+from agentscope_rft.engines.vllm_server import VLLMServerError
 from agentscope_rft.runtime.ray import PACKAGE_ROOT
 from agentscope_rft.runtime.ray.engines import HostedProcess, RayReplicaHosts
 from agentscope_rft.runtime.ray.weights import WeightPlacement
@@ -30,10 +31,7 @@ from ..vllm_engine.conftest import _WHY_NOT, VLLM_PYTHON
 
 ray = pytest.importorskip("ray")
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(VLLM_PYTHON is None, reason=f"no vLLM environment: {_WHY_NOT}"),
-]
+needs_vllm = pytest.mark.skipif(VLLM_PYTHON is None, reason=f"no vLLM environment: {_WHY_NOT}")
 
 GREEDY = ChatRequest(
     messages=[{"role": "user", "content": "Name a fruit."}],
@@ -100,6 +98,8 @@ async def _greedy(engine: VLLMEngine) -> tuple[list[int], list[float], int]:
     return choice.completion_ids, choice.logprobs, choice.policy_version
 
 
+@pytest.mark.slow
+@needs_vllm
 async def test_replica_runs_under_an_actor_on_the_chosen_node(ray_driver, vllm_tiny, tmp_path):
     node = _other_node()
     hosts = RayReplicaHosts(
@@ -158,11 +158,34 @@ async def test_replica_runs_under_an_actor_on_the_chosen_node(ray_driver, vllm_t
     assert (tmp_path / "logs" / "vllm-replica-0.log").is_file()  # same machine: the run's logs
 
 
+async def test_a_node_without_the_interpreter_or_model_is_named(ray_driver, tiny_model_path):
+    node = _other_node()
+    env = {"env_vars": {"PYTHONPATH": PACKAGE_ROOT}}
+    for engine, message in (
+        (VLLMEngine(tiny_model_path, python="/nonexistent/bin/python"), "no Python interpreter at"),
+        (VLLMEngine(tiny_model_path, python=sys.executable), "is not on node"),
+    ):
+        hosts = RayReplicaHosts(cpus=0, gpus=0, nodes=[node["NodeID"]], runtime_env=env)
+        engine.replica_hosts = hosts
+        if message == "is not on node":  # a model path only the head machine has
+            engine.model_path = Path("/nonexistent/model")
+        try:
+            with pytest.raises(VLLMServerError) as error:
+                await engine.start()
+        finally:
+            hosts.close()
+        text = str(error.value)
+        assert "a vLLM replica cannot start on its Ray node" in text
+        assert message in text and node["NodeManagerAddress"] in text
+        assert engine.replicas == []
+
+
 DRIVER = textwrap.dedent(
     """
     import asyncio, json, sys
     import psutil, ray
     from agentscope_rft.engines.vllm import VLLMEngine
+from agentscope_rft.engines.vllm_server import VLLMServerError
     from agentscope_rft.runtime.ray import PACKAGE_ROOT
     from agentscope_rft.runtime.ray.engines import RayReplicaHosts
 
@@ -183,6 +206,8 @@ DRIVER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
+@needs_vllm
 async def test_replica_dies_with_a_killed_driver(ray_cluster, vllm_tiny, tmp_path):
     env = {**os.environ, "PYTHONPATH": PACKAGE_ROOT}
     driver = subprocess.Popen(
@@ -206,6 +231,8 @@ async def test_replica_dies_with_a_killed_driver(ray_cluster, vllm_tiny, tmp_pat
             driver.kill()
 
 
+@pytest.mark.slow
+@needs_vllm
 async def test_quickstart_trains_on_a_vllm_replica_placed_by_ray(
     ray_cluster, vllm_tiny, tmp_path, caplog
 ):
