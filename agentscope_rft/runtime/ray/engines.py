@@ -154,7 +154,10 @@ class HostedProcess:
         try:
             self._pid = await self.actor.spawn.remote(header)
         except _actor_gone() as exc:
-            raise VLLMServerError(f"the host actor of the vLLM replica is gone: {exc}") from exc
+            raise VLLMServerError(
+                f"the host actor of the vLLM replica on {self.info['ip']} is gone (killed, or its "
+                f"node left the cluster): {type(exc).__name__}"
+            ) from exc
         self._waiter = asyncio.create_task(self._wait_exit())
 
     async def _wait_exit(self) -> None:

@@ -148,6 +148,20 @@ async def test_replica_runs_under_an_actor_on_the_chosen_node(ray_driver, vllm_t
         tree = [server.pid, *(p.pid for p in psutil.Process(server.pid).children(recursive=True))]
         host_pid = server.process.host_pid
         assert len(_watchers() - watchers) == 1  # one per running server
+
+        # Its host actor dies (killed, or its node left): the server goes with it, and the
+        # replica reports the loss instead of hanging.
+        [actor] = hosts.actors
+        ray.kill(actor)
+        assert _gone(tree, timeout=30) == []
+        assert _gone([host_pid], timeout=30) == []
+        for _ in range(300):
+            if server.exited() is not None:
+                break
+            await asyncio.sleep(0.2)
+        lost = r"the host actor of the vLLM replica on .* is gone"
+        with pytest.raises(VLLMServerError, match=lost):
+            await asyncio.wait_for(server.ready(), 60)
     finally:
         await engine.close()
         placement.close()
