@@ -150,9 +150,9 @@ class HostedProcess:
         return f"{self.info['log']} on {self.info['ip']}"
 
     async def spawn(self, header: str) -> None:
-        self._exit = None
         try:
             self._pid = await self.actor.spawn.remote(header)
+            self._exit = None  # (a host that is gone leaves the last exit code standing)
         except _actor_gone() as exc:
             raise VLLMServerError(
                 f"the host actor of the vLLM replica on {self.info['ip']} is gone (killed, or its "

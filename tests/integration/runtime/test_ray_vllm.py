@@ -155,10 +155,11 @@ async def test_replica_runs_under_an_actor_on_the_chosen_node(ray_driver, vllm_t
         ray.kill(actor)
         assert _gone(tree, timeout=30) == []
         assert _gone([host_pid], timeout=30) == []
-        for _ in range(300):
+        for _ in range(300):  # (the sync waits above held the event loop)
             if server.exited() is not None:
                 break
             await asyncio.sleep(0.2)
+        assert server.exited() == -9
         lost = r"the host actor of the vLLM replica on .* is gone"
         with pytest.raises(VLLMServerError, match=lost):
             await asyncio.wait_for(server.ready(), 60)
@@ -199,7 +200,6 @@ DRIVER = textwrap.dedent(
     import asyncio, json, sys
     import psutil, ray
     from agentscope_rft.engines.vllm import VLLMEngine
-from agentscope_rft.engines.vllm_server import VLLMServerError
     from agentscope_rft.runtime.ray import PACKAGE_ROOT
     from agentscope_rft.runtime.ray.engines import RayReplicaHosts
 
