@@ -174,6 +174,11 @@ class AlfworldAgentSettings:
     """Episode reward when the task is not done (success is 1.0)."""
     invalid_command_reward: float = 0.0
     """Per-step reward (`emit_reward`) for a command that is not admissible (e.g. -0.05)."""
+    subgoal_reward: float = 0.0
+    """Per-step reward (`emit_reward`) the first time the agent reaches each subgoal of a
+    `put ... in/on ...` task: picking up an object of the goal's type, then going to a
+    receptacle of the target's type while holding it (0: the outcome alone counts). Shaping
+    for a model that rarely wins by chance; success is still judged by the game alone."""
     demo: bool = True
     """Place one worked game (`DEMO_GAME`) in the agent's memory before its own game."""
     record_states: bool = True
@@ -185,6 +190,52 @@ class AlfworldAgentSettings:
             raise ValueError(f"context must be 'full' or 'window', got {self.context!r}")
         if self.window < 1:
             raise ValueError(f"window must be >= 1 past turn, got {self.window}")
+
+
+_PUT_GOAL = re.compile(
+    r"^put (?:a |an |some |two )?(?:(?:hot|cool|cold|clean|heated|cooled|cleaned) )?"
+    r"(?P<obj>\w+) (?:in|on|in/on) (?:a |an |the )?(?:\w+ )?(?P<target>\w+)$"
+)
+
+
+class SubgoalTracker:
+    """Which subgoals of a `put <object> in/on <target>` goal an episode has reached.
+
+    Example:
+        >>> tracker = SubgoalTracker("put some basketball on sidetable")
+        >>> tracker.update("take basketball 1 from bed 1", "You pick up the basketball 1.")
+        1
+        >>> tracker.update("go to sidetable 1", "You arrive at sidetable 1.")
+        1
+        >>> tracker.update("go to sidetable 1", "Nothing happens.")
+        0
+    """
+
+    def __init__(self, goal: str) -> None:
+        match = _PUT_GOAL.match(goal.strip().lower())
+        self.obj = match["obj"] if match else None
+        self.target = match["target"] if match else None
+        self.holding = False
+        self.reached: set[str] = set()
+
+    def update(self, command: str, feedback: str) -> int:
+        """Subgoals first reached by this step (0, 1)."""
+        if self.obj is None:
+            return 0
+        text = feedback.strip().lower()
+        before = len(self.reached)
+        if command.startswith(f"take {self.obj} ") and text.startswith("you pick up"):
+            self.holding = True
+            self.reached.add("holding")
+        elif command.startswith(("move ", "put ")) and text.startswith(("you move", "you put")):
+            self.holding = False
+        elif (
+            self.holding
+            and command.startswith(f"go to {self.target} ")
+            and text.startswith("you arrive")
+        ):
+            self.reached.add("at_target")
+        return len(self.reached) - before
 
 
 def check_max_steps(value: Any, where: str) -> int:
@@ -301,6 +352,7 @@ async def play(
     with AlfworldEnv(task, max_steps=settings.max_steps) as env:
         first = await env.reset()
         text, admissible, goal = first.text, first.admissible_commands, first.goal
+        subgoals = SubgoalTracker(goal)
         won, steps = False, 0
         while steps < settings.max_steps:
             current = observation_text(text, admissible, settings)
@@ -318,6 +370,8 @@ async def play(
                 if settings.invalid_command_reward:
                     emit_reward(settings.invalid_command_reward)
             result = await env.step(command)
+            if subgoals.update(command, result.text) and settings.subgoal_reward:
+                emit_reward(settings.subgoal_reward)
             history.append(
                 (observation_text(text, [], replace(settings, show_admissible=False)), command)
             )
@@ -340,6 +394,7 @@ async def play(
             "steps": float(steps),
             "invalid_commands": float(invalid),
             "invalid_rate": invalid / max(steps, 1),
+            "subgoals": float(len(subgoals.reached)),
         },
     )
 

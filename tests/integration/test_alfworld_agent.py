@@ -25,6 +25,7 @@ from agentscope_rft.types import Rollout
 from environments.alfworld import AlfworldEnv, export_games, find_games
 from workflows.alfworld_agent import (
     AlfworldAgentSettings,
+    SubgoalTracker,
     make_workflow,
     parse_command,
     window_prompt,
@@ -126,6 +127,51 @@ async def test_window_mode_trains_one_sample_per_turn_with_step_rewards_on_its_c
     assert "[3] Nothing happens. > dance wildly" in prompt
     assert "[2] Nothing happens. > dance wildly" in prompt and "[1]" not in prompt
     assert prompt.startswith("Your task is to: ")
+
+
+async def test_subgoal_rewards_land_on_the_take_and_the_go_to_target_commands() -> None:
+    settings = AlfworldAgentSettings(max_steps=10, subgoal_reward=0.2)
+    rollouts, _ = await _explore(make_workflow(settings), TASKS[:1], concurrent=False)
+    [rollout] = rollouts
+    assert rollout.success and rollout.metrics["subgoals"] == 2.0
+    commands = _commands(rollout)
+    [sample], _ = build_samples(rollout)
+    assert sample.token_rewards is not None
+    rewarded = [i for i, r in enumerate(sample.token_rewards) if r]
+    assert [sample.token_rewards[i] for i in rewarded] == [pytest.approx(0.2)] * 2
+    # Each reward sits on the last token of a command: the take, then the go-to with it in hand.
+    mask = [*sample.loss_mask, 0]
+    ends = [i for i, m in enumerate(mask[:-1]) if m and not mask[i + 1]]
+    rewarded_commands = [commands[ends.index(i)] for i in rewarded]
+    assert rewarded_commands[0].startswith("take ")
+    assert rewarded_commands[1].startswith("go to ")
+
+
+def test_subgoal_tracker_needs_the_object_in_hand_and_a_real_arrival() -> None:
+    tracker = SubgoalTracker("put a hot apple in fridge")
+    assert (tracker.obj, tracker.target) == ("apple", "fridge")
+    assert tracker.update("go to fridge 1", "You arrive at fridge 1.") == 0  # not holding it
+    assert tracker.update("take apple 1 from countertop 1", "Nothing happens.") == 0
+    assert (
+        tracker.update(
+            "take apple 1 from countertop 1", "You pick up the apple 1 from the countertop 1."
+        )
+        == 1
+    )
+    assert (
+        tracker.update(
+            "take apple 2 from countertop 1", "You pick up the apple 2 from the countertop 1."
+        )
+        == 0
+    )
+    assert tracker.update("go to fridge 1", "You arrive at fridge 1.") == 1
+    assert tracker.update("go to fridge 1", "You arrive at fridge 1.") == 0
+    assert (
+        SubgoalTracker("look at bowl under the desklamp").update(
+            "take bowl 1 from desk 1", "You pick up the bowl 1."
+        )
+        == 0
+    )
 
 
 async def test_concurrent_episodes_do_not_share_game_state() -> None:
