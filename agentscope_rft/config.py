@@ -466,6 +466,24 @@ class RunConfig(Section):
                 )
         if mode == "train_only" and self.buffer.type != "sql":
             raise ValueError("run.mode 'train_only' reads a durable buffer: set `buffer.type: sql`")
+        # (a saved resolved config lists every key with its default: only set values count)
+        defaults = RuntimeConfig()
+        placed = ("replica_cpus", "replica_gpus", "replica_nodes")
+        replica_keys = [k for k in placed if getattr(self.runtime, k) != getattr(defaults, k)]
+        if replica_keys and (self.engine.type != "vllm" or self.engine.urls):
+            raise ValueError(
+                f"runtime keys {replica_keys} place the vLLM replicas the run starts: they need "
+                "`engine.type: vllm` without `engine.urls`; remove them"
+            )
+        if self.runtime.type == "ray" and self.trainer.type == "verl":
+            ray = self.trainer.ray
+            own = {"address": ray.address, "num_cpus": ray.num_cpus}
+            if any(v is not None for v in own.values()):
+                raise ValueError(
+                    "trainer.ray.address/num_cpus choose a Ray for the verl trainer alone; with "
+                    "`runtime.type: ray` its ranks join the run's cluster: set runtime.address / "
+                    "runtime.num_cpus instead and remove trainer.ray"
+                )
         return self
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import shutil
 import tempfile
 import time
@@ -34,7 +33,7 @@ import uuid
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import httpx
 
@@ -58,8 +57,9 @@ from agentscope_rft.engines.base import (
 )
 from agentscope_rft.engines.chat import PromptBuilder, assemble_choice
 from agentscope_rft.engines.vllm_env import find_vllm_python
-from agentscope_rft.engines.vllm_server import VLLMServer, free_port
-from agentscope_rft.models import cache_root, load_tokenizer, resolve_model
+from agentscope_rft.engines.vllm_launch import VLLMLaunch
+from agentscope_rft.engines.vllm_server import OnRestart, VLLMServer, free_port
+from agentscope_rft.models import load_tokenizer, resolve_model
 from agentscope_rft.types import SamplingParams
 
 if TYPE_CHECKING:
@@ -69,11 +69,24 @@ logger = logging.getLogger(__name__)
 
 SyncMode = Literal["wait", "keep"]
 ChatRendering = Literal["engine", "vllm"]
-SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
-def _flag(value: bool) -> str:
-    return "true" if value else "false"
+class ReplicaHosts(Protocol):
+    """Starts managed replicas somewhere other than as children of this process."""
+
+    async def servers(
+        self,
+        launch: VLLMLaunch,
+        count: int,
+        *,
+        log_dir: Path,
+        port: int | None,
+        startup_timeout: float,
+        max_restarts: int,
+        on_restart: OnRestart,
+    ) -> list[VLLMServer]:
+        """`count` supervised servers (not yet started), running `launch`."""
+        ...
 
 
 class _Replica:
@@ -165,6 +178,9 @@ class VLLMEngine:
         self._stop_ids = {int(self.tokenizer.eos_token_id)}
 
         self.replicas: list[_Replica] = []
+        self.replica_hosts: ReplicaHosts | None = None
+        """Where managed replicas start: None: child processes of this one; set by the Ray runtime
+        to start them under host actors on the cluster's nodes."""
         self.weight_paths: Callable[[Path, int], Awaitable[Mapping[str, Path]]] | None = None
         """Where each replica (by URL) reads a weights folder; None: the folder itself (set by
         the Ray runtime for replicas on other machines)."""
@@ -172,8 +188,9 @@ class VLLMEngine:
         self._version = 0
         self._active_model = self._model_name
         self._weights_path: Path | None = None
+        self._replica_weights: dict[str, Path] = {}  # replica URL -> its copy of the weights
         self._owned_weights: list[Path] = []
-        self._loras: list[tuple[str, Path]] = []
+        self._loras: list[tuple[str, dict[str, Path]]] = []  # name, replica URL -> its folder
         self._gate = asyncio.Event()
         self._gate.set()
         self._idle = asyncio.Event()
@@ -221,6 +238,11 @@ class VLLMEngine:
         }
 
     @property
+    def manages_servers(self) -> bool:
+        """True when the engine starts its servers (False: it connects to `urls`)."""
+        return not self._urls
+
+    @property
     def weights_dir(self) -> Path | None:
         """The folder new weights are written under for the servers to reload (once started)."""
         return self._tmp
@@ -238,55 +260,35 @@ class VLLMEngine:
         return text
 
     # ------------------------------------------------------------------ lifecycle
+    @property
+    def launch(self) -> VLLMLaunch:
+        """How a managed replica is started (its command line and environment, as data)."""
+        return VLLMLaunch(
+            model_path=str(self.model_path),
+            served_model_name=self._model_name,
+            python=str(self._python) if self._python else None,
+            dtype=self._dtype,
+            seed=self._seed,
+            tool_call_parser=self._tool_call_parser,
+            max_model_len=self._max_model_len_override,
+            enforce_eager=self._enforce_eager,
+            chat_template=self._chat_template,
+            enable_lora=self._enable_lora,
+            max_lora_rank=self._max_lora_rank,
+            max_loras=self._max_loras,
+            weight_transfer=self._weight_transfer,
+            kv_cache_space_gib=self._kv_cache_space_gib,
+            extra_args=tuple(self._extra_args),
+            env=dict(self._env),
+        )
+
     def server_command(self, python: Path, port: int) -> list[str]:
-        """The command line of one managed replica."""
-        command = [
-            str(python), "-m", SERVER_MODULE,
-            "--model", str(self.model_path),
-            "--served-model-name", self._model_name,
-            "--host", self._host,
-            "--port", str(port),
-            "--dtype", self._dtype,
-            "--seed", str(self._seed),
-            # Log-probs of the distribution actually sampled from (after temperature/top-k/top-p),
-            # as the embedded engine records them; vLLM's default is the raw model's.
-            "--logprobs-mode", "processed_logprobs",
-            # Sampling defaults come from the request only, never from generation_config.json.
-            "--generation-config", "vllm",
-            "--enable-auto-tool-choice",
-            "--tool-call-parser", self._tool_call_parser,
-        ]  # fmt: skip
-        if self._max_model_len_override:
-            command += ["--max-model-len", str(self._max_model_len_override)]
-        if self._enforce_eager:
-            command.append("--enforce-eager")
-        if self._chat_template:
-            assert self._tmp is not None
-            template = self._tmp / "chat_template.jinja"
-            template.write_text(self._chat_template)
-            command += ["--chat-template", str(template)]
-        if self._enable_lora:
-            command += [
-                "--enable-lora",
-                "--max-lora-rank", str(self._max_lora_rank),
-                "--max-loras", str(self._max_loras),
-            ]  # fmt: skip
-        if self._weight_transfer:
-            command += ["--weight-transfer-config", f'{{"backend": "{self._weight_transfer}"}}']
-        return command + self._extra_args
+        """The command line of one managed replica on this machine."""
+        workdir = self._tmp or Path(tempfile.gettempdir())  # the chat template file goes here
+        return self.launch.command(python, self._host, port, workdir)
 
     def server_env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(
-            VLLM_SERVER_DEV_MODE="1",  # /pause, /resume, /collective_rpc, /reset_prefix_cache
-            VLLM_CPU_KVCACHE_SPACE=f"{self._kv_cache_space_gib:g}",
-        )
-        env.setdefault("VLLM_CACHE_ROOT", str(cache_root() / "vllm"))
-        env.setdefault("HF_HUB_OFFLINE", "1")
-        if self._enable_lora:
-            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
-        env.update(self._env)
-        return env
+        return self.launch.environment()
 
     async def start(self) -> None:
         if self.replicas:
@@ -297,6 +299,16 @@ class VLLMEngine:
         if self._urls:
             for i, url in enumerate(self._urls):
                 servers.append(VLLMServer(f"replica-{i}", url=url, startup_timeout=60.0))
+        elif self.replica_hosts is not None:
+            servers = await self.replica_hosts.servers(
+                self.launch,
+                self._num_replicas,
+                log_dir=log_dir,
+                port=self._port,
+                startup_timeout=self._startup_timeout,
+                max_restarts=self._max_restarts,
+                on_restart=self._reapply_weights,
+            )
         else:
             python = find_vllm_python(self._python)
             env = self.server_env()
@@ -564,6 +576,8 @@ class VLLMEngine:
         # Replicas on other machines may read a copy of the folder (see runtime/ray/weights.py).
         paths = await self.weight_paths(folder, version) if self.weight_paths else {}
 
+        where = {r.server.url: paths.get(r.server.url, folder) for r in self.replicas}
+
         async def reload() -> None:
             await asyncio.gather(
                 *(
@@ -572,13 +586,14 @@ class VLLMEngine:
                         "/collective_rpc",
                         {
                             "method": "reload_weights",
-                            "kwargs": {"weights_path": str(paths.get(replica.server.url, folder))},
+                            "kwargs": {"weights_path": str(where[replica.server.url])},
                         },
                     )
                     for replica in self.replicas
                 )
             )
             self._weights_path = folder
+            self._replica_weights = where
             self._active_model = self._model_name  # full weights replace any adapter
 
         await self.sync(version, reload)
@@ -630,10 +645,22 @@ class VLLMEngine:
             )
         name = f"{self._model_name}-lora-v{version}"
         path = adapter.resolve()
+        # Replicas on other machines may read a copy of the folder (see runtime/ray/weights.py).
+        paths = await self.weight_paths(path, version) if self.weight_paths else {}
+        where = {r.server.url: paths.get(r.server.url, path) for r in self.replicas}
 
         async def load() -> None:
-            await self._on_all("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
-            self._loras.append((name, path))
+            await asyncio.gather(
+                *(
+                    self._post(
+                        r,
+                        "/v1/load_lora_adapter",
+                        {"lora_name": name, "lora_path": str(where[r.server.url])},
+                    )
+                    for r in self.replicas
+                )
+            )
+            self._loras.append((name, where))
             self._active_model = name
 
         # No server pause: calls in flight keep their adapter; the gate orders the switch.
@@ -655,10 +682,12 @@ class VLLMEngine:
                 raise wire.api_error(response, server.describe())
 
         if self._weights_path is not None:
+            path = self._replica_weights.get(server.url, self._weights_path)
             await post(
                 "/collective_rpc",
-                {"method": "reload_weights", "kwargs": {"weights_path": str(self._weights_path)}},
+                {"method": "reload_weights", "kwargs": {"weights_path": str(path)}},
             )
-        for name, path in self._loras:
-            await post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+        for name, paths in self._loras:
+            lora_path = str(paths[server.url])
+            await post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": lora_path})
         logger.info("%s restarted with policy version %d", server.describe(), self._version)

@@ -6,6 +6,10 @@ out raises `VLLMServerError` with the tail of its log. A watchdog notices a cras
 (log line + the error that requests in flight get), restarts the server a bounded number of times
 and lets the engine re-apply its current weights before traffic resumes. Shutdown terminates the
 whole process group (the API server, its engine core and workers).
+
+The process itself is a `ServerProcess`: a child of this process (`LocalProcess`), or one that a
+host actor started on a Ray node (`agentscope_rft.runtime.ray.engines`); the supervision above is
+the same for both.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 
@@ -68,11 +74,182 @@ def first_error(path: Path | None) -> str | None:
     return None
 
 
+class ServerProcess(Protocol):
+    """A server process the supervisor can start, watch, read the log of and end."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    @property
+    def log_path(self) -> Path | None: ...
+
+    def where(self) -> str:
+        """Where the log is, for messages (a path, with the machine when it is another)."""
+        ...
+
+    async def spawn(self, header: str) -> None:
+        """Start the process (appending `header` to its log); raises `OSError` if it cannot."""
+        ...
+
+    def exited(self) -> int | None:
+        """The exit code once the process has exited, else None (cheap: called often)."""
+        ...
+
+    async def terminate(self) -> None:
+        """End the process and its whole process group (SIGTERM, then SIGKILL)."""
+        ...
+
+    async def log_report(self, lines: int) -> tuple[str, str | None]:
+        """The log's last `lines` lines and its first error line."""
+        ...
+
+
+# The watcher of a guarded server: it detaches (a grandchild of the starting process, so nothing
+# that kills that process's children reaches it) and waits on a pipe whose write end only the
+# starting process holds. When that process is gone, however it ended (SIGKILL included), the read
+# returns and the watcher ends the server's whole process group: vLLM's engine core outlives a
+# killed API server, so a parent-death signal on the server alone is not enough.
+_GUARD = """
+import os, signal, sys, time
+if os.fork():
+    os._exit(0)
+os.setsid()
+fd, group = int(sys.argv[1]), int(sys.argv[2])
+while os.read(fd, 1):
+    pass
+def alive():
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+if alive():
+    os.killpg(group, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if alive():
+        os.killpg(group, signal.SIGKILL)
+"""
+
+
+class LocalProcess:
+    """A server process of this machine, in its own process group, its output in a log file.
+
+    `guarded`: a watcher process ends the server's process group when this process dies, even by
+    SIGKILL (a host actor that Ray kills takes its server along).
+
+    Example:
+        >>> process = LocalProcess(["python", "-m", "http.server"], None, Path("s.log"))
+        >>> await process.spawn("starting")  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        env: dict[str, str] | None,
+        log_path: Path | None,
+        *,
+        guarded: bool = False,
+    ) -> None:
+        self.command = list(command)
+        self.env = env
+        self._log_path = log_path
+        self.guarded = guarded
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._guard_fd: int | None = None  # the write end of the watcher's pipe
+        self._pgid: int | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def log_path(self) -> Path | None:
+        return self._log_path
+
+    def where(self) -> str:
+        return str(self._log_path)
+
+    async def spawn(self, header: str) -> None:
+        self.start(header)
+
+    def start(self, header: str) -> int:
+        """Start the process (synchronously, in the calling thread); returns its pid."""
+        if self._log_path is not None:
+            self._log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self._log_path, "a") as log:
+                log.write(f"\n===== agentscope-rft: {header}: {' '.join(self.command)}\n")
+        log_file = open(self._log_path, "ab") if self._log_path else subprocess.DEVNULL  # noqa: SIM115
+        try:
+            self._proc = subprocess.Popen(
+                self.command,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                start_new_session=True,  # own process group: terminate() ends workers too
+            )
+            self._pgid = self._proc.pid
+        finally:
+            if log_file is not subprocess.DEVNULL:
+                log_file.close()  # type: ignore[union-attr]  # the child holds its own copy
+        if self.guarded:
+            self._start_guard()
+        return self._proc.pid
+
+    def _start_guard(self) -> None:
+        read_fd, self._guard_fd = os.pipe()  # neither end is inherited by the server
+        try:
+            launcher = subprocess.Popen(
+                [sys.executable, "-c", _GUARD, str(read_fd), str(self._pgid)],
+                stdin=subprocess.DEVNULL,
+                pass_fds=(read_fd,),
+            )
+            launcher.wait()  # it forks the watcher and exits at once
+        finally:
+            os.close(read_fd)
+
+    def exited(self) -> int | None:
+        return self._proc.poll() if self._proc is not None else None
+
+    async def terminate(self) -> None:
+        await asyncio.to_thread(self.kill_group)
+
+    def kill_group(self, grace: float = 15.0) -> None:
+        """SIGTERM the process group, SIGKILL what is left after `grace` seconds."""
+        proc, pgid = self._proc, self._pgid
+        if proc is None:
+            return
+        if pgid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace)
+        if pgid is not None:
+            # Engine-core and worker processes may outlive the API server; end the group.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        if self._guard_fd is not None:
+            os.close(self._guard_fd)  # the watcher finds the group gone and exits
+        self._proc = None
+        self._pgid = None
+        self._guard_fd = None
+
+    async def log_report(self, lines: int) -> tuple[str, str | None]:
+        return log_tail(self._log_path, lines), first_error(self._log_path)
+
+
 OnRestart = Callable[["VLLMServer"], Awaitable[None]]
 
 
 class VLLMServer:
-    """One replica: a managed child process (`command` given) or a remote server (`url` only).
+    """One replica: a managed process (`command`, or `process` started elsewhere) or a remote
+    server (`url` only).
 
     Example:
         >>> server = VLLMServer("replica-0", url="http://127.0.0.1:8000")  # doctest: +SKIP
@@ -87,15 +264,16 @@ class VLLMServer:
         command: Sequence[str] | None = None,
         env: dict[str, str] | None = None,
         log_path: Path | None = None,
+        process: ServerProcess | None = None,
         startup_timeout: float = 600.0,
         max_restarts: int = 3,
         on_restart: OnRestart | None = None,
     ) -> None:
         self.name = name
         self.url = url.rstrip("/")
-        self.command = list(command) if command is not None else None
-        self.env = env
-        self.log_path = log_path
+        if process is None and command is not None:
+            process = LocalProcess(command, env, log_path)
+        self.process = process
         self.startup_timeout = startup_timeout
         self.max_restarts = max_restarts
         self.on_restart = on_restart
@@ -103,8 +281,6 @@ class VLLMServer:
         self.crashes = 0
         self.last_exit_code: int | None = None
         self.startup_seconds: float | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._pgid: int | None = None
         self._ready = asyncio.Event()
         self._failure: str | None = None
         self._watchdog: asyncio.Task[None] | None = None
@@ -113,25 +289,33 @@ class VLLMServer:
 
     @property
     def managed(self) -> bool:
-        return self.command is not None
+        return self.process is not None
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
+        return self.process.pid if self.process is not None else None
+
+    @property
+    def log_path(self) -> Path | None:
+        return self.process.log_path if self.process is not None else None
 
     def describe(self) -> str:
         return f"vLLM server {self.name} at {self.url}" + (
-            f" (log: {self.log_path})" if self.log_path else ""
+            f" (log: {self.process.where()})" if self.process and self.process.log_path else ""
         )
 
-    def _with_log(self, message: str) -> str:
-        tail = log_tail(self.log_path)
+    async def _with_log(self, message: str) -> str:
+        if self.process is None:
+            return message
+        try:
+            tail, cause = await self.process.log_report(LOG_TAIL_LINES)
+        except Exception as exc:  # the log is on a machine that is gone
+            return f"{message}\n(its log could not be read: {type(exc).__name__}: {exc})"
         if not tail:
             return message
-        cause = first_error(self.log_path)
         if cause and cause not in tail.splitlines()[-1]:
             message += f"\nfirst error in the log: {cause}"
-        return f"{message}\n--- last lines of {self.log_path} ---\n{tail}"
+        return f"{message}\n--- last lines of {self.process.where()} ---\n{tail}"
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -153,7 +337,7 @@ class VLLMServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watchdog
             self._watchdog = None
-        await asyncio.to_thread(self._terminate)
+        await self._terminate()
         await self._client.aclose()
         self._client = httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(10.0))
 
@@ -172,7 +356,7 @@ class VLLMServer:
 
     def exited(self) -> int | None:
         """The exit code when the managed process has exited, else None."""
-        return self._proc.poll() if self._proc is not None else None
+        return self.process.exited() if self.process is not None else None
 
     async def request_failed(self, exc: BaseException) -> VLLMServerError:
         """The error to raise for a request that failed at the transport level."""
@@ -186,7 +370,7 @@ class VLLMServer:
             code = self.last_exit_code
         if code is not None and not self._stopping:
             return VLLMServerError(
-                self._with_log(
+                await self._with_log(
                     f"{self.describe()} crashed (exit code {code}) while serving the request; "
                     f"it is being restarted ({self.restarts}/{self.max_restarts} restarts used)"
                 )
@@ -195,37 +379,19 @@ class VLLMServer:
 
     # ------------------------------------------------------------------ internals
     async def _spawn_and_wait(self) -> None:
-        assert self.command is not None
+        assert self.process is not None
         started = time.monotonic()
-        if self.log_path is not None:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.log_path, "a") as log:
-                log.write(
-                    f"\n===== agentscope-rft: starting {self.name}: {' '.join(self.command)}\n"
-                )
-        log_file = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
-            self._proc = subprocess.Popen(
-                self.command,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=self.env,
-                start_new_session=True,  # own process group: stop() ends workers too
-            )
-            self._pgid = self._proc.pid
+            await self.process.spawn(f"starting {self.name}")
         except OSError as exc:
-            self._proc = None
+            command = getattr(self.process, "command", ["?"])
             raise VLLMServerError(
-                f"cannot start {self.describe()}: {exc} (command: {self.command[0]})"
+                f"cannot start {self.describe()}: {exc} (command: {command[0]})"
             ) from exc
-        finally:
-            if log_file is not subprocess.DEVNULL:
-                log_file.close()  # type: ignore[union-attr]  # the child holds its own copy
         try:
             await self._wait_healthy(deadline=started + self.startup_timeout)
         except BaseException:
-            await asyncio.to_thread(self._terminate)
+            await self._terminate()
             raise
         self.startup_seconds = time.monotonic() - started
         logger.info("%s ready in %.1f s (pid %s)", self.describe(), self.startup_seconds, self.pid)
@@ -236,10 +402,11 @@ class VLLMServer:
             code = self.exited()
             if code is not None:
                 hint = ""
-                if "No module named 'vllm'" in log_tail(self.log_path):
+                tail = (await self.process.log_report(LOG_TAIL_LINES))[0] if self.process else ""
+                if "No module named 'vllm'" in tail:
                     hint = f"; the interpreter has no vLLM: {INSTALL_HINT}"
                 raise VLLMServerError(
-                    self._with_log(
+                    await self._with_log(
                         f"{self.describe()} exited with code {code} during start-up{hint}"
                     )
                 )
@@ -252,7 +419,7 @@ class VLLMServer:
                 last_error = f"{type(exc).__name__}"
             if time.monotonic() > deadline:
                 raise VLLMServerError(
-                    self._with_log(
+                    await self._with_log(
                         f"{self.describe()} was not healthy within {self.startup_timeout:.0f} s "
                         f"({last_error}); raise startup_timeout if the machine is slow"
                     )
@@ -268,10 +435,10 @@ class VLLMServer:
             self._ready.clear()
             self.crashes += 1
             self.last_exit_code = code
-            logger.error(self._with_log(f"{self.describe()} crashed with exit code {code}"))
-            await asyncio.to_thread(self._terminate)  # leftover workers of the group
+            logger.error(await self._with_log(f"{self.describe()} crashed with exit code {code}"))
+            await self._terminate()  # leftover workers of the group
             if self.restarts >= self.max_restarts:
-                self._failure = self._with_log(
+                self._failure = await self._with_log(
                     f"{self.describe()} crashed (exit code {code}) and was not restarted: "
                     f"max_restarts={self.max_restarts} reached"
                 )
@@ -291,20 +458,6 @@ class VLLMServer:
                 return
             self._ready.set()
 
-    def _terminate(self, grace: float = 15.0) -> None:
-        proc, pgid = self._proc, self._pgid
-        if proc is None:
-            return
-        if pgid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=grace)
-        if pgid is not None:
-            # Engine-core and worker processes may outlive the API server; end the group.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
-        self._proc = None
-        self._pgid = None
+    async def _terminate(self) -> None:
+        if self.process is not None:
+            await self.process.terminate()

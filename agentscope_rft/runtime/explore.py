@@ -114,6 +114,8 @@ async def _explore(
         buffer_config = BufferConfig(type="sql")
     buffer = build_buffer(buffer_config, out_dir)
     engine = build_engine(config.model, config.engine, log_dir=out_dir / "logs")
+    if ray_runtime is not None:
+        ray_runtime.host_engine(engine)  # vLLM replicas under actors on the cluster's nodes
     await engine.start()
     results_path = out_dir / "results.jsonl"
     results_path.write_text("")

