@@ -71,6 +71,27 @@ SyncMode = Literal["wait", "keep"]
 ChatRendering = Literal["engine", "vllm"]
 
 
+def save_weights(weights: Mapping[str, torch.Tensor], folder: Path) -> None:
+    """Write a state dict as `folder/model.safetensors`, the layout the servers reload from.
+
+    Tied weights (one storage under two names) are copied: safetensors refuses shared storage.
+
+    Example:
+        >>> save_weights(model.state_dict(), Path("weights-v3"))  # doctest: +SKIP
+    """
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, tensor in weights.items():
+        tensor = tensor.detach().to("cpu").contiguous()
+        if tensor.data_ptr() in seen:
+            tensor = tensor.clone()
+        seen.add(tensor.data_ptr())
+        tensors[name] = tensor
+    save_file(tensors, str(folder / "model.safetensors"))
+
+
 class ReplicaHosts(Protocol):
     """Starts managed replicas somewhere other than as children of this process."""
 
@@ -608,19 +629,9 @@ class VLLMEngine:
             if not any(weights.glob("*.safetensors")):
                 raise EngineError(f"no *.safetensors files in {weights}", status=404)
             return weights.resolve()
-        from safetensors.torch import save_file
-
         assert self._tmp is not None, "the engine is not started"
         folder = Path(tempfile.mkdtemp(prefix=f"weights-v{version}-", dir=self._tmp))
-        tensors: dict[str, torch.Tensor] = {}
-        seen: set[int] = set()
-        for name, tensor in weights.items():
-            tensor = tensor.detach().to("cpu").contiguous()
-            if tensor.data_ptr() in seen:  # tied weights: safetensors refuses shared storage
-                tensor = tensor.clone()
-            seen.add(tensor.data_ptr())
-            tensors[name] = tensor
-        save_file(tensors, str(folder / "model.safetensors"))
+        save_weights(weights, folder)
         self._owned_weights.append(folder)
         return folder
 

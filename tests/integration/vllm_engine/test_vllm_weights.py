@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from agentscope_rft.engines.base import ChatRequest, EngineError
-from agentscope_rft.engines.vllm import VLLMEngine
+from agentscope_rft.engines.vllm import VLLMEngine, save_weights
 from agentscope_rft.models import load_causal_lm
 from agentscope_rft.types import SamplingParams
 
@@ -38,18 +38,8 @@ def perturbed_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 def perturbed_folder(path: Path, dest: Path) -> Path:
     """The perturbed weights saved as a checkpoint folder (loading it starts the sync at once)."""
-    from safetensors.torch import save_file
-
-    state = perturbed_state_dict(path)
-    seen: set[int] = set()
-    tensors = {}
-    for name, tensor in state.items():
-        if tensor.data_ptr() in seen:  # tied weights: safetensors refuses shared storage
-            tensor = tensor.clone()
-        seen.add(tensor.data_ptr())
-        tensors[name] = tensor.contiguous()
     dest.mkdir(parents=True)
-    save_file(tensors, str(dest / "model.safetensors"))
+    save_weights(perturbed_state_dict(path), dest)
     return dest
 
 
