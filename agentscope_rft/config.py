@@ -357,7 +357,8 @@ class SyncConfig(Section):
 
 
 class OfflineConfig(Section):
-    """Training data for `run.mode: offline` (SFT or DPO files)."""
+    """Training data from files: all of `run.mode: offline` (SFT or DPO), or demonstrations in an
+    exploring run (`warmup_steps`, `algorithm.objective: sft_rl_mix`)."""
 
     path: str | None = None
     """Chat JSONL (`{"messages": [...]}`) for SFT, or `{"prompt", "chosen", "rejected"}` for DPO."""
@@ -365,6 +366,10 @@ class OfflineConfig(Section):
     """`sft`: chat JSONL; `dpo`: prompt/chosen/rejected JSONL."""
     batch_size: int = Field(default=8, ge=1)
     """Samples (SFT) or pairs (DPO) per step."""
+    warmup_steps: int = Field(default=0, ge=0)
+    """Exploring modes: train the run's first N steps on `offline.path` (SFT demonstrations,
+    objective `sft`, `batch_size` per step) before it starts exploring: a warm start for a model
+    that never succeeds on its own. `run.steps` counts them. Torch trainer."""
 
 
 class RunSettings(Section):
@@ -464,6 +469,37 @@ class RunConfig(Section):
                     f"offline.format {self.offline.format!r} needs algorithm.objective "
                     f"{wanted!r} (it is {self.algorithm.objective!r})"
                 )
+        exploring = mode in ("sync", "one_step_off", "async")
+        if self.offline.warmup_steps:
+            if not exploring:
+                raise ValueError(
+                    "offline.warmup_steps warms up an exploring run (run.mode sync, one_step_off "
+                    f"or async); run.mode {mode!r} does not explore: remove it"
+                )
+            if self.offline.warmup_steps >= self.run.steps:
+                raise ValueError(
+                    f"offline.warmup_steps ({self.offline.warmup_steps}) must be fewer than "
+                    f"run.steps ({self.run.steps}), which counts them: raise run.steps"
+                )
+            if self.trainer.type != "torch":
+                raise ValueError(
+                    "offline.warmup_steps runs on the torch trainer; with trainer.type "
+                    f"{self.trainer.type!r}, train the demonstrations in a `run.mode: offline` "
+                    "run first and start this one from its checkpoint (model.name_or_path)"
+                )
+        if exploring and (self.offline.warmup_steps or self.algorithm.objective == "sft_rl_mix"):
+            why = (
+                "offline.warmup_steps"
+                if self.offline.warmup_steps
+                else "algorithm.objective 'sft_rl_mix'"
+            )
+            if self.offline.path is None:
+                raise ValueError(
+                    f"{why} trains on demonstrations: set `offline.path` to a chat JSONL file "
+                    '(one {"messages": [...]} per line)'
+                )
+            if self.offline.format != "sft":
+                raise ValueError(f"{why} trains on SFT demonstrations: set offline.format 'sft'")
         if mode == "train_only" and self.buffer.type != "sql":
             raise ValueError("run.mode 'train_only' reads a durable buffer: set `buffer.type: sql`")
         # (a saved resolved config lists every key with its default: only set values count)

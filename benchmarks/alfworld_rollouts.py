@@ -1,7 +1,7 @@
 """ALFWorld agent episodes per second: one episode at a time vs many at once, same games.
 
     python benchmarks/alfworld_rollouts.py [--engine scripted|embedded] [--episodes 16]
-        [--concurrency 1,4,16] [--context full|window]
+        [--concurrency 1,4,16] [--workflow run|run_window] [--model PATH]
 
 Runs the example's agent (`examples/alfworld/app.py`, 10 commands) on the first `--episodes` test
 games of `examples/alfworld/data/test.jsonl` through the real gateway, explorer and game engine,
@@ -9,7 +9,9 @@ at each concurrency, in one process, and checks that every concurrency produced 
 (commands, rewards) as one at a time. `scripted` replies with `workflows.alfworld_scripted`
 (no model compute: what is left is the game engine, serialized by its process-wide lock, and the
 framework); `embedded` is SmolLM2-135M on the embedded engine, greedy (its batcher runs
-concurrent calls together). Prints a Markdown table for docs/benchmarks.md.
+concurrent calls together; `--model` serves a trained checkpoint). Each concurrency gets a fresh
+engine, so no side finds the other's prompts in the prefix cache. Prints a Markdown table for
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from agentscope_rft.gateway.server import Gateway  # noqa: E402
 from agentscope_rft.types import Rollout  # noqa: E402
 
 
-def make_engine(kind: str) -> Any:
+def make_engine(kind: str, model: str) -> Any:
     if kind == "scripted":
         from agentscope_rft.testing import ScriptedEngine
         from workflows.alfworld_scripted import searcher_reply
@@ -39,7 +41,7 @@ def make_engine(kind: str) -> Any:
         return ScriptedEngine(searcher_reply)
     from agentscope_rft.engines.embedded import EmbeddedEngine
 
-    return EmbeddedEngine("smollm2-135m-instruct")
+    return EmbeddedEngine(model)
 
 
 def episode_key(rollout: Rollout) -> tuple[Any, ...]:
@@ -53,14 +55,14 @@ async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     workflow = load_workflow(f"{ROOT}/examples/alfworld/app.py:{args.workflow}")
     rows = [json.loads(line) for line in (ROOT / args.tasks).read_text().splitlines()]
     tasks = load_tasks(rows[: args.episodes])
-    engine = make_engine(args.engine)
-    await engine.start()
     results: list[dict[str, Any]] = []
     reference: list[tuple[Any, ...]] | None = None
-    try:
-        greedy = {"": {"temperature": 0.0, "max_tokens": 16}}
-        async with Gateway(engine, sampling_overrides=greedy) as gateway:
-            for concurrency in args.concurrency:
+    greedy = {"": {"temperature": 0.0, "max_tokens": 16}}
+    for concurrency in args.concurrency:
+        engine = make_engine(args.engine, args.model)  # a cold prefix cache for every side
+        await engine.start()
+        try:
+            async with Gateway(engine, sampling_overrides=greedy) as gateway:
                 settings = EpisodeSettings(
                     max_concurrency=concurrency, max_retries=0, episode_timeout=3600
                 )
@@ -83,8 +85,8 @@ async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                     }
                 )
                 print(json.dumps(results[-1]), flush=True)
-    finally:
-        await engine.close()
+        finally:
+            await engine.close()
     return results
 
 
@@ -94,6 +96,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=16)
     parser.add_argument("--concurrency", default="1,4,16")
     parser.add_argument("--workflow", default="run", help="run (full history) or run_window")
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="embedded: model or path")
     parser.add_argument("--tasks", default="examples/alfworld/data/test.jsonl")
     args = parser.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",")]

@@ -82,6 +82,7 @@ class Monitor:
         console: Console | None = None,
     ) -> None:
         self.run_dir = run_dir
+        self._plot_warned = False
         self.config = config
         self.console = console if console is not None else Console(stderr=True)
         # A missing optional package fails before anything is written or any run is started.
@@ -157,7 +158,10 @@ class Monitor:
         try:
             return plot_run(self.run_dir)
         except MetricsFileError as exc:
-            logger.warning("no reward curve: %s", exc)
+            # Once per run: steps without rewards (an offline run, warm-up steps) come in rows.
+            log = logger.debug if self._plot_warned else logger.warning
+            self._plot_warned = True
+            log("no reward curve: %s", exc)
             return None
 
     def close(self, *, failed: bool = False) -> None:

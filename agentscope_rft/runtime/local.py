@@ -40,7 +40,7 @@ from agentscope_rft.runtime.components import (
     write_state,
 )
 from agentscope_rft.runtime.memory import release_freed_memory
-from agentscope_rft.runtime.offline import offline_batches
+from agentscope_rft.runtime.offline import offline_batches, uses_offline_data
 from agentscope_rft.runtime.preflight import Checked, preflight
 from agentscope_rft.runtime.signals import RunStop, RunStopped, Stopping
 from agentscope_rft.trainers.base import Trainer
@@ -148,6 +148,12 @@ async def _train(
         await buffer.requeue_after(start - 1)
         if mode != "train_only":  # explorers re-explore them from the saved task position
             await buffer.discard_pending()
+    # Demonstrations are read (and a bad file refused) before the engine loads.
+    offline = offline_batches(config, start) if uses_offline_data(config) else None
+    warmup = config.offline.warmup_steps if mode != "offline" else 0
+    mix_demos = (
+        offline is not None and mode != "offline" and config.algorithm.objective == "sft_rl_mix"
+    )
     if mode in ("offline", "train_only"):
         engine, gateway, explorer, sampler, eval_tasks = None, None, None, None, []
     else:
@@ -216,8 +222,9 @@ async def _train(
 
     async def explore_loop(progress: Any) -> None:
         assert explorer is not None and sampler is not None and engine is not None
-        for step in range(start, steps):
-            await stop.until(trainer_reached(step - lead))
+        for step in range(max(start, warmup), steps):
+            # After the warm-up, the first batches come from the warmed-up policy.
+            await stop.until(trainer_reached(max(step - lead, warmup)))
             sampler_states[step] = sampler.state_dict()
             tasks = sampler.next_batch(config.explorer.tasks_per_step)
             progress.reset("explore", total=len(tasks) * config.explorer.group_size)
@@ -247,14 +254,13 @@ async def _train(
     async def train_loop(progress: Any) -> None:
         nonlocal last, policy_version
         empty_in_a_row = 0
-        offline = offline_batches(config, start) if mode == "offline" else None
         for step in range(start, steps):
             if stop.requested:
                 return
             step_started = time.perf_counter()
             metrics: dict[str, float] = {}
-            if offline is not None:
-                samples = next(offline)
+            if offline is not None and (mode == "offline" or step < warmup):
+                samples = next(offline)  # an offline run, or a warm-up step (objective sft)
             else:
                 if mode == "train_only":
                     num_groups = config.explorer.tasks_per_step
@@ -282,6 +288,8 @@ async def _train(
                         timeout=config.run.get_timeout,
                     )
                 )
+                if mix_demos and offline is not None:  # CHORD: demonstrations beside rollouts
+                    samples = [*samples, *next(offline)]
             progress.reset("train", total=1)  # a step once begun finishes, even on a stop
             metrics.update(await asyncio.to_thread(trainer.step, samples, step))
             progress.advance("train")

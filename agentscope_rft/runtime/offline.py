@@ -14,11 +14,22 @@ from agentscope_rft.types import Sample
 logger = logging.getLogger(__name__)
 
 
+def uses_offline_data(config: RunConfig) -> bool:
+    """Whether the run trains on `offline.path`: all of an offline run, or an exploring run's
+    warm-up steps and its CHORD mix (`algorithm.objective: sft_rl_mix`)."""
+    if config.run.mode == "offline":
+        return True
+    if config.run.mode not in ("sync", "one_step_off", "async"):
+        return False
+    return bool(config.offline.warmup_steps) or config.algorithm.objective == "sft_rl_mix"
+
+
 def offline_batches(config: RunConfig, start: int = 0) -> Iterator[list[Sample]]:
     """Endless shuffled batches of `offline.batch_size` samples (DPO: pairs), epoch by epoch.
 
-    The order depends only on `run.seed` and the file, so a run resumed after step `start` skips
-    the `start` batches it trained and goes on with the batch it would have trained next.
+    The file is read (and a bad one refused) when this is called, not at the first batch. The
+    order depends only on `run.seed` and the file, so a run resumed after step `start` skips the
+    `start` batches it trained and goes on with the batch it would have trained next.
 
     Example:
         >>> batch = next(offline_batches(config))  # doctest: +SKIP
@@ -32,25 +43,27 @@ def offline_batches(config: RunConfig, start: int = 0) -> Iterator[list[Sample]]
     units: dict[str, list[Sample]] = {}
     for sample in samples:
         units.setdefault(sample.pair_id or sample.sample_id or str(len(units)), []).append(sample)
-    order = list(units)
     logger.info(
         "offline data: %d %s from %s",
-        len(order),
+        len(units),
         "pairs" if config.offline.format == "dpo" else "samples",
         config.offline.path,
     )
-    rng = random.Random(config.run.seed)
+    return _batches(units, config.offline.batch_size, random.Random(config.run.seed), start)
+
+
+def _batches(
+    units: dict[str, list[Sample]], batch_size: int, rng: random.Random, start: int
+) -> Iterator[list[Sample]]:
+    order = list(units)
     epoch_order: list[str] = []
     batch = 0
     while True:
-        if len(epoch_order) < config.offline.batch_size:
+        if len(epoch_order) < batch_size:
             shuffled = order[:]
             rng.shuffle(shuffled)
             epoch_order += shuffled
-        chosen, epoch_order = (
-            epoch_order[: config.offline.batch_size],
-            epoch_order[config.offline.batch_size :],
-        )
+        chosen, epoch_order = epoch_order[:batch_size], epoch_order[batch_size:]
         if batch >= start:
             yield [s for key in chosen for s in units[key]]
         batch += 1

@@ -110,7 +110,9 @@ def preflight(config: RunConfig) -> Checked:
                 len(train),
                 config.explorer.tasks_per_step,
             )
-    if mode == "offline" and config.offline.path and not Path(config.offline.path).is_file():
+    from agentscope_rft.runtime.offline import uses_offline_data
+
+    if uses_offline_data(config) and not Path(config.offline.path or "").is_file():
         raise TaskSetError(f"offline.path {config.offline.path} does not exist")
     if config.model.chat_template is not None:
         from agentscope_rft.engines.factory import read_chat_template

@@ -305,7 +305,21 @@ class TorchTrainer:
 
     # ------------------------------------------------------------------ training step
     def step(self, samples: Sequence[Sample], step: int) -> dict[str, float]:
-        """One training step on a batch; returns metrics (see docs/monitoring.md for names)."""
+        """One training step on a batch; returns metrics (see docs/monitoring.md for names).
+
+        A batch of SFT demonstrations only (an exploring run's `offline.warmup_steps`) trains
+        with the `sft` objective whatever `algorithm.objective` is.
+        """
+        configured = self.algorithm
+        if configured.objective != "sft" and samples and all(s.kind == "sft" for s in samples):
+            self.algorithm = configured.model_copy(update={"objective": "sft"})
+            try:
+                return self._step(samples, step)
+            finally:
+                self.algorithm = configured
+        return self._step(samples, step)
+
+    def _step(self, samples: Sequence[Sample], step: int) -> dict[str, float]:
         started = time.perf_counter()
         samples, metrics = filter_step_samples(samples, self.algorithm, self.pad_id, step)
         if not samples:

@@ -27,11 +27,20 @@ MAX_STEPS = 10
 # goal's object and on reaching the target with it. Success is still the game's alone.
 SHAPING = {"invalid_command_reward": -0.05, "subgoal_reward": 0.2}
 
-run = make_workflow(AlfworldAgentSettings(max_steps=MAX_STEPS, **SHAPING), name="alfworld_full")
+# The CPU config warms up on the scripted searcher's games (data/demos.jsonl), so the agent needs
+# no worked game in its prompt.
+run = make_workflow(
+    AlfworldAgentSettings(max_steps=MAX_STEPS, demo=False, **SHAPING), name="alfworld_full"
+)
+# The agent before the warm start: one worked game shown first (SmolLM2-135M otherwise answers
+# with prose), for runs from the untrained model.
+run_worked_game = make_workflow(
+    AlfworldAgentSettings(max_steps=MAX_STEPS, **SHAPING), name="alfworld_worked_game"
+)
 run_window = make_workflow(
     AlfworldAgentSettings(max_steps=MAX_STEPS, context="window", window=1, **SHAPING),
     name="alfworld_window",
 )
-run_stage2 = make_workflow(AlfworldAgentSettings(max_steps=20), name="alfworld_stage2")
+run_stage2 = make_workflow(AlfworldAgentSettings(max_steps=20, demo=False), name="alfworld_stage2")
 GPU_SETTINGS = AlfworldAgentSettings(max_steps=30, demo=False)
 run_gpu = make_workflow(GPU_SETTINGS, name="alfworld_gpu")

@@ -250,3 +250,42 @@ async def test_real_data_layout_plays_and_a_broken_game_file_is_a_clear_error(
         AlfworldEnv({"game_file": str(broken)})
     [rollout], _ = await _explore(run, [{"id": "gone", "game_file": str(tmp_path / "x")}], False)
     assert not rollout.ok and "does not exist" in (rollout.error or "")
+
+
+def _make_demos_module() -> Any:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "alfworld" / "make_demos.py"
+    spec = importlib.util.spec_from_file_location("alfworld_make_demos", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("context", ["full", "window"])
+async def test_demonstrations_train_exactly_the_tokens_the_agent_produces(
+    context: str, tmp_path: Path
+) -> None:
+    # The searcher's won game, written as chat JSONL by make_demos.py and read back as SFT
+    # samples, must be token for token the sample the gateway recorded for that episode, with the
+    # same tokens trained: the warm start teaches the commands in the app's own prompts.
+    from agentscope_rft.buffer.offline import load_sft_samples
+    from agentscope_rft.chat.template import ChatRenderer
+
+    # (without the worked game: SFT trains every assistant turn, the worked game's included)
+    settings = AlfworldAgentSettings(max_steps=12, context=context, window=12, demo=False)
+    [rollout], engine = await _explore(make_workflow(settings), TASKS[:1], concurrent=False)
+    assert rollout.success or context == "window"  # (the searcher plays full history only)
+    requests = [r for r in engine.requests if r.rollout_id == rollout.rollout_id]
+    conversations = _make_demos_module().conversations(requests, searcher_reply)
+    recorded, _ = build_samples(rollout)
+    assert len(conversations) == len(recorded) == (1 if context == "full" else len(requests))
+    path = tmp_path / "demos.jsonl"
+    path.write_text("".join(json.dumps({"messages": m}) + "\n" for m in conversations))
+    demos = load_sft_samples(path, ChatRenderer(engine.tokenizer))
+    for demo, sample in zip(demos, recorded, strict=True):
+        n = len(sample.token_ids)
+        assert list(demo.token_ids[:n]) == list(sample.token_ids)
+        assert list(demo.loss_mask[:n]) == list(sample.loss_mask)
+        assert not any(demo.loss_mask[n:])  # only the template's trailing newline follows

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from agentscope_rft.api import load_callable, load_workflow
@@ -16,6 +17,29 @@ def test_cpu_config_validates_and_its_files_exist() -> None:
     assert cfg.tasks.train is not None and Path(cfg.tasks.train).is_file()
     assert cfg.tasks.eval is not None and Path(cfg.tasks.eval).is_file()
     assert cfg.workflow is not None and load_workflow(cfg.workflow).name == "alfworld_full"
+    assert 0 < cfg.offline.warmup_steps < cfg.run.steps
+    assert cfg.offline.path is not None and Path(cfg.offline.path).is_file()
+
+
+def test_the_demonstrations_are_won_training_games_that_load_as_sft_samples() -> None:
+    from agentscope_rft.buffer.offline import load_sft_samples
+    from agentscope_rft.chat.template import ChatRenderer
+    from agentscope_rft.models import load_tokenizer, resolve_model
+
+    def ids(name: str) -> set[str]:
+        lines = (EXAMPLE / "data" / name).read_text().splitlines()
+        return {json.loads(line)["id"] for line in lines}
+
+    demos = ids("demos.jsonl")
+    assert len(demos) >= 150 and demos <= ids("train.jsonl")
+    assert not demos & ids("test.jsonl")  # held-out games never appear in them
+    renderer = ChatRenderer(load_tokenizer(resolve_model("tiny-random")))
+    samples = load_sft_samples(EXAMPLE / "data" / "demos.jsonl", renderer)
+    assert len(samples) == len(demos)
+    text = renderer.tokenizer.decode(
+        [t for t, m in zip(samples[0].token_ids, samples[0].loss_mask, strict=True) if m]
+    )
+    assert text.startswith("go to ") and "move " in text and "Admissible" not in text
 
 
 def test_gpu_config_mirrors_trinitys_alfworld_benchmark() -> None:

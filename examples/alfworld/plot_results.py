@@ -1,0 +1,97 @@
+"""Plot the ALFWorld example's success rate: held-out games per checkpoint, sampled games per step.
+
+Held-out points come from `agentscope-rft explore --split eval` folders (one per checkpoint, the
+step given with it); the sampled curve from the run's `metrics.jsonl` (`success_rate` of each
+step's training episodes). The warm-up steps (SFT on demonstrations, no episodes) are shaded.
+
+    python examples/alfworld/plot_results.py --run runs/alfworld \\
+        --heldout 0=runs/alfworld-eval-0 16=runs/alfworld-eval-16 28=runs/alfworld-eval-28 \\
+        --out examples/alfworld/success_curve.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import yaml
+from matplotlib.figure import Figure
+
+
+def heldout_success(folder: Path) -> tuple[float, int]:
+    """(success rate, games) of an `explore` folder's results.jsonl."""
+    rows = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines()]
+    if not rows:
+        raise SystemExit(f"{folder}/results.jsonl is empty: was the evaluation finished?")
+    return sum(r["success_rate"] for r in rows) / len(rows), len(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", type=Path, required=True, help="the training run's folder")
+    parser.add_argument("--heldout", nargs="*", default=[], help="STEP=EXPLORE_FOLDER pairs")
+    parser.add_argument("--out", type=Path, default=Path("examples/alfworld/success_curve.png"))
+    args = parser.parse_args()
+
+    metrics = [json.loads(x) for x in (args.run / "metrics.jsonl").read_text().splitlines()]
+    resolved = args.run / "config.yaml"  # the run's resolved config
+    config = yaml.safe_load(resolved.read_text()) if resolved.exists() else {}
+    warmup = int(config.get("offline", {}).get("warmup_steps", 0))
+    sampled = sorted(
+        (r["step"] + 1, r["success_rate"])
+        for r in metrics
+        if r.get("phase") == "train" and "success_rate" in r
+    )
+    points = []
+    for item in args.heldout:
+        step, _, folder = item.partition("=")
+        rate, games = heldout_success(Path(folder))
+        points.append((int(step), rate, games))
+    points.sort()
+
+    figure = Figure(figsize=(8, 4.5), dpi=110, layout="constrained")
+    ax = figure.subplots()
+    if warmup:
+        ax.axvspan(0, warmup, color="0.9", label=f"warm-up: SFT on demonstrations ({warmup} steps)")
+    if sampled:
+        ax.plot(
+            *zip(*sampled, strict=True),
+            "o-",
+            ms=3,
+            color="tab:blue",
+            alpha=0.6,
+            label="sampled training episodes (T=1.0)",
+        )
+    if points:
+        games = points[0][2]
+        ax.plot(
+            [p[0] for p in points],
+            [p[1] for p in points],
+            "s-",
+            color="tab:red",
+            lw=2,
+            label=f"held-out games, greedy ({games})",
+        )
+        for step, rate, _ in points:
+            ax.annotate(
+                f"{rate:.2f}",
+                (step, rate),
+                textcoords="offset points",
+                xytext=(0, 6),
+                ha="center",
+                fontsize=8,
+            )
+    ax.set_xlabel("training step (after the step)")
+    ax.set_ylabel("success rate")
+    ax.set_ylim(-0.02, 1.0)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title("ALFWorld pick_and_place_simple, small rooms, 10 commands: SmolLM2-135M on CPU")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(args.out)
+    print(args.out)
+
+
+if __name__ == "__main__":
+    main()
