@@ -31,6 +31,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", type=Path, required=True, help="the training run's folder")
     parser.add_argument("--heldout", nargs="*", default=[], help="STEP=EXPLORE_FOLDER pairs")
+    parser.add_argument(
+        "--other", nargs="*", default=[], help="STEP=FOLDER pairs of a second run, held out"
+    )
+    parser.add_argument("--other-label", default="another run, held-out games, greedy")
     parser.add_argument("--out", type=Path, default=Path("examples/alfworld/success_curve.png"))
     args = parser.parse_args()
 
@@ -43,12 +47,16 @@ def main() -> None:
         for r in metrics
         if r.get("phase") == "train" and "success_rate" in r
     )
-    points = []
-    for item in args.heldout:
-        step, _, folder = item.partition("=")
-        rate, games = heldout_success(Path(folder))
-        points.append((int(step), rate, games))
-    points.sort()
+
+    def read(pairs: list[str]) -> list[tuple[int, float, int]]:
+        out = []
+        for item in pairs:
+            step, _, folder = item.partition("=")
+            rate, games = heldout_success(Path(folder))
+            out.append((int(step), rate, games))
+        return sorted(out)
+
+    points, other = read(args.heldout), read(args.other)
 
     figure = Figure(figsize=(8, 4.5), dpi=110, layout="constrained")
     ax = figure.subplots()
@@ -71,7 +79,7 @@ def main() -> None:
             "s-",
             color="tab:red",
             lw=2,
-            label=f"held-out games, greedy ({games})",
+            label=f"the config (warm-up, then GRPO + demonstrations): held-out, greedy ({games})",
         )
         for step, rate, _ in points:
             ax.annotate(
@@ -81,6 +89,24 @@ def main() -> None:
                 xytext=(0, 6),
                 ha="center",
                 fontsize=8,
+            )
+    if other:
+        ax.plot(
+            [p[0] for p in other],
+            [p[1] for p in other],
+            "^--",
+            color="0.45",
+            label=args.other_label,
+        )
+        for step, rate, _ in other:
+            ax.annotate(
+                f"{rate:.2f}",
+                (step, rate),
+                textcoords="offset points",
+                xytext=(0, -12),
+                ha="center",
+                fontsize=8,
+                color="0.35",
             )
     ax.set_xlabel("training step (after the step)")
     ax.set_ylabel("success rate")
