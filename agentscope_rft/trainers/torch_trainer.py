@@ -58,6 +58,9 @@ from agentscope_rft.trainers.common import (
 from agentscope_rft.types import Sample
 
 logger = logging.getLogger(__name__)
+_PROCESS_THREADS = torch.get_num_threads()
+"""torch's CPU threads when this module was imported: the process default (OMP_NUM_THREADS or the
+cores), before an engine thread set its own."""
 
 
 def _unwrap(model: nn.Module) -> PreTrainedModel:
@@ -139,6 +142,10 @@ class TorchTrainer:
         self.config = config
         self.algorithm = algorithm
         self.device = pick_device(config.device)
+        # torch's CPU thread count is per thread, and a thread inherits it from the one that last
+        # set it: a worker started after the embedded engine's thread set its own count (cores - 1)
+        # would train with that. Every step sets the trainer's count in the thread that runs it.
+        self.num_threads = max(torch.get_num_threads(), _PROCESS_THREADS)
         self.autocast_dtype = self._autocast_dtype()
         self.pad_id = int(load_tokenizer(model_path).pad_token_id or 0)
         # A PreTrainedModel, or a peft wrapper around one: attributes mypy cannot see.
@@ -310,6 +317,8 @@ class TorchTrainer:
         A batch of SFT demonstrations only (an exploring run's `offline.warmup_steps`) trains
         with the `sft` objective whatever `algorithm.objective` is.
         """
+        if self.device.type == "cpu" and torch.get_num_threads() != self.num_threads:
+            torch.set_num_threads(self.num_threads)
         configured = self.algorithm
         if configured.objective != "sft" and samples and all(s.kind == "sft" for s in samples):
             self.algorithm = configured.model_copy(update={"objective": "sft"})

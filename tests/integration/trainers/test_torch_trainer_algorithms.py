@@ -239,3 +239,25 @@ def monitor_trainers(monkeypatch):
 
     monkeypatch.setattr(local, "build_trainer", recording)
     return log
+
+
+def test_a_step_trains_with_the_trainers_threads_in_any_worker_thread(tiny_model_path):
+    # torch's thread count is per thread and new threads inherit the last one set: a worker
+    # started after the embedded engine's thread set 1 thread would train single-threaded.
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    trainer = TorchTrainer(
+        tiny_model_path, TorchTrainerConfig(dtype="float32"), AlgorithmConfig(), total_steps=1
+    )
+    if trainer.num_threads < 2:
+        pytest.skip("needs a machine where torch uses 2+ threads")
+    engine = threading.Thread(target=torch.set_num_threads, args=(1,))
+    engine.start()
+    engine.join()
+    seen: list[int] = []
+    trainer._step = lambda samples, step: seen.append(torch.get_num_threads()) or {}  # type: ignore[method-assign]
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(torch.get_num_threads).result() == 1  # the inherited count
+        pool.submit(trainer.step, rl_samples(int(trainer.model.config.vocab_size)), 0).result()
+    assert seen == [trainer.num_threads]
