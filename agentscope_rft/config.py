@@ -401,6 +401,10 @@ class RunSettings(Section):
     """Seconds the trainer waits for samples before failing with what it waits for."""
 
 
+EXPLORING_MODES = ("sync", "one_step_off", "async")
+"""Run modes with an explorer (episodes played by the run itself)."""
+
+
 class RunConfig(Section):
     """A whole run: `agentscope-rft train --config run.yaml`.
 
@@ -452,10 +456,20 @@ class RunConfig(Section):
                     data = {**data, section: {"type": default, **value}}
         return data
 
+    def uses_offline_data(self) -> bool:
+        """Whether the run trains on `offline.path`: all of an offline run, or an exploring run's
+        warm-up steps and its CHORD mix (`algorithm.objective: sft_rl_mix`)."""
+        if self.run.mode == "offline":
+            return True
+        return self.run.mode in EXPLORING_MODES and (
+            bool(self.offline.warmup_steps) or self.algorithm.objective == "sft_rl_mix"
+        )
+
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
         mode = self.run.mode
-        if mode in ("sync", "one_step_off", "async"):
+        exploring = mode in EXPLORING_MODES
+        if exploring:
             if self.workflow is None:
                 raise ValueError(f"run.mode {mode!r} explores: set `workflow: pkg.mod:run`")
             if self.tasks.train is None:
@@ -469,7 +483,6 @@ class RunConfig(Section):
                     f"offline.format {self.offline.format!r} needs algorithm.objective "
                     f"{wanted!r} (it is {self.algorithm.objective!r})"
                 )
-        exploring = mode in ("sync", "one_step_off", "async")
         if self.offline.warmup_steps:
             if not exploring:
                 raise ValueError(
@@ -487,7 +500,7 @@ class RunConfig(Section):
                     f"{self.trainer.type!r}, train the demonstrations in a `run.mode: offline` "
                     "run first and start this one from its checkpoint (model.name_or_path)"
                 )
-        if exploring and (self.offline.warmup_steps or self.algorithm.objective == "sft_rl_mix"):
+        if exploring and self.uses_offline_data():
             why = (
                 "offline.warmup_steps"
                 if self.offline.warmup_steps

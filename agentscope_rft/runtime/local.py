@@ -40,7 +40,7 @@ from agentscope_rft.runtime.components import (
     write_state,
 )
 from agentscope_rft.runtime.memory import release_freed_memory
-from agentscope_rft.runtime.offline import offline_batches, uses_offline_data
+from agentscope_rft.runtime.offline import offline_batches
 from agentscope_rft.runtime.preflight import Checked, preflight
 from agentscope_rft.runtime.signals import RunStop, RunStopped, Stopping
 from agentscope_rft.trainers.base import Trainer
@@ -149,11 +149,9 @@ async def _train(
         if mode != "train_only":  # explorers re-explore them from the saved task position
             await buffer.discard_pending()
     # Demonstrations are read (and a bad file refused) before the engine loads.
-    offline = offline_batches(config, start) if uses_offline_data(config) else None
-    warmup = config.offline.warmup_steps if mode != "offline" else 0
-    mix_demos = (
-        offline is not None and mode != "offline" and config.algorithm.objective == "sft_rl_mix"
-    )
+    offline = offline_batches(config, start) if config.uses_offline_data() else None
+    warmup = config.offline.warmup_steps  # (the config allows it in exploring modes only)
+    mix_demos = config.algorithm.objective == "sft_rl_mix"  # (never in an offline run)
     if mode in ("offline", "train_only"):
         engine, gateway, explorer, sampler, eval_tasks = None, None, None, None, []
     else:

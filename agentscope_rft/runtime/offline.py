@@ -14,16 +14,6 @@ from agentscope_rft.types import Sample
 logger = logging.getLogger(__name__)
 
 
-def uses_offline_data(config: RunConfig) -> bool:
-    """Whether the run trains on `offline.path`: all of an offline run, or an exploring run's
-    warm-up steps and its CHORD mix (`algorithm.objective: sft_rl_mix`)."""
-    if config.run.mode == "offline":
-        return True
-    if config.run.mode not in ("sync", "one_step_off", "async"):
-        return False
-    return bool(config.offline.warmup_steps) or config.algorithm.objective == "sft_rl_mix"
-
-
 def offline_batches(config: RunConfig, start: int = 0) -> Iterator[list[Sample]]:
     """Endless shuffled batches of `offline.batch_size` samples (DPO: pairs), epoch by epoch.
 

@@ -15,15 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentscope_rft.api import Workflow, load_workflow
-from agentscope_rft.config import ConfigError, RunConfig
+from agentscope_rft.config import EXPLORING_MODES, ConfigError, RunConfig
 from agentscope_rft.explorer.tasks import Task, TaskSetError, load_tasks
 
 if TYPE_CHECKING:
     from agentscope_rft.config import EngineConfig, TrainerConfig
 
 logger = logging.getLogger(__name__)
-
-EXPLORING = ("sync", "one_step_off", "async")
 
 
 @dataclass
@@ -90,7 +88,7 @@ def preflight(config: RunConfig) -> Checked:
     """
     mode = config.run.mode
     workflow, train, evals = None, [], []
-    if mode in EXPLORING:
+    if mode in EXPLORING_MODES:
         workflow = load_workflow(config.workflow or "", config.judge)
         for key, value in (("tasks.train", config.tasks.train), ("tasks.eval", config.tasks.eval)):
             if value is not None and not Path(value).is_file():  # before reading any (slow)
@@ -110,9 +108,7 @@ def preflight(config: RunConfig) -> Checked:
                 len(train),
                 config.explorer.tasks_per_step,
             )
-    from agentscope_rft.runtime.offline import uses_offline_data
-
-    if uses_offline_data(config) and not Path(config.offline.path or "").is_file():
+    if config.uses_offline_data() and not Path(config.offline.path or "").is_file():
         raise TaskSetError(f"offline.path {config.offline.path} does not exist")
     if config.model.chat_template is not None:
         from agentscope_rft.engines.factory import read_chat_template
