@@ -12,6 +12,14 @@ PYTHON=${PYTHON:-python3}
 EXTRAS=${AGENTSCOPE_RFT_EXTRAS:-dev}
 PIP=".venv/bin/python -m pip"
 
+# The environment takes ~3 GB (torch alone ~1 GB); pip's own "No space left on device" comes late.
+free_kb=$(df -Pk . | awk 'NR == 2 {print $4}')
+if [ -n "$free_kb" ] && [ "$free_kb" -lt 4000000 ]; then
+    echo "[setup] ERROR: $((free_kb / 1024)) MB free in $(pwd); the set-up needs ~4 GB." \
+        "Free some space (old runs/ folders, pip's cache: pip cache purge) and re-run." >&2
+    exit 1
+fi
+
 if [ ! -x .venv/bin/python ]; then
     echo "[setup] creating .venv with $($PYTHON --version)"
     "$PYTHON" -m venv .venv

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
 import shutil
 import socket
@@ -25,14 +26,53 @@ logger = logging.getLogger(__name__)
 
 Route = Literal["shared_fs", "object_store"]
 KEEP_VERSIONS = 2
+STAGING_PREFIX = "agentscope-rft-weights-"
+
+
+def remove_stale_staging(parent: Path) -> list[Path]:
+    """Remove the staging folders of stagers whose process is gone (killed before `close`).
+
+    A stager's folder is named after its process id; folders of live processes are kept.
+    """
+    removed = []
+    for folder in parent.glob(f"{STAGING_PREFIX}*-*"):
+        pid = folder.name[len(STAGING_PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 class WeightStager:
-    """One per engine node (a Ray actor pinned there): sees shared paths, writes local copies."""
+    """One per engine node (a Ray actor pinned there): sees shared paths, writes local copies.
+
+    Each copy is a model's size, so the stager removes its folder on `close`, and on start the
+    folders of stagers killed before theirs (a crashed run would otherwise fill the disk).
+    """
 
     def __init__(self, root: str | None = None) -> None:
-        self.root = Path(root or tempfile.mkdtemp(prefix="agentscope-rft-weights-"))
+        if root is None:
+            parent = Path(tempfile.gettempdir())
+            for folder in remove_stale_staging(parent):
+                logger.info("weights: removed %s, left by a stager that is gone", folder)
+            root = tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=parent)
+        self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+
+    def close(self) -> None:
+        """Remove every local copy this stager wrote."""
+        shutil.rmtree(self.root, ignore_errors=True)
 
     def sees(self, path: str, token: str) -> bool:
         """Whether `path` exists here with `token` in it (a shared filesystem)."""
@@ -146,6 +186,10 @@ class WeightPlacement:
     def close(self) -> None:
         import ray
 
+        try:  # the local copies go first: a killed actor cannot remove them
+            ray.get([stager.close.remote() for stager in self._stagers.values()], timeout=60)
+        except Exception:
+            logger.warning("weights: a stager did not remove its local copies", exc_info=True)
         for stager in self._stagers.values():
             try:
                 ray.kill(stager)

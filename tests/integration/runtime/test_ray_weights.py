@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 
-from agentscope_rft.runtime.ray.weights import KEEP_VERSIONS, WeightPlacement, node_of
+from agentscope_rft.runtime.ray.weights import (
+    KEEP_VERSIONS,
+    STAGING_PREFIX,
+    WeightPlacement,
+    node_of,
+    remove_stale_staging,
+)
 
 ray = pytest.importorskip("ray")
 
@@ -64,6 +73,8 @@ async def test_object_store_gives_every_node_its_own_copy(ray_driver, tmp_path, 
         assert all(p.exists() for p in seen[-1].values())
     finally:
         placement.close()
+    # Closing removes every node's local copies (each is a model's size).
+    assert all(not p.parent.exists() for paths in seen for p in paths.values())
 
 
 def test_a_replica_url_maps_to_the_ray_node_at_its_address():
@@ -77,3 +88,19 @@ def test_a_replica_url_maps_to_the_ray_node_at_its_address():
     assert node_of("http://localhost:8000/v1", nodes, here="10.0.0.1") == "head"
     assert node_of("http://10.0.0.9:8000", nodes, here="10.0.0.1") is None  # dead node
     assert node_of("http://10.0.0.8:8000", nodes, here="10.0.0.1") is None  # outside the cluster
+
+
+def test_staging_folders_of_dead_processes_are_removed_and_live_ones_kept(tmp_path):
+    exited = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    dead = tmp_path / f"{STAGING_PREFIX}{int(exited.stdout)}-abc"
+    live = tmp_path / f"{STAGING_PREFIX}{os.getpid()}-def"
+    unrelated = tmp_path / f"{STAGING_PREFIX}notapid"
+    for folder in (dead, live, unrelated):
+        (folder / "v000001").mkdir(parents=True)
+    assert remove_stale_staging(tmp_path) == [dead]
+    assert not dead.exists() and live.exists() and unrelated.exists()
