@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -22,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {
     "embedded-nocache": ["engine.prefix_caching=false"],
     "embedded": [],
+    "embedded-allcores": [f"engine.num_threads={os.cpu_count() or 1}"],
     "vllm": ["engine.type=vllm", "engine.kv_cache_space_gib=1"],
 }
 

@@ -72,6 +72,7 @@ class _Row:
     top: list[list[tuple[int, float]]] | None = None
     finish_reason: str | None = None
     stop_string: str | None = None
+    retired: bool = False  # answered; its batch row stays until the next compaction
 
 
 @dataclass(eq=False)
@@ -152,6 +153,7 @@ class ContinuousBatcher:
         self._stopping = False
 
         self._rows: list[_Row] = []
+        self._retired = 0  # rows of `_rows` already answered (compacted away in batches)
         self._chunking: _Chunking | None = None
         self._cache = BatchCache(self._num_layers)
         self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
@@ -186,7 +188,7 @@ class ContinuousBatcher:
 
     @property
     def num_running(self) -> int:
-        return len(self._rows)
+        return len(self._rows) - self._retired
 
     @property
     def num_waiting(self) -> int:
@@ -196,7 +198,7 @@ class ContinuousBatcher:
         """Counters: prompt tokens, prefilled tokens, decode steps and the prefix cache's."""
         out = {
             "policy_version": float(self.policy_version),
-            "running": float(len(self._rows)),
+            "running": float(self.num_running),
             "waiting": float(len(self._waiting)),
             "prompt_tokens": float(self.stats["prompt_tokens"]),
             "prefill_tokens": float(self.stats["prefill_tokens"]),
@@ -271,7 +273,7 @@ class ContinuousBatcher:
         with self._lock:
             if self._swaps:  # drain first: no new work until pending weights are in
                 return admitted
-            budget_rows = self.max_batch_size - len(self._rows)
+            budget_rows = self.max_batch_size - self.num_running
             if self._chunking is not None:
                 budget_rows -= self._chunking.job.sampling.n
             longest = 0
@@ -425,6 +427,8 @@ class ContinuousBatcher:
                         policy_version=self.policy_version,
                     )
                 )
+        if self._retired:
+            self._compact()  # the merge below copies the cache anyway: not the answered rows
         expand_t = torch.tensor(expand, device=self.device)
         if len(expand) != len(jobs):
             cache.select_rows(expand_t)
@@ -458,9 +462,13 @@ class ContinuousBatcher:
             cache_position=torch.tensor([past], device=self.device),
         )
         self._positions = self._positions + 1
+        live = [r for r in range(batch) if not self._rows[r].retired]
         self.stats["decode_steps"] += 1
-        self.stats["decode_tokens"] += batch
-        self._accept(out.logits[:, -1, :].float(), list(range(batch)))
+        self.stats["decode_tokens"] += len(live)
+        logits = out.logits[:, -1, :]
+        if len(live) < batch:
+            logits = logits[torch.tensor(live, device=self.device)]
+        self._accept(logits.float(), live)
 
     def _accept(self, logits: torch.Tensor, row_ids: list[int]) -> None:
         """Sample a token for each of `row_ids` and retire rows that finished."""
@@ -501,7 +509,6 @@ class ContinuousBatcher:
             row.finish_reason = "length"
 
     def _retire(self, finished: list[int]) -> None:
-        gone = set(finished)
         # The KV of prompt + completion (all but the last sampled token, never fed) is cached,
         # so the episode's next call (this sequence + a tool result) prefills only its new part.
         done_rows = [r for r in finished if self._rows[r].policy_version == self.policy_version]
@@ -525,8 +532,18 @@ class ContinuousBatcher:
             if all(o is not None for o in job.outputs) and not job.done.done():
                 outputs = [o for o in job.outputs if o is not None]
                 job.loop.call_soon_threadsafe(_resolve, job.done, outputs)
-        keep = [i for i in range(len(self._rows)) if i not in gone]
+            row.retired = True
+        self._retired += len(finished)
+        # Dropping rows copies the whole cache, so answered rows stay (decoded, unread) until
+        # a quarter of the batch is answered, or a join compacts: one copy for many retirements.
+        if 4 * self._retired >= len(self._rows):
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop the answered rows from the batch and its cache."""
+        keep = [i for i, row in enumerate(self._rows) if not row.retired]
         self._rows = [self._rows[i] for i in keep]
+        self._retired = 0
         if not keep:
             self._cache = BatchCache(self._num_layers)
             self._mask = self._mask[:0, :0]
@@ -554,6 +571,7 @@ class ContinuousBatcher:
             if not job.done.done():
                 job.loop.call_soon_threadsafe(_reject, job.done, exc)
         self._rows = []
+        self._retired = 0
         self._chunking = None
         self._cache = BatchCache(self._num_layers)
         self._mask = self._mask[:0, :0]

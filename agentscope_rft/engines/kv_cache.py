@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-_GROW_TOKENS = 256
+_GROW_TOKENS = 64
 
 
 class GrowingLayer(DynamicLayer):
@@ -26,8 +26,9 @@ class GrowingLayer(DynamicLayer):
     def assign(self, keys: torch.Tensor, values: torch.Tensor, spare: int = _GROW_TOKENS) -> None:
         """Replace the content with `keys`/`values` ([B, H, T, D])."""
         batch, heads, length, dim = keys.shape
-        self._buf_k = keys.new_empty(batch, heads, length + spare, dim)
-        self._buf_v = values.new_empty(batch, heads, length + spare, dim)
+        # Zeroed: decode attention reads the spare columns (masked; see attention.py).
+        self._buf_k = keys.new_zeros(batch, heads, length + spare, dim)
+        self._buf_v = values.new_zeros(batch, heads, length + spare, dim)
         self._buf_k[:, :, :length].copy_(keys)
         self._buf_v[:, :, :length].copy_(values)
         self._length = length

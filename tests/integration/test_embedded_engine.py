@@ -60,6 +60,45 @@ async def test_concurrent_requests_match_unbatched_decoding(engine, tiny_model_p
     assert engine.batcher.stats["decode_tokens"] > engine.batcher.stats["decode_steps"]
 
 
+async def test_answered_rows_linger_until_compaction_without_changing_results(
+    engine, tiny_model_path
+):
+    # Rows finish one after another; an answered row keeps its batch slot (decoded, unread) until
+    # a quarter of the batch is answered or a new request joins. Results must not change.
+    prompts = [list(range(200 + 7 * i, 205 + 9 * i)) for i in range(8)]
+    lengths = [3 + 4 * i for i in range(8)]
+    batcher = engine.batcher
+    lingered = []
+
+    async def watch():
+        while True:
+            lingered.append(len(batcher._rows) - batcher.num_running)
+            await asyncio.sleep(0.001)
+
+    async def late(prompt):
+        start = batcher.stats["decode_steps"]
+        while batcher.stats["decode_steps"] < start + 9:
+            await asyncio.sleep(0.001)
+        return await engine.generate(prompt, SamplingParams(temperature=0.0, max_tokens=10))
+
+    watcher = asyncio.create_task(watch())
+    outs = await asyncio.gather(
+        *[
+            engine.generate(p, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+            for p, n in zip(prompts, lengths, strict=True)
+        ],
+        late([7, 8, 9, 10]),
+    )
+    watcher.cancel()
+    assert max(lingered) >= 1 and batcher.num_running == 0 and not batcher._rows
+    model = load_causal_lm(tiny_model_path, dtype=torch.float32)
+    for prompt, [out] in zip([*prompts, [7, 8, 9, 10]], outs, strict=True):
+        ref_ids, ref_lp = _reference_greedy(model, prompt, len(out.completion_ids))
+        assert out.completion_ids == ref_ids
+        assert out.logprobs == pytest.approx(ref_lp, abs=1e-4)
+    assert [len(o[0].completion_ids) for o in outs[:8]] == lengths
+
+
 async def test_requests_are_batched_together(engine):
     before = engine.batcher.stats["decode_steps"]
     outs = await asyncio.gather(

@@ -67,3 +67,18 @@ def test_top_logprobs_come_from_the_same_distribution():
     top = out.top_logprobs[0]
     assert [t for t, _ in top] == [2, 1]
     assert math.isclose(top[0][1], out.logprobs[0], rel_tol=1e-6)
+
+
+def test_sampled_tokens_follow_the_distribution_and_skip_removed_tokens():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
+    logits = probs.clamp_min(1e-30).log().expand(4000, -1).clone()
+    logits[:, 4] = -float("inf")  # probability 0: never drawn
+    params = [SamplingParams(temperature=1.0, top_k=3)] * len(logits)  # top-k drops token 3
+    generator = torch.Generator().manual_seed(0)
+    out = sample_next(logits, params, [generator] * len(logits))
+    counts = torch.bincount(torch.tensor(out.token_ids), minlength=5).float() / len(logits)
+    kept = probs[:3] / probs[:3].sum()
+    torch.testing.assert_close(counts[:3], kept, atol=0.03, rtol=0)
+    assert counts[3] == 0 and counts[4] == 0
+    expected = kept.log()[torch.tensor(out.token_ids)]
+    torch.testing.assert_close(torch.tensor(out.logprobs), expected, atol=1e-5, rtol=0)
