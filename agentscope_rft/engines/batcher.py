@@ -30,6 +30,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from agentscope_rft.engines.base import EngineError, GenerationOutput
 from agentscope_rft.engines.kv_cache import BatchCache, GrowingLayer, left_pad_mask
+from agentscope_rft.engines.packed import repack
 from agentscope_rft.engines.prefill import (
     PrefillBatch,
     build_prefill,
@@ -616,3 +617,4 @@ def copy_weights(model: PreTrainedModel, weights: Mapping[str, torch.Tensor]) ->
         for name, tensor in own.items():
             if name in weights:
                 tensor.copy_(weights[name].to(device=tensor.device, dtype=tensor.dtype))
+    repack(model)  # packed linear weights are copies: retake them from the new weights

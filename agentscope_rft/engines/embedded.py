@@ -38,6 +38,7 @@ from agentscope_rft.engines.batcher import (
     copy_weights,
 )
 from agentscope_rft.engines.chat import PromptBuilder, TextStream, assemble_choice
+from agentscope_rft.engines.packed import pack_linear_weights, packing_unsupported
 from agentscope_rft.engines.prefix_cache import PrefixCache
 from agentscope_rft.models import load_causal_lm, load_tokenizer, resolve_model
 from agentscope_rft.types import SamplingParams
@@ -169,6 +170,7 @@ class EmbeddedEngine:
         self.prompts = PromptBuilder(self.renderer, reuse=reuse_prompt_tokens)
         self._batcher: ContinuousBatcher | None = None
         self.dtype: torch.dtype | None = None
+        self.packed_layers = 0  # linear layers with oneDNN-packed weights (see packed.py)
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -201,6 +203,13 @@ class EmbeddedEngine:
         )
         if self._device.type == "cpu" and model.config._attn_implementation == "sdpa":
             use_decode_attention(model)  # CPU SDPA copies the whole KV cache every decode step
+        self.packed_layers = 0
+        if self._device.type == "cpu":
+            unpacked = packing_unsupported(model)
+            if unpacked:
+                logger.info("engine linear weights not packed: %s", unpacked)
+            else:
+                self.packed_layers = pack_linear_weights(model)
         limit = int(getattr(model.config.get_text_config(), "max_position_embeddings", 4096))
         max_len = min(self._max_model_len_override or limit, limit)
         prefix_cache = None
@@ -223,13 +232,15 @@ class EmbeddedEngine:
         )
         self._batcher.start()
         logger.info(
-            "embedded engine ready: %s on %s (%s), max_model_len %d, max batch %d, prefix cache %s",
+            "embedded engine ready: %s on %s (%s), max_model_len %d, max batch %d, prefix cache %s"
+            ", %d linear layers packed",
             self.model_path.name,
             self._device,
             str(self.dtype).removeprefix("torch."),
             max_len,
             self._max_batch_size,
             f"{self._prefix_cache_bytes / 2**30:g} GiB" if prefix_cache is not None else "off",
+            self.packed_layers,
         )
 
     async def close(self) -> None:
