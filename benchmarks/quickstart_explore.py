@@ -28,14 +28,14 @@ SETTINGS = {
 }
 
 
-def run(name: str, steps: int, out: Path) -> dict:
+def run(name: str, steps: int, out: Path, src: str | None = None) -> dict:
     command = [
         sys.executable,
         "-m",
         "agentscope_rft.cli",
         "explore",
         "--config",
-        str(ROOT / "examples/quickstart/config.yaml"),
+        str(Path(src or ROOT).resolve() / "examples/quickstart/config.yaml"),
         "--split",
         "train",
         "--limit",
@@ -45,9 +45,13 @@ def run(name: str, steps: int, out: Path) -> dict:
         "--log-level",
         "WARNING",
     ]
-    for setting in SETTINGS[name]:
+    for setting in SETTINGS.get(name, []):
         command += ["--set", setting]
-    subprocess.run(command, check=True, cwd=ROOT)
+    env, cwd = None, ROOT
+    if src is not None:  # an older checkout's package, its own defaults (`-m` puts cwd first)
+        cwd = Path(src).resolve()
+        env = {**os.environ, "PYTHONPATH": str(cwd)}
+    subprocess.run(command, check=True, cwd=cwd, env=env)
     summary = json.loads((out / name / "summary.json").read_text())
     return {
         "engine": name,
@@ -61,10 +65,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", default="embedded-nocache,embedded,vllm")
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument(
+        "--baseline-src",
+        help="a checkout of an older agentscope-rft (`git worktree add /tmp/old <ref>`): its "
+        "embedded engine explores first, with its own defaults, as `embedded-baseline`",
+    )
     args = parser.parse_args()
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        if args.baseline_src:
+            rows.append(run("embedded-baseline", args.steps, Path(tmp), args.baseline_src))
+            print(json.dumps(rows[-1]), flush=True)
         for name in args.engines.split(","):
             rows.append(run(name, args.steps, Path(tmp)))
             print(json.dumps(rows[-1]), flush=True)
@@ -78,6 +90,9 @@ def main() -> None:
     if "embedded" in by and "vllm" in by:
         ratio = by["vllm"] / by["embedded"]
         print(f"\nembedded (prefix caching) / vLLM explore speed: {ratio:.2f}x")
+    if "embedded-baseline" in by and "vllm" in by:
+        ratio = by["vllm"] / by["embedded-baseline"]
+        print(f"baseline embedded / vLLM explore speed: {ratio:.2f}x")
 
 
 if __name__ == "__main__":

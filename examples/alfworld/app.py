@@ -37,8 +37,10 @@ run = make_workflow(
 run_worked_game = make_workflow(
     AlfworldAgentSettings(max_steps=MAX_STEPS, **SHAPING), name="alfworld_worked_game"
 )
+# The sliding-window agent of config_window.yaml (warm start on data/demos_window.jsonl: the same
+# won games, replayed in this app by make_demos.py --replay-in run_window).
 run_window = make_workflow(
-    AlfworldAgentSettings(max_steps=MAX_STEPS, context="window", window=1, **SHAPING),
+    AlfworldAgentSettings(max_steps=MAX_STEPS, context="window", window=1, demo=False, **SHAPING),
     name="alfworld_window",
 )
 run_stage2 = make_workflow(AlfworldAgentSettings(max_steps=20, demo=False), name="alfworld_stage2")

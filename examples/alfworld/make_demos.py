@@ -8,6 +8,7 @@ first (`offline.warmup_steps`), then explores.
 
     python examples/alfworld/make_demos.py     # -> examples/alfworld/data/demos.jsonl
     python examples/alfworld/make_demos.py --tasks games.jsonl --out demos.jsonl --workflow run
+    python examples/alfworld/make_demos.py --replay-in run_window --out data/demos_window.jsonl
 
 Only training games are played: the held-out games never appear in the demonstrations.
 """
@@ -56,34 +57,45 @@ def conversations(requests: list[Any], reply: Any) -> list[list[dict[str, Any]]]
     return out
 
 
-async def make_demos(args: argparse.Namespace) -> dict[str, Any]:
+async def play(
+    workflow_name: str,
+    tasks: list[Any],
+    reply: Any,
+    concurrency: int,
+    before_each: Any = None,
+) -> tuple[list[Any], dict[str, list[Any]]]:
+    """Play `tasks` through the app's `workflow_name` with `reply` as the model (real gateway and
+    game engine); returns the rollouts and each rollout's recorded calls, in call order.
+
+    `before_each(task)` runs before each game (then the games run one at a time)."""
     from agentscope_rft.api import load_workflow
     from agentscope_rft.testing import ScriptedEngine
-    from workflows.alfworld_scripted import searcher_reply
 
-    workflow = load_workflow(f"{ROOT}/examples/alfworld/app.py:{args.workflow}")
-    tasks = load_tasks(args.tasks)
-    if args.limit:
-        tasks = tasks[: args.limit]
-    engine = ScriptedEngine(searcher_reply)
+    workflow = load_workflow(f"{ROOT}/examples/alfworld/app.py:{workflow_name}")
+    engine = ScriptedEngine(reply)
     await engine.start()
-    started = time.perf_counter()
     greedy = {"": {"temperature": 0.0, "max_tokens": 16}}
     try:
         async with Gateway(engine, sampling_overrides=greedy) as gateway:
             settings = EpisodeSettings(
-                max_concurrency=args.concurrency, max_retries=0, episode_timeout=3600
+                max_concurrency=concurrency, max_retries=0, episode_timeout=3600
             )
             explorer = Explorer(workflow, gateway, settings)
             with Progress() as progress:
-                bar = progress.add_task("searcher playing training games", total=len(tasks))
+                bar = progress.add_task(f"{workflow_name}: playing games", total=len(tasks))
 
                 async def one(task: Any) -> Any:
                     rollout = await explorer.run_episode(task)
                     progress.advance(bar)
                     return rollout
 
-                rollouts = await asyncio.gather(*(one(t) for t in tasks))
+                if before_each is None:
+                    rollouts = await asyncio.gather(*(one(t) for t in tasks))
+                else:
+                    rollouts = []
+                    for task in tasks:
+                        before_each(task)
+                        rollouts.append(await one(task))
             await explorer.close()
     finally:
         await engine.close()
@@ -91,6 +103,39 @@ async def make_demos(args: argparse.Namespace) -> dict[str, Any]:
     for request in engine.requests:  # in call order
         if request.rollout_id is not None:
             calls.setdefault(request.rollout_id, []).append(request)
+    return rollouts, calls
+
+
+async def make_demos(args: argparse.Namespace) -> dict[str, Any]:
+    from workflows.alfworld_scripted import searcher_reply
+
+    tasks = load_tasks(args.tasks)
+    if args.limit:
+        tasks = tasks[: args.limit]
+    started = time.perf_counter()
+    rollouts, calls = await play(args.workflow, tasks, searcher_reply, args.concurrency)
+    reply = searcher_reply
+    if args.replay_in:
+        # The searcher needs the whole episode to choose (it avoids receptacles it has visited),
+        # so a windowed app cannot be played by it directly. Its won games' commands are replayed
+        # there instead, one game at a time: the same commands on the same game give the same
+        # observations, and the conversations are what that app shows the model at each turn.
+        commands = {
+            r.task_id: [searcher_reply(c.messages, c.tools) for c in calls[r.rollout_id]]
+            for r in rollouts
+            if r.success
+        }
+        queue: list[str] = []
+
+        def before_each(task: Any) -> None:
+            queue[:] = list(commands.get(task.id, []))
+
+        def replay(messages: list[dict[str, Any]], tools: Any = None) -> str:
+            return queue.pop(0) if queue else "look"
+
+        won_tasks = [t for t in tasks if t.id in commands]
+        rollouts, calls = await play(args.replay_in, won_tasks, replay, 1, before_each)
+        reply = _Replayed(calls, rollouts, commands)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     written = 0
@@ -99,14 +144,14 @@ async def make_demos(args: argparse.Namespace) -> dict[str, Any]:
         for rollout in rollouts:
             if not rollout.success:
                 continue
-            for messages in conversations(calls.get(rollout.rollout_id, []), searcher_reply):
+            for messages in conversations(calls.get(rollout.rollout_id, []), reply):
                 record = {"id": rollout.task_id, "messages": messages}
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
                 written += 1
     os.replace(tmp, out)
     won = sum(r.success for r in rollouts)
     return {
-        "games": len(rollouts),
+        "games": len(tasks),
         "won": won,
         "conversations": written,
         "commands_per_demo": (
@@ -118,6 +163,23 @@ async def make_demos(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+class _Replayed:
+    """`reply` for `conversations` of replayed games: the command each recorded call was given
+    (the game's k-th call got its k-th command)."""
+
+    def __init__(
+        self, calls: dict[str, list[Any]], rollouts: list[Any], commands: dict[str, list[str]]
+    ) -> None:
+        self._answers: dict[int, str] = {}
+        for rollout in rollouts:
+            recorded = calls.get(rollout.rollout_id, [])
+            for call, command in zip(recorded, commands[rollout.task_id], strict=False):
+                self._answers[id(call.messages)] = command
+
+    def __call__(self, messages: list[dict[str, Any]], tools: Any = None) -> str:
+        return self._answers[id(messages)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", default=str(ROOT / "examples/alfworld/data/train.jsonl"))
@@ -125,6 +187,12 @@ def main() -> None:
     parser.add_argument("--workflow", default="run", help="the app's workflow (app.py name)")
     parser.add_argument("--limit", type=int, default=0, help="only the first N games (0: all)")
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument(
+        "--replay-in",
+        metavar="WORKFLOW",
+        help="replay the searcher's won games in another of the app's workflows (e.g. run_window) "
+        "and write that workflow's conversations",
+    )
     args = parser.parse_args()
     print(json.dumps(asyncio.run(make_demos(args))))
 
