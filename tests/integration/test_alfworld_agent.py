@@ -289,3 +289,38 @@ async def test_demonstrations_train_exactly_the_tokens_the_agent_produces(
         assert list(demo.token_ids[:n]) == list(sample.token_ids)
         assert list(demo.loss_mask[:n]) == list(sample.loss_mask)
         assert not any(demo.loss_mask[n:])  # only the template's trailing newline follows
+
+
+async def test_make_demos_replays_the_searchers_won_games_in_the_window_app(tmp_path: Path) -> None:
+    # The searcher cannot play from a window (it avoids receptacles it has visited), so its won
+    # games are replayed in the window app: the same games are won with the same commands, and each
+    # turn becomes one conversation with that app's own window prompt.
+    import argparse
+
+    module = _make_demos_module()
+    example = Path(__file__).resolve().parents[2] / "examples" / "alfworld"
+    tasks = tmp_path / "games.jsonl"
+    tasks.write_text("".join((example / "data/train.jsonl").read_text().splitlines(True)[:3]))
+    common = {"tasks": str(tasks), "workflow": "run", "limit": 0, "concurrency": 3}
+    full = await module.make_demos(
+        argparse.Namespace(**common, out=str(tmp_path / "full.jsonl"), replay_in=None)
+    )
+    window = await module.make_demos(
+        argparse.Namespace(**common, out=str(tmp_path / "window.jsonl"), replay_in="run_window")
+    )
+    assert full["won"] == window["won"] >= 1
+    by_game_full = {}
+    for line in (tmp_path / "full.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        by_game_full[record["id"]] = [
+            m["content"] if isinstance(m["content"], str) else m["content"][0]["text"]
+            for m in record["messages"]
+            if m["role"] == "assistant"
+        ]
+    by_game_window: dict[str, list[str]] = {}
+    for line in (tmp_path / "window.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        user = record["messages"][1]["content"][0]["text"]
+        assert user.startswith("Your task is to:") and "Admissible actions:" in user
+        by_game_window.setdefault(record["id"], []).append(record["messages"][-1]["content"])
+    assert by_game_window == by_game_full

@@ -57,3 +57,21 @@ def test_curriculum_stage_2_config_validates() -> None:
     cfg = load_config(EXAMPLE / "config_stage2.yaml")
     assert cfg.tasks.train is not None and Path(cfg.tasks.train).is_file()
     assert cfg.workflow is not None and load_workflow(cfg.workflow).name == "alfworld_stage2"
+
+
+def test_window_config_is_the_full_configs_twin_with_window_demonstrations() -> None:
+    full = load_config(EXAMPLE / "config.yaml")
+    window = load_config(EXAMPLE / "config_window.yaml")
+    assert window.workflow is not None and load_workflow(window.workflow).name == "alfworld_window"
+    assert window.algorithm.advantage.type == "gigpo"
+    for part in ("explorer", "trainer"):
+        assert getattr(window, part) == getattr(full, part)
+    assert (window.run.steps, window.offline.warmup_steps) == (full.run.steps, 16)
+    assert window.algorithm.objective == full.algorithm.objective
+    lines = [json.loads(line) for line in Path(window.offline.path or "").read_text().splitlines()]
+    full_ids = {json.loads(line)["id"] for line in (EXAMPLE / "data/demos.jsonl").open()}
+    assert {line["id"] for line in lines} == full_ids  # the same won games, one line per turn
+    assert all(len(line["messages"]) == 3 for line in lines)  # system, window prompt, command
+    assert all(
+        line["messages"][1]["content"][0]["text"].startswith("Your task is to:") for line in lines
+    )
