@@ -5,7 +5,8 @@ below memory bandwidth: it multiplies against the plain row-major weight. oneDNN
 a weight once into the blocked layout its kernels read (`mkldnn._reorder_linear_weight`, what
 `torch.compile` with freezing does on CPU), after which every call multiplies directly. Measured on
 SmolLM2-135M's linear layers at 12 rows, bf16, one thread: 46.8 ms -> 26-30 ms per decode step,
-outputs bit-identical to `F.linear` (`benchmarks/engine_decode.py`). fp32 is left alone: packed
+outputs bit-identical to `F.linear`; a whole decode step 10-20 ms faster at every batch size
+(`benchmarks/engine_decode.py`, docs/benchmarks.md). fp32 is left alone: packed
 fp32 is faster too but rounds differently from the trainer's `F.linear`.
 
 The packed copy is taken at start and again after every weight swap (`copy_weights` calls

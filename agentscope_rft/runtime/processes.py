@@ -59,7 +59,7 @@ def descendants(pid: int | None = None) -> list[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -87,10 +87,10 @@ def kill_descendants(grace: float = 5.0) -> list[int]:
             os.kill(pid, first)
     if grace > 0:
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        while time.monotonic() < deadline and any(alive(p) for p in pids):
             time.sleep(0.05)
         for pid in pids:
-            if _alive(pid):
+            if alive(pid):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
     for pid in pids:  # reap our own children so none is left a zombie

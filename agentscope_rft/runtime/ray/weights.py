@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from agentscope_rft.runtime.processes import alive
+
 logger = logging.getLogger(__name__)
 
 Route = Literal["shared_fs", "object_store"]
@@ -37,21 +39,11 @@ def remove_stale_staging(parent: Path) -> list[Path]:
     removed = []
     for folder in parent.glob(f"{STAGING_PREFIX}*-*"):
         pid = folder.name[len(STAGING_PREFIX) :].split("-", 1)[0]
-        if not pid.isdigit() or _alive(int(pid)):
+        if not pid.isdigit() or alive(int(pid)):
             continue
         shutil.rmtree(folder, ignore_errors=True)
         removed.append(folder)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
 
 
 class WeightStager:
