@@ -75,3 +75,11 @@ def test_window_config_is_the_full_configs_twin_with_window_demonstrations() -> 
     assert all(
         line["messages"][1]["content"][0]["text"].startswith("Your task is to:") for line in lines
     )
+
+
+def test_curriculum_stage_2_starts_from_stage_1s_last_checkpoint() -> None:
+    stage1 = load_config(EXAMPLE / "config.yaml")
+    text = (EXAMPLE / "config_stage2.yaml").read_text()
+    last = f"runs/{stage1.run.name}/checkpoints/step-{stage1.run.steps:06d}/model"
+    assert f"name_or_path: {last}" in text and "step-0000" in text
+    assert stage1.run.steps % stage1.run.checkpoint_every == 0  # that checkpoint is written
