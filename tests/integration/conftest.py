@@ -52,7 +52,9 @@ async def tiny_gateway(tiny_model_path):
 async def calc_gateway(calc_model_path):
     engine = EmbeddedEngine(calc_model_path, dtype="float32", device="cpu")
     await engine.start()
-    gateway = Gateway(engine)
+    # Greedy for every caller: the scripted model gives each script token p >= 0.98, so an
+    # episode sampled at temperature 1 follows the script only by the luck of the random stream.
+    gateway = Gateway(engine, sampling_overrides={"": {"temperature": 0.0}})
     await gateway.start()
     yield gateway
     await gateway.stop()
