@@ -19,14 +19,11 @@ Example:
 
 from __future__ import annotations
 
-import logging
 import types
 from typing import Any
 
 import torch
 from torch import nn
-
-logger = logging.getLogger(__name__)
 
 PACKED_DTYPES = (torch.bfloat16, torch.float16)
 _ATTR = "_agentscope_rft_packed"

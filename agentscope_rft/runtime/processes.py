@@ -60,6 +60,7 @@ def descendants(pid: int | None = None) -> list[int]:
 
 
 def alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie child of ours is reaped and counts as gone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
