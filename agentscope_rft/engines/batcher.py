@@ -216,6 +216,18 @@ class ContinuousBatcher:
         torch.set_grad_enabled(False)
         if self.num_threads is not None:  # per thread: the trainer's threads are untouched
             torch.set_num_threads(self.num_threads)
+        try:
+            self._serve()
+        finally:  # whatever ends the thread (even a BaseException), nobody waits forever
+            self._stopping = True
+            stopped = EngineError("the engine stopped", status=503)
+            self._fail_all(stopped)
+            with self._lock:
+                swaps, self._swaps = list(self._swaps), collections.deque()
+            for swap in swaps:
+                swap.loop.call_soon_threadsafe(_reject, swap.done, stopped)
+
+    def _serve(self) -> None:
         while not self._stopping:
             try:
                 self._maybe_swap()
@@ -233,7 +245,6 @@ class ContinuousBatcher:
             except Exception as exc:  # a failed forward must not kill the engine thread
                 logger.exception("engine step failed; failing the running requests")
                 self._fail_all(exc)
-        self._fail_all(EngineError("the engine stopped", status=503))
 
     def _maybe_swap(self) -> None:
         with self._lock:

@@ -171,3 +171,21 @@ async def test_weight_swap_under_load(engine, tiny_model_path):
     ref_ids, ref_lp = _reference_greedy(model, prompt, len(after.completion_ids))
     assert after.completion_ids == ref_ids
     assert after.logprobs == pytest.approx(ref_lp, abs=1e-4)
+
+
+class _ThreadKiller(BaseException):
+    """Not an Exception: what the engine thread's per-step handler does not catch."""
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+async def test_engine_thread_death_fails_waiting_requests_instead_of_hanging(engine):
+    from agentscope_rft.engines.base import EngineError
+
+    def die() -> None:
+        raise _ThreadKiller("simulated fatal error in the engine thread")
+
+    engine.batcher._decode_step = die  # type: ignore[method-assign]
+    with pytest.raises(EngineError, match="engine stopped"):
+        await asyncio.wait_for(engine.generate([5, 6, 7], GREEDY), timeout=30)
+    with pytest.raises(EngineError, match="shutting down"):
+        await engine.generate([5, 6, 7], GREEDY)
