@@ -29,6 +29,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from agentscope_rft.engines.base import EngineError, GenerationOutput
+from agentscope_rft.engines.fused import FusedDecoder
 from agentscope_rft.engines.kv_cache import BatchCache, GrowingLayer, left_pad_mask
 from agentscope_rft.engines.packed import repack
 from agentscope_rft.engines.prefill import (
@@ -126,8 +127,10 @@ class ContinuousBatcher:
         prefix_cache: PrefixCache | None = None,
         prefill_chunk_tokens: int | None = None,
         num_threads: int | None = None,
+        fused: FusedDecoder | None = None,
     ) -> None:
         self.model = model
+        self.fused = fused
         self.num_threads = num_threads
         self.device = next(model.parameters()).device
         self.max_batch_size = max_batch_size
@@ -465,19 +468,22 @@ class ContinuousBatcher:
         batch = len(self._rows)
         past = self._mask.shape[1]
         self._mask = torch.cat([self._mask, self._mask.new_ones(batch, 1)], dim=1)
-        out = self.model(
-            input_ids=self._next_ids.unsqueeze(1),
-            attention_mask=self._mask,
-            position_ids=self._positions.unsqueeze(1),
-            past_key_values=self._cache,
-            use_cache=True,
-            cache_position=torch.tensor([past], device=self.device),
-        )
+        if self.fused is not None:
+            logits = self.fused.step(self._next_ids, self._positions, self._mask, self._cache)
+        else:
+            out = self.model(
+                input_ids=self._next_ids.unsqueeze(1),
+                attention_mask=self._mask,
+                position_ids=self._positions.unsqueeze(1),
+                past_key_values=self._cache,
+                use_cache=True,
+                cache_position=torch.tensor([past], device=self.device),
+            )
+            logits = out.logits[:, -1, :]
         self._positions = self._positions + 1
         live = [r for r in range(batch) if not self._rows[r].retired]
         self.stats["decode_steps"] += 1
         self.stats["decode_tokens"] += len(live)
-        logits = out.logits[:, -1, :]
         if len(live) < batch:
             logits = logits[torch.tensor(live, device=self.device)]
         self._accept(logits.float(), live)

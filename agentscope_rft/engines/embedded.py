@@ -38,6 +38,7 @@ from agentscope_rft.engines.batcher import (
     copy_weights,
 )
 from agentscope_rft.engines.chat import PromptBuilder, TextStream, assemble_choice
+from agentscope_rft.engines.fused import FusedDecoder, fused_decode_unsupported
 from agentscope_rft.engines.packed import pack_linear_weights, packing_unsupported
 from agentscope_rft.engines.prefix_cache import PrefixCache
 from agentscope_rft.models import load_causal_lm, load_tokenizer, resolve_model
@@ -151,6 +152,7 @@ class EmbeddedEngine:
         prefix_block_tokens: int = 16,
         prefill_chunk_tokens: int | None = 512,
         num_threads: int | None = None,
+        fused_decode: bool = True,
     ) -> None:
         self.model_path = resolve_model(model)
         self._model_name = served_model_name or str(model)
@@ -165,12 +167,14 @@ class EmbeddedEngine:
         self._prefix_block_tokens = prefix_block_tokens
         self._prefill_chunk_tokens = prefill_chunk_tokens
         self._num_threads = num_threads
+        self._fused_decode = fused_decode
         self.tokenizer = load_tokenizer(self.model_path)
         self.renderer = ChatRenderer(self.tokenizer, chat_template)
         self.prompts = PromptBuilder(self.renderer, reuse=reuse_prompt_tokens)
         self._batcher: ContinuousBatcher | None = None
         self.dtype: torch.dtype | None = None
         self.packed_layers = 0  # linear layers with oneDNN-packed weights (see packed.py)
+        self.fused_decode = False  # decode steps run `FusedDecoder` (see fused.py)
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -210,6 +214,14 @@ class EmbeddedEngine:
                 logger.info("engine linear weights not packed: %s", unpacked)
             else:
                 self.packed_layers = pack_linear_weights(model)
+        fused = None
+        if self._fused_decode:
+            reason = fused_decode_unsupported(model)
+            if reason:
+                logger.info("engine fused decode off: %s", reason)
+            else:
+                fused = FusedDecoder(model)
+        self.fused_decode = fused is not None
         limit = int(getattr(model.config.get_text_config(), "max_position_embeddings", 4096))
         max_len = min(self._max_model_len_override or limit, limit)
         prefix_cache = None
@@ -229,11 +241,12 @@ class EmbeddedEngine:
             prefix_cache=prefix_cache,
             prefill_chunk_tokens=self._prefill_chunk_tokens,
             num_threads=pick_num_threads(self._num_threads, self._device),
+            fused=fused,
         )
         self._batcher.start()
         logger.info(
             "embedded engine ready: %s on %s (%s), max_model_len %d, max batch %d, prefix cache %s"
-            ", %d linear layers packed",
+            ", %d linear layers packed, fused decode %s",
             self.model_path.name,
             self._device,
             str(self.dtype).removeprefix("torch."),
@@ -241,6 +254,7 @@ class EmbeddedEngine:
             self._max_batch_size,
             f"{self._prefix_cache_bytes / 2**30:g} GiB" if prefix_cache is not None else "off",
             self.packed_layers,
+            "on" if self.fused_decode else "off",
         )
 
     async def close(self) -> None:

@@ -73,4 +73,5 @@ def build_engine(model: ModelConfig, engine: EngineConfig, log_dir: Path | None 
         prefix_block_tokens=engine.prefix_block_tokens,
         prefill_chunk_tokens=engine.prefill_chunk_tokens,
         num_threads=engine.num_threads,
+        fused_decode=engine.fused_decode,
     )

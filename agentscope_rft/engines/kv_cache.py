@@ -50,11 +50,9 @@ class GrowingLayer(DynamicLayer):
             return self.keys, self.values
         assert self._buf_v is not None
         new = key_states.shape[-2]
-        if self._length + new > self._buf_k.shape[2]:
-            assert self.keys is not None and self.values is not None
-            # Grow by a quarter at least: a long prompt prefilled in chunks copies O(n) in total.
-            self.assign(self.keys, self.values, spare=max(new + _GROW_TOKENS, self._length // 4))
-            assert self._buf_k is not None and self._buf_v is not None
+        # Grows by a quarter at least: a long prompt prefilled in chunks copies O(n) in total.
+        self.reserve(new)
+        assert self._buf_k is not None and self._buf_v is not None
         self._buf_k[:, :, self._length : self._length + new].copy_(key_states)
         self._buf_v[:, :, self._length : self._length + new].copy_(value_states)
         self._length += new
@@ -64,6 +62,23 @@ class GrowingLayer(DynamicLayer):
 
     def get_seq_length(self) -> int:
         return self._length
+
+    @property
+    def capacity(self) -> int:
+        """Time steps the buffers hold before they must grow."""
+        return 0 if self._buf_k is None else self._buf_k.shape[2]
+
+    def reserve(self, new: int) -> None:
+        """Grow the buffers now if `new` more time steps would not fit."""
+        if self._buf_k is not None and self._length + new > self._buf_k.shape[2]:
+            assert self.keys is not None and self.values is not None
+            self.assign(self.keys, self.values, spare=max(new + _GROW_TOKENS, self._length // 4))
+
+    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole key/value buffers [B, H, capacity, D]: columns from `get_seq_length()` on
+        are zeros (never written)."""
+        assert self._buf_k is not None and self._buf_v is not None
+        return self._buf_k, self._buf_v
 
     def select_rows(self, rows: torch.Tensor, drop_front: int) -> None:
         assert self.keys is not None and self.values is not None
@@ -97,6 +112,12 @@ class BatchCache(DynamicCache):
             keys = torch.cat([_left_pad(mine.keys, length), _left_pad(theirs.keys, length)])
             values = torch.cat([_left_pad(mine.values, length), _left_pad(theirs.values, length)])
             mine.assign(keys, values)
+
+    def reserve(self, new: int) -> None:
+        """Grow every layer's buffers now if `new` more time steps would not fit."""
+        for layer in self.layers:
+            assert isinstance(layer, GrowingLayer)
+            layer.reserve(new)
 
     def select_rows(self, rows: torch.Tensor, drop_front: int = 0) -> None:
         """Keep only `rows` (batch indices) and drop the first `drop_front` time steps."""

@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ from torch import nn
 
 PACKED_DTYPES = (torch.bfloat16, torch.float16)
 _ATTR = "_agentscope_rft_packed"
+_CALLBACKS = "_agentscope_rft_on_repack"
 
 
 def packing_unsupported(model: nn.Module) -> str | None:
@@ -44,7 +46,7 @@ def packing_unsupported(model: nn.Module) -> str | None:
     x = torch.randn(5, 64, dtype=weight.dtype)
     try:
         with torch.no_grad():
-            packed = _linear(x, _pack(probe.weight), probe.bias)
+            packed = linear(x, pack(probe.weight), probe.bias)
             plain = probe(x)
     except Exception as exc:  # an op missing on this build or CPU
         return f"oneDNN packing failed here ({type(exc).__name__}: {exc})"
@@ -63,25 +65,44 @@ def pack_linear_weights(model: nn.Module) -> int:
     for module in model.modules():
         if isinstance(module, nn.Linear) and module.weight.dtype in PACKED_DTYPES:
             with torch.no_grad():
-                setattr(module, _ATTR, _pack(module.weight))
+                setattr(module, _ATTR, pack(module.weight))
             module.forward = types.MethodType(_packed_forward, module)  # type: ignore[method-assign]
             count += 1
     return count
 
 
 def repack(model: nn.Module) -> None:
-    """Re-take the packed copy of every packed layer (after its weights changed in place)."""
+    """Re-take the packed copy of every packed layer (after its weights changed in place), then
+    run the callbacks registered with `on_repack` (other copies derived from the weights)."""
     with torch.no_grad():
         for module in model.modules():
             if getattr(module, _ATTR, None) is not None:
-                setattr(module, _ATTR, _pack(module.weight))  # type: ignore[arg-type]
+                setattr(module, _ATTR, pack(module.weight))  # type: ignore[arg-type]
+    for callback in getattr(model, _CALLBACKS, []):
+        callback()
 
 
-def _pack(weight: torch.Tensor) -> torch.Tensor:
+def on_repack(model: nn.Module, callback: Callable[[], None]) -> None:
+    """Have `repack(model)` call `callback` (after the packed copies are retaken)."""
+    callbacks = getattr(model, _CALLBACKS, None)
+    if callbacks is None:
+        callbacks = []
+        setattr(model, _CALLBACKS, callbacks)
+    callbacks.append(callback)
+
+
+def packed_weight(module: nn.Module) -> torch.Tensor | None:
+    """The packed copy of `module`'s weight (None when it is not packed)."""
+    return getattr(module, _ATTR, None)
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` ([out, in]) in oneDNN's blocked layout, for `linear`."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
 
 
-def _linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` with `weight` packed by `pack`."""
     flat = x.reshape(-1, x.shape[-1])
     out = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
     return out.reshape(*x.shape[:-1], out.shape[-1])
@@ -90,4 +111,4 @@ def _linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) ->
 def _packed_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
     if torch.is_grad_enabled() and self.weight.requires_grad:  # never used for training
         return nn.functional.linear(x, self.weight, self.bias)
-    return _linear(x, getattr(self, _ATTR), self.bias)
+    return linear(x, getattr(self, _ATTR), self.bias)

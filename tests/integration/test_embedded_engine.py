@@ -41,6 +41,7 @@ async def test_concurrent_requests_match_unbatched_decoding(engine, tiny_model_p
     # sent after 2i decode steps, while the first (24+ tokens, no early stop) still runs: the
     # overlap does not depend on how fast this machine decodes.
     prompts = [list(range(100, 100 + n)) for n in (3, 17, 8, 30, 1, 12)]
+    assert engine.fused_decode  # decode steps run the fused forward (engines/fused.py)
     start = engine.batcher.stats["decode_steps"]
 
     async def delayed(i, prompt):

@@ -1,0 +1,276 @@
+"""A decode step for Llama-family models without transformers' module machinery (CPU).
+
+At agent batch sizes a decode step of a small model is hundreds of tiny ops, and on CPU the
+Python around them (module calls, keyword plumbing, mask building, cache bookkeeping, once per
+layer) costs as much as the arithmetic. `FusedDecoder.step` runs the same arithmetic as the
+transformers forward of a Llama, Mistral, Qwen2 or Qwen3 model, for one new token per row:
+
+- q, k and v come from one matmul against their concatenated weights, gate and up from another;
+  with bf16/fp16 on CPU these are oneDNN-packed (`packed.py`);
+- rotary embedding is applied to q and k heads together; the attention mask (padding + the
+  cache's spare columns) is built once per step, not once per layer;
+- attention groups the query heads of each KV head and reads the cache's buffers in place (as
+  `attention.py` does), so nothing is copied per layer.
+
+Every elementwise op is the one transformers runs, in the same order and dtype. A self-check at
+start (`fusion_changes_results`) confirms that the fused matmuls give exactly the separate ones'
+results on this CPU; where they do not, q/k/v and gate/up are multiplied separately. Prefill
+(many tokens per row) stays with the transformers forward.
+
+The fused weights are copies: `refresh` retakes them after every weight swap (`packed.repack`
+calls it), so a step never uses an older policy's weights.
+
+Example:
+    >>> decoder = FusedDecoder(model)  # doctest: +SKIP
+    >>> logits = decoder.step(token_ids, positions, mask, cache)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers import PreTrainedModel
+
+from agentscope_rft.engines.kv_cache import BatchCache, GrowingLayer
+from agentscope_rft.engines.packed import (
+    PACKED_DTYPES,
+    linear,
+    on_repack,
+    pack,
+    packed_weight,
+)
+
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def fused_decode_unsupported(model: PreTrainedModel) -> str | None:
+    """Why `model` cannot use `FusedDecoder` (None: it can)."""
+    config = model.config
+    kind = getattr(config, "model_type", None)
+    if kind not in SUPPORTED_TYPES:
+        return f"model type {kind!r} (fused decode supports {', '.join(SUPPORTED_TYPES)})"
+    if getattr(config, "hidden_act", None) != "silu":
+        return f"activation {config.hidden_act!r} (fused decode supports silu)"
+    layer_types = getattr(config, "layer_types", None) or []
+    sliding = getattr(config, "sliding_window", None) and (
+        kind == "mistral" or getattr(config, "use_sliding_window", False)
+    )
+    if sliding or any(t != "full_attention" for t in layer_types):
+        return "sliding-window attention"
+    body = getattr(model, "model", None)
+    if body is None or not hasattr(body, "layers") or not hasattr(body, "rotary_emb"):
+        return "not a standard decoder layout (model.model.layers, model.model.rotary_emb)"
+    if not isinstance(model.get_output_embeddings(), nn.Linear):
+        return "the output layer is not a plain linear layer"
+    for layer in body.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
+        if not all(type(m) is nn.Linear for m in (*linears, mlp.gate_proj, mlp.up_proj)):
+            return "adapted linear layers (LoRA or quantized)"
+        if type(mlp.down_proj) is not nn.Linear:
+            return "adapted linear layers (LoRA or quantized)"
+    if next(model.parameters()).device.type != "cpu":
+        return "not on CPU (fused decode is for CPU)"
+    return None
+
+
+@dataclass
+class _Linear:
+    """One matmul: a packed weight (bf16/fp16) or a plain one, and a bias."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    packed: bool
+
+    @classmethod
+    def of(cls, modules: list[nn.Linear], use_packing: bool) -> _Linear:
+        weight = torch.cat([m.weight.detach() for m in modules]) if len(modules) > 1 else None
+        if weight is None:
+            weight = modules[0].weight.detach()
+        biases = [m.bias for m in modules]
+        bias = None
+        if any(b is not None for b in biases):
+            bias = torch.cat(
+                [
+                    b.detach() if b is not None else m.weight.new_zeros(m.out_features)
+                    for b, m in zip(biases, modules, strict=True)
+                ]
+            )
+        if use_packing:
+            shared = packed_weight(modules[0]) if len(modules) == 1 else None
+            return cls(shared if shared is not None else pack(weight), bias, True)
+        return cls(weight, bias, False)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed:
+            return linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+
+@dataclass
+class _Layer:
+    qkv: list[_Linear]  # one fused matmul, or q, k, v
+    gate_up: list[_Linear]  # one fused matmul, or gate, up
+    o: _Linear
+    down: _Linear
+    norm_in: tuple[torch.Tensor, float]  # RMSNorm weight (the model's parameter) and eps
+    norm_post: tuple[torch.Tensor, float]
+    qk_norm_weight: torch.Tensor | None  # Qwen3: per-head norm weights of q heads then k heads
+    qk_norm_eps: float
+
+
+class FusedDecoder:
+    """The decode step of a supported model (see `fused_decode_unsupported`)."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        reason = fused_decode_unsupported(model)
+        if reason:
+            raise ValueError(f"fused decode is not available for this model: {reason}")
+        self.model = model
+        config = model.config
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
+        self.head_dim = int(
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        )
+        self.scale = float(model.model.layers[0].self_attn.scaling)
+        dtype = next(model.parameters()).dtype
+        self.use_packing = dtype in PACKED_DTYPES and torch.backends.mkldnn.is_available()
+        self.fuse = not fusion_changes_results(dtype, self.use_packing)
+        self.layers: list[_Layer] = []
+        self.refresh()
+        on_repack(model, self.refresh)
+
+    def refresh(self) -> None:
+        """Retake the fused weights from the model's current parameters."""
+        with torch.no_grad():
+            self.layers = [self._layer(layer) for layer in self.model.model.layers]
+
+    def _layer(self, layer: Any) -> _Layer:  # a transformers decoder layer
+        attn, mlp = layer.self_attn, layer.mlp
+
+        def group(modules: list[nn.Linear]) -> list[_Linear]:
+            if self.fuse:
+                return [_Linear.of(modules, self.use_packing)]
+            return [_Linear.of([m], self.use_packing) for m in modules]
+
+        qk_norm = None
+        eps = 0.0
+        if getattr(attn, "q_norm", None) is not None:
+            qk_norm = torch.cat(
+                [
+                    attn.q_norm.weight.detach().expand(self.heads, self.head_dim),
+                    attn.k_norm.weight.detach().expand(self.kv_heads, self.head_dim),
+                ]
+            )
+            eps = float(attn.q_norm.variance_epsilon)
+        return _Layer(
+            qkv=group([attn.q_proj, attn.k_proj, attn.v_proj]),
+            gate_up=group([mlp.gate_proj, mlp.up_proj]),
+            o=_Linear.of([attn.o_proj], self.use_packing),
+            down=_Linear.of([mlp.down_proj], self.use_packing),
+            norm_in=_norm(layer.input_layernorm),
+            norm_post=_norm(layer.post_attention_layernorm),
+            qk_norm_weight=qk_norm,
+            qk_norm_eps=eps,
+        )
+
+    @torch.inference_mode()
+    def step(
+        self,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        cache: BatchCache,
+    ) -> torch.Tensor:
+        """Logits [B, V] of one new token per row.
+
+        `token_ids` and `positions` are [B]; `mask` [B, T+1] marks the cache's T columns and
+        the new token's (1 = attend); the new tokens' KV is appended to `cache`.
+        """
+        batch = token_ids.shape[0]
+        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        body = self.model.model
+        hidden = body.embed_tokens(token_ids)  # [B, H]
+        cos, sin = body.rotary_emb(hidden, positions[:, None])  # [B, 1, D]
+        cache.reserve(1)
+        first = cache.layers[0]
+        assert isinstance(first, GrowingLayer)
+        capacity = first.capacity
+        # Additive mask over the buffers' whole time axis: padding and spare columns are -inf.
+        scores_mask = torch.full((batch, capacity), float("-inf"))
+        scores_mask[:, : mask.shape[1]].masked_fill_(mask.bool(), 0.0)
+        scores_mask = scores_mask.view(batch, 1, 1, capacity)
+        q_size, kv_size = heads * dim, kv_heads * dim
+        half = dim // 2
+        for layer, cache_layer in zip(self.layers, cache.layers, strict=True):
+            assert isinstance(cache_layer, GrowingLayer)
+            residual = hidden
+            x = _rms_norm(hidden, *layer.norm_in)
+            if len(layer.qkv) == 1:
+                qkv = layer.qkv[0](x)
+                qk = qkv[:, : q_size + kv_size].view(batch, heads + kv_heads, dim)
+                value = qkv[:, q_size + kv_size :]
+            else:
+                q, k, value = (lin(x) for lin in layer.qkv)
+                qk = torch.cat([q, k], dim=-1).view(batch, heads + kv_heads, dim)
+            if layer.qk_norm_weight is not None:
+                qk = _rms_norm(qk, layer.qk_norm_weight, layer.qk_norm_eps)
+            rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+            qk = (qk * cos) + (rotated * sin)
+            query = qk[:, :heads]  # [B, H, D]
+            key = qk[:, heads:].unsqueeze(2)  # [B, KVH, 1, D]
+            cache_layer.update(key, value.view(batch, kv_heads, 1, dim))
+            keys, values = cache_layer.buffers()  # [B, KVH, C, D]
+            grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)
+            scores = torch.matmul(grouped, keys.transpose(-1, -2)).float() * self.scale
+            probs = (scores + scores_mask).softmax(dim=-1).to(values.dtype)
+            attended = torch.matmul(probs, values).reshape(batch, heads * dim)
+            hidden = residual + layer.o(attended)
+            residual = hidden
+            x = _rms_norm(hidden, *layer.norm_post)
+            if len(layer.gate_up) == 1:
+                gate_up = layer.gate_up[0](x)
+                gate, up = gate_up.chunk(2, dim=-1)
+            else:
+                gate, up = (lin(x) for lin in layer.gate_up)
+            hidden = residual + layer.down(F.silu(gate) * up)
+        hidden = body.norm(hidden)
+        return self.model.get_output_embeddings()(hidden).float()
+
+
+def _norm(module: Any) -> tuple[torch.Tensor, float]:
+    return module.weight, float(getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6)))
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' Llama RMSNorm, op for op."""
+    dtype = x.dtype
+    x = x.to(torch.float32)
+    variance = x.pow(2).mean(-1, keepdim=True)
+    x = x * torch.rsqrt(variance + eps)
+    return weight * x.to(dtype)
+
+
+_FUSION_CHECKED: dict[tuple[torch.dtype, bool], bool] = {}
+
+
+def fusion_changes_results(dtype: torch.dtype, packed: bool) -> bool:
+    """Whether one matmul against concatenated weights differs from separate matmuls here."""
+    key = (dtype, packed)
+    if key not in _FUSION_CHECKED:
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randn(7, 96, generator=generator).to(dtype)
+        parts = [torch.randn(n, 96, generator=generator).to(dtype) for n in (64, 32, 48)]
+        if packed:
+            whole = linear(x, pack(torch.cat(parts)), None)
+            alone = [linear(x, pack(p), None) for p in parts]
+        else:
+            whole = F.linear(x, torch.cat(parts))
+            alone = [F.linear(x, p) for p in parts]
+        _FUSION_CHECKED[key] = not torch.equal(whole, torch.cat(alone, dim=-1))
+    return _FUSION_CHECKED[key]
