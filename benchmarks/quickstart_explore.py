@@ -2,6 +2,10 @@
 
     python benchmarks/quickstart_explore.py [--engines embedded-nocache,embedded,vllm] [--steps 2]
 
+Engines: embedded-nocache (prefix caching off), embedded-unfused (transformers' decode forward
+instead of `engines/fused.py`), embedded (the default), embedded-allcores (every core computes),
+vllm.
+
 Runs `agentscope-rft explore` on the quickstart's train split (its config: 4 tasks x 8 episodes
 per step, temperature 1.0, the same seeds for every engine), `--steps` steps' worth of tasks,
 each engine in its own process one after the other. Reported: explore seconds per step (engine
@@ -22,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {
     "embedded-nocache": ["engine.prefix_caching=false"],
+    "embedded-unfused": ["engine.fused_decode=false"],
     "embedded": [],
     "embedded-allcores": [f"engine.num_threads={os.cpu_count() or 1}"],
     "vllm": ["engine.type=vllm", "engine.kv_cache_space_gib=1"],

@@ -198,10 +198,14 @@ def rollout_model(
         >>> agent = Agent(name="a", system_prompt="...", model=model)  # doctest: +SKIP
     """
     install()
+    # The model's own client is only used outside the rollout's scope; without a pool to share
+    # it would build its own (an SSL context: ~25 ms on the event loop, for every episode).
+    client_kwargs = {"http_client": scope.http_client} if scope.http_client is not None else None
     return OpenAIChatModel(
         credential=OpenAICredential(api_key=SecretStr(scope.api_key), base_url=scope.base_url),
         model=model_name,
         stream=stream,
         parameters=parameters,
         max_retries=2,
+        client_kwargs=client_kwargs,
     )

@@ -70,3 +70,32 @@ async def test_calls_in_a_rollout_scope_carry_the_agent_name(calc_gateway):
     calls = calc_gateway.recorder.calls("scoped")
     assert [c.agent_name for c in calls] == ["calc", "calc", "calc"]
     assert scope.calls_made == {"calc": 3} and scope.last_agent == "calc"
+
+
+async def test_rollout_models_share_the_episode_pool_and_answer(calc_gateway):
+    """The model handed to a workflow builds no HTTP client of its own when the explorer gives
+    the scope a pool (a client of its own costs an SSL context per episode)."""
+    import httpx
+    from agentscope.message import UserMsg
+
+    from agentscope_rft.integration.agentscope import rollout_model
+
+    async with httpx.AsyncClient() as pool:
+        scope = RolloutScope(
+            rollout_id="pooled",
+            base_url=calc_gateway.rollout_base_url("pooled"),
+            api_key=calc_gateway.api_key or "no-key",
+            http_client=pool,
+        )
+        model = rollout_model(scope, calc_gateway.engine.model_name)
+        own = model.__dict__["_agentscope_rft_own_client"]
+        assert own._client is pool
+        with rollout_scope(scope):
+            agent = calc_app.build_agent(model)
+            reply = await agent.reply(UserMsg(name="user", content=calc_app.QUESTION))
+        assert reply.get_text_content() == "The answer is 20."
+        assert len(calc_gateway.recorder.calls("pooled")) == 3
+    unscoped = rollout_model(
+        RolloutScope(rollout_id="x", base_url="http://127.0.0.1:9/v1", api_key="k"), "m"
+    )
+    assert unscoped.__dict__["_agentscope_rft_own_client"]._client is not pool
