@@ -74,14 +74,18 @@ def decode(model, steps, fused=None):
             if fused is not None:
                 logits = fused.step(token, position, mask, cache)
             else:
-                logits = model(
-                    input_ids=token[:, None],
-                    attention_mask=mask,
-                    position_ids=position[:, None],
-                    past_key_values=cache,
-                    use_cache=True,
-                    cache_position=torch.tensor([mask.shape[1] - 1]),
-                ).logits[:, -1].float()
+                logits = (
+                    model(
+                        input_ids=token[:, None],
+                        attention_mask=mask,
+                        position_ids=position[:, None],
+                        past_key_values=cache,
+                        use_cache=True,
+                        cache_position=torch.tensor([mask.shape[1] - 1]),
+                    )
+                    .logits[:, -1]
+                    .float()
+                )
             steps_logits.append(logits)
             token, position = logits.argmax(-1), position + 1
     return torch.stack(steps_logits)
