@@ -8,7 +8,8 @@ decode steps (median) in the same process, one variant after the other:
 
 - `sdpa`: transformers' SDPA attention, plain `F.linear` (the engine before this work)
 - `grouped`: the engine's decode attention (`engines/attention.py`), plain `F.linear`
-- `grouped+packed`: that, plus oneDNN-packed linear weights (`engines/packed.py`; the default)
+- `grouped+packed`: that, plus oneDNN-packed linear weights (`engines/packed.py`)
+- `fused`: the fused decode step (`engines/fused.py`) on the packed model (the default)
 
 Also checked: every variant's logits equal `sdpa`'s to bf16 rounding. Prints a Markdown table.
 """
@@ -24,19 +25,22 @@ from typing import Any
 import torch
 
 from agentscope_rft.engines.attention import use_decode_attention
+from agentscope_rft.engines.fused import FusedDecoder
 from agentscope_rft.engines.kv_cache import BatchCache
 from agentscope_rft.engines.packed import pack_linear_weights
 from agentscope_rft.models import EMBEDDED_MODEL, load_causal_lm, resolve_model
 
-VARIANTS = ("sdpa", "grouped", "grouped+packed")
+VARIANTS = ("sdpa", "grouped", "grouped+packed", "fused")
 
 
 def load(variant: str, path: str, dtype: torch.dtype) -> Any:
     model = load_causal_lm(resolve_model(path), dtype=dtype, device="cpu").eval()
     if variant != "sdpa":
         use_decode_attention(model)
-    if variant == "grouped+packed":
+    if variant in ("grouped+packed", "fused"):
         pack_linear_weights(model)
+    if variant == "fused":
+        model.fused_decoder = FusedDecoder(model)
     return model
 
 
@@ -55,16 +59,23 @@ def decode_steps(
     for _ in range(steps):
         mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)
         started = time.perf_counter()
-        out = model(
-            input_ids=token[:, None],
-            attention_mask=mask,
-            position_ids=positions[:, None],
-            past_key_values=cache,
-            use_cache=True,
-            cache_position=torch.tensor([mask.shape[1] - 1]),
-        )
+        fused = getattr(model, "fused_decoder", None)
+        if fused is not None:
+            step_logits = fused.step(token, positions, mask, cache)
+        else:
+            step_logits = (
+                model(
+                    input_ids=token[:, None],
+                    attention_mask=mask,
+                    position_ids=positions[:, None],
+                    past_key_values=cache,
+                    use_cache=True,
+                    cache_position=torch.tensor([mask.shape[1] - 1]),
+                )
+                .logits[:, -1]
+                .float()
+            )
         times.append(time.perf_counter() - started)
-        step_logits = out.logits[:, -1].float()
         logits.append(step_logits)
         token, positions = step_logits.argmax(-1), positions + 1
     return statistics.median(times), torch.stack(logits)

@@ -60,18 +60,20 @@ def final_weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
 
 async def test_reward_goes_up_on_a_learnable_task(tiny_model_path, toy_tasks, tmp_path):
     run_dir = tmp_path / "run"
-    await train(toy_config(tiny_model_path, toy_tasks, run_dir, "run.steps=12"), run_dir)
+    # Take-off (the first uppercase replies found) comes anywhere from step 3 to step 14 with
+    # the random stream (measured over 9 seeds): 16 steps, so the test does not hang on luck.
+    await train(toy_config(tiny_model_path, toy_tasks, run_dir, "run.steps=16"), run_dir)
     curve = rewards(run_dir)
-    assert len(curve) == 12
+    assert len(curve) == 16
     first, final = sum(curve[:3]) / 3, sum(curve[-3:]) / 3
     assert first < 0.2 and final > first + 0.3, curve
     before = load_file(str(Path(tiny_model_path) / "model.safetensors"))
-    after = final_weights(run_dir, 12)
+    after = final_weights(run_dir, 16)
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert (run_dir / "reward_curve.png").stat().st_size > 10_000
     assert (run_dir / "config.yaml").is_file()
     lines = (run_dir / "rollouts.jsonl").read_text().splitlines()
-    assert len(lines) == 12 * 32
+    assert len(lines) == 16 * 32
 
 
 async def test_resume_reaches_the_same_parameters(tiny_model_path, toy_tasks, tmp_path):
