@@ -536,6 +536,7 @@ class ContinuousBatcher:
             self._mask,
             done_rows,
         )
+        answered: list[GenerationJob] = []
         for row_id in finished:
             row = self._rows[row_id]
             job = row.job
@@ -548,14 +549,17 @@ class ContinuousBatcher:
                 stop_string=row.stop_string,
             )
             if all(o is not None for o in job.outputs) and not job.done.done():
-                outputs = [o for o in job.outputs if o is not None]
-                job.loop.call_soon_threadsafe(_resolve, job.done, outputs)
+                answered.append(job)
             row.retired = True
         self._retired += len(finished)
         # Dropping rows copies the whole cache, so answered rows stay (decoded, unread) until
         # a quarter of the batch is answered, or a join compacts: one copy for many retirements.
         if 4 * self._retired >= len(self._rows):
             self._compact()
+        # Answers go out last: a caller woken by one sees the batch already without its rows.
+        for job in answered:
+            outputs = [o for o in job.outputs if o is not None]
+            job.loop.call_soon_threadsafe(_resolve, job.done, outputs)
 
     def _compact(self) -> None:
         """Drop the answered rows from the batch and its cache."""

@@ -7,7 +7,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from agentscope_rft.engines.attention import decode_attention
 
 
-@pytest.mark.parametrize("q_len", [1, 3, 11])
+@pytest.mark.parametrize("q_len", [1, 3])
 def test_decode_attention_matches_sdpa(q_len):
     generator = torch.Generator().manual_seed(0)
     batch, heads, kv_heads, length, dim = 3, 6, 2, 11, 8
@@ -52,33 +52,3 @@ def test_decode_attention_on_a_view_of_a_growing_buffer(dtype, additive):
         {"atol": 1e-6, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 0}
     )
     torch.testing.assert_close(ours, dense, **tolerance)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_grouped_prefill_on_a_growing_buffer_with_padding_queries(dtype):
-    # Prefill of 5 new tokens after 6 cached ones, left padding in row 0 covers queries too: a
-    # query masked everywhere must give finite outputs (its keys/values go into the cache).
-    generator = torch.Generator().manual_seed(2)
-    batch, heads, kv_heads, length, spare, dim, q_len = 2, 6, 2, 11, 5, 8, 5
-    buffers = [torch.zeros(batch, kv_heads, length + spare, dim, dtype=dtype) for _ in range(2)]
-    for buffer in buffers:
-        buffer[:, :, :length] = torch.randn(batch, kv_heads, length, dim, generator=generator)
-    key, value = (b[:, :, :length] for b in buffers)
-    query = torch.randn(batch, heads, q_len, dim, generator=generator).to(dtype)
-    causal = torch.ones(q_len, length, dtype=torch.bool).tril(diagonal=length - q_len)
-    mask = causal.expand(batch, 1, q_len, length).clone()
-    mask[0, :, :, :8] = False  # row 0: padding through the first 2 new tokens
-    module = torch.nn.Module()
-    module.num_key_value_groups = heads // kv_heads
-    module.is_causal = True
-    ours, _ = decode_attention(module, query, key, value, mask, scaling=0.3)
-    assert torch.isfinite(ours).all()
-    reference, _ = sdpa_attention_forward(
-        module, query.float(), key.float(), value.float(), mask, scaling=0.3
-    )
-    tolerance = (
-        {"atol": 1e-6, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 0}
-    )
-    # Rows of real queries (row 0's first two are padding: their output is never used).
-    torch.testing.assert_close(ours[0, 2:].float(), reference[0, 2:], **tolerance)
-    torch.testing.assert_close(ours[1].float(), reference[1], **tolerance)
