@@ -33,20 +33,18 @@ from agentscope_rft.models import EMBEDDED_MODEL, load_causal_lm, resolve_model
 VARIANTS = ("sdpa", "grouped", "grouped+packed", "fused")
 
 
-def load(variant: str, path: str, dtype: torch.dtype) -> Any:
+def load(variant: str, path: str, dtype: torch.dtype) -> tuple[Any, FusedDecoder | None]:
     model = load_causal_lm(resolve_model(path), dtype=dtype, device="cpu").eval()
     if variant != "sdpa":
         use_decode_attention(model)
     if variant in ("grouped+packed", "fused"):
         pack_linear_weights(model)
-    if variant == "fused":
-        model.fused_decoder = FusedDecoder(model)
-    return model
+    return model, FusedDecoder(model) if variant == "fused" else None
 
 
 @torch.inference_mode()
 def decode_steps(
-    model: Any, batch: int, context: int, steps: int = 20
+    model: Any, fused: FusedDecoder | None, batch: int, context: int, steps: int = 20
 ) -> tuple[float, torch.Tensor]:
     generator = torch.Generator().manual_seed(batch * 100_003 + context)
     ids = torch.randint(100, 40_000, (batch, context), generator=generator)
@@ -59,7 +57,6 @@ def decode_steps(
     for _ in range(steps):
         mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)
         started = time.perf_counter()
-        fused = getattr(model, "fused_decoder", None)
         if fused is not None:
             step_logits = fused.step(token, positions, mask, cache)
         else:
@@ -97,16 +94,16 @@ def main() -> None:
     reference: dict[tuple[int, int], torch.Tensor] = {}
     worst: dict[str, float] = {}
     for variant in VARIANTS:
-        model = load(variant, args.model, dtype)
+        model, fused = load(variant, args.model, dtype)
         for batch, context in shapes:
-            seconds, logits = decode_steps(model, batch, context)
+            seconds, logits = decode_steps(model, fused, batch, context)
             results[variant, batch, context] = seconds
             # Greedy paths may part where bf16 rounding flips a near-tie: compare the first step.
             first = reference.setdefault((batch, context), logits[0])
             error = float((logits[0] - first).abs().max())
             worst[variant] = max(worst.get(variant, 0.0), error)
             print(f"{variant} batch {batch} context {context}: {seconds * 1000:.1f} ms", flush=True)
-        del model
+        del model, fused
     print(f"\n{args.model}, {args.dtype}, {args.threads} thread(s); uptime at start: {load_avg}\n")
     print("| batch x context | " + " | ".join(f"{v} (ms)" for v in VARIANTS) + " | speed-up |")
     print("|---|" + "---:|" * (len(VARIANTS) + 1))

@@ -52,16 +52,33 @@ def decode_attention(
         )
     scale = scaling if scaling is not None else dim**-0.5
     key, value, attention_mask = _whole_buffers(key, value, attention_mask)
-    grouped = query.view(batch, kv_heads, heads // kv_heads, dim)  # [B, KVH, G, D]
+    out = grouped_decode(query.view(batch, heads, dim), key, value, attention_mask, scale)
+    return out.unsqueeze(1), None
+
+
+def grouped_decode(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    """One query token per row, its heads grouped per KV head: `query` [B, H, D] against
+    `key`/`value` [B, KVH, T, D] with `mask` [B, 1, 1, T] (bool, True = attend, or additive).
+
+    Returns [B, H, D]. Shared by `decode_attention` and the fused decode step (`fused.py`).
+    """
+    batch, heads, dim = query.shape
+    kv_heads = key.shape[1]
+    grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)  # [B, KVH, G, D]
     scores = torch.matmul(grouped, key.transpose(-1, -2)).float() * scale  # [B, KVH, G, T]
-    if attention_mask is not None:  # [B, 1, 1, T]: bool (True = attend) or additive
-        if attention_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attention_mask, float("-inf"))
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
         else:
-            scores = scores + attention_mask.float()
+            scores = scores + mask.float()
     probs = scores.softmax(dim=-1).to(value.dtype)
-    out = torch.matmul(probs, value)  # [B, KVH, G, D]
-    return out.reshape(batch, heads, 1, dim).transpose(1, 2).contiguous(), None
+    return torch.matmul(probs, value).reshape(batch, heads, dim)  # from [B, KVH, G, D]
 
 
 def _whole_buffers(

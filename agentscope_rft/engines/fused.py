@@ -35,6 +35,7 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import PreTrainedModel
 
+from agentscope_rft.engines.attention import grouped_decode
 from agentscope_rft.engines.kv_cache import BatchCache, GrowingLayer
 from agentscope_rft.engines.packed import (
     PACKED_DTYPES,
@@ -69,9 +70,9 @@ def fused_decode_unsupported(model: PreTrainedModel) -> str | None:
     for layer in body.layers:
         attn, mlp = layer.self_attn, layer.mlp
         linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
-        if not all(type(m) is nn.Linear for m in (*linears, mlp.gate_proj, mlp.up_proj)):
-            return "adapted linear layers (LoRA or quantized)"
-        if type(mlp.down_proj) is not nn.Linear:
+        if not all(
+            type(m) is nn.Linear for m in (*linears, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        ):
             return "adapted linear layers (LoRA or quantized)"
     if next(model.parameters()).device.type != "cpu":
         return "not on CPU (fused decode is for CPU)"
@@ -88,9 +89,8 @@ class _Linear:
 
     @classmethod
     def of(cls, modules: list[nn.Linear], use_packing: bool) -> _Linear:
-        weight = torch.cat([m.weight.detach() for m in modules]) if len(modules) > 1 else None
-        if weight is None:
-            weight = modules[0].weight.detach()
+        weights = [m.weight.detach() for m in modules]
+        weight = torch.cat(weights) if len(weights) > 1 else weights[0]
         biases = [m.bias for m in modules]
         bias = None
         if any(b is not None for b in biases):
@@ -226,11 +226,8 @@ class FusedDecoder:
             key = qk[:, heads:].unsqueeze(2)  # [B, KVH, 1, D]
             cache_layer.update(key, value.view(batch, kv_heads, 1, dim))
             keys, values = cache_layer.buffers()  # [B, KVH, C, D]
-            grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)
-            scores = torch.matmul(grouped, keys.transpose(-1, -2)).float() * self.scale
-            probs = (scores + scores_mask).softmax(dim=-1).to(values.dtype)
-            attended = torch.matmul(probs, values).reshape(batch, heads * dim)
-            hidden = residual + layer.o(attended)
+            attended = grouped_decode(query, keys, values, scores_mask, self.scale)
+            hidden = residual + layer.o(attended.reshape(batch, heads * dim))
             residual = hidden
             x = _rms_norm(hidden, *layer.norm_post)
             if len(layer.gate_up) == 1:

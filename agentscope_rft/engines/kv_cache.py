@@ -50,7 +50,6 @@ class GrowingLayer(DynamicLayer):
             return self.keys, self.values
         assert self._buf_v is not None
         new = key_states.shape[-2]
-        # Grows by a quarter at least: a long prompt prefilled in chunks copies O(n) in total.
         self.reserve(new)
         assert self._buf_k is not None and self._buf_v is not None
         self._buf_k[:, :, self._length : self._length + new].copy_(key_states)
@@ -69,7 +68,8 @@ class GrowingLayer(DynamicLayer):
         return 0 if self._buf_k is None else self._buf_k.shape[2]
 
     def reserve(self, new: int) -> None:
-        """Grow the buffers now if `new` more time steps would not fit."""
+        """Grow the buffers now if `new` more time steps would not fit (by a quarter at least:
+        a long prompt prefilled in chunks copies O(n) in total)."""
         if self._buf_k is not None and self._length + new > self._buf_k.shape[2]:
             assert self.keys is not None and self.values is not None
             self.assign(self.keys, self.values, spare=max(new + _GROW_TOKENS, self._length // 4))
