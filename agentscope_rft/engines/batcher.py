@@ -29,8 +29,13 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from agentscope_rft.engines.base import EngineError, GenerationOutput
-from agentscope_rft.engines.fused import FusedDecoder
-from agentscope_rft.engines.kv_cache import BatchCache, GrowingLayer, left_pad_mask
+from agentscope_rft.engines.fused import FusedDecoder, Segment
+from agentscope_rft.engines.kv_cache import (
+    BatchCache,
+    GrowingLayer,
+    left_pad_mask,
+    right_pad_mask,
+)
 from agentscope_rft.engines.packed import repack
 from agentscope_rft.engines.prefill import (
     PrefillBatch,
@@ -39,7 +44,7 @@ from agentscope_rft.engines.prefill import (
     row_kv,
     token_columns,
 )
-from agentscope_rft.engines.prefix_cache import PrefixCache
+from agentscope_rft.engines.prefix_cache import CachedBlock, PrefixCache
 from agentscope_rft.engines.sampling import sample_next
 from agentscope_rft.types import SamplingParams
 
@@ -82,8 +87,9 @@ class _Chunking:
     """A long prompt being prefilled one chunk per engine step."""
 
     job: GenerationJob
-    cache: BatchCache  # one row: the KV of prompt_ids[:done]
+    cache: BatchCache | None  # one row: the KV of prompt_ids[:done] (transformers' forward)
     done: int
+    kv: torch.Tensor | None = None  # fused prefill: [layers, 2, KVH, len(prompt_ids), D]
 
 
 @dataclass(slots=True)
@@ -291,7 +297,7 @@ class ContinuousBatcher:
             budget_rows = self.max_batch_size - self.num_running
             if self._chunking is not None:
                 budget_rows -= self._chunking.job.sampling.n
-            longest = 0
+            longest = new_total = 0
             while self._waiting:
                 job = self._waiting[0]
                 if job.cancelled:
@@ -313,23 +319,49 @@ class ContinuousBatcher:
                     budget_rows -= rows
                     continue
                 longest_if = max(longest, new)
-                if admitted and longest_if * (len(admitted) + 1) > self.max_prefill_tokens:
+                # Padded prefill computes every row at the longest row's length; the fused
+                # (ragged) prefill computes real tokens only.
+                cost = new_total + new if self.fused else longest_if * (len(admitted) + 1)
+                if admitted and cost > self.max_prefill_tokens:
                     break
+                new_total += new
                 admitted.append(self._waiting.popleft())
                 budget_rows -= rows
                 longest = longest_if
             self._waiting.extendleft(reversed(skipped))
         return admitted
 
-    def _past_kv(self, job: GenerationJob) -> torch.Tensor | None:
-        """The cached KV of the longest cached prefix of `job`'s prompt (or None)."""
+    def _cached_blocks(self, job: GenerationJob) -> list[CachedBlock]:
+        """The cached blocks of the longest cached prefix of `job`'s prompt."""
         self.stats["prompt_tokens"] += len(job.prompt_ids)
         if self.prefix_cache is None:
-            return None
-        blocks = self.prefix_cache.match(job.prompt_ids, self.policy_version)
+            return []
+        return self.prefix_cache.match(job.prompt_ids, self.policy_version)
+
+    def _past_kv(self, job: GenerationJob) -> torch.Tensor | None:
+        """The cached KV of the longest cached prefix of `job`'s prompt (or None)."""
+        blocks = self._cached_blocks(job)
         if not blocks:
             return None
         return torch.cat([block.kv for block in blocks], dim=3)
+
+    def _segment(self, job: GenerationJob) -> Segment:
+        """`job`'s whole prompt as a fused-prefill segment: a KV buffer for all of it, holding
+        its longest cached prefix already."""
+        assert self.fused is not None
+        blocks = self._cached_blocks(job)
+        kv = self.fused.new_kv(len(job.prompt_ids))
+        start = sum(block.kv.shape[3] for block in blocks)
+        if blocks:
+            torch.cat([block.kv for block in blocks], dim=3, out=kv[:, :, :, :start])
+        return Segment(job.prompt_ids[start:], start, kv)
+
+    def _cache_kv(self, token_ids: list[int], kv: torch.Tensor) -> None:
+        """Put `kv` (`[layers, 2, KVH, >= len(token_ids), D]`) of `token_ids` in the cache."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.insert(
+                token_ids, lambda start, end: kv[:, :, :, start:end], self.policy_version
+            )
 
     def _forward(self, batch: PrefillBatch) -> torch.Tensor:
         out = self.model(
@@ -361,6 +393,9 @@ class ContinuousBatcher:
             self.prefix_cache.insert(ids, _KVReader(cache, row, columns), self.policy_version)
 
     def _prefill(self, jobs: list[GenerationJob]) -> None:
+        if self.fused is not None:
+            self._prefill_ragged(jobs)
+            return
         past = [self._past_kv(job) for job in jobs]
         reused = [0 if kv is None else kv.shape[3] for kv in past]
         batch = build_prefill(
@@ -375,7 +410,30 @@ class ContinuousBatcher:
         self._cache_rows([job.prompt_ids for job in jobs], batch.cache, batch.attention_mask)
         self._join(jobs, batch.cache, batch.attention_mask, batch.position_ids[:, -1], logits)
 
+    def _prefill_ragged(self, jobs: list[GenerationJob]) -> None:
+        """Prefill `jobs` with the fused forward: their new tokens in one unpadded batch."""
+        assert self.fused is not None
+        segments = [self._segment(job) for job in jobs]
+        logits = self.fused.prefill(segments)
+        assert logits is not None
+        self.stats["prefill_batches"] += 1
+        self.stats["prefill_tokens"] += sum(len(seg.token_ids) for seg in segments)
+        for job, seg in zip(jobs, segments, strict=True):
+            self._cache_kv(job.prompt_ids, seg.kv)
+        self._join_kv(jobs, [seg.kv for seg in segments], logits)
+
+    def _join_kv(
+        self, jobs: list[GenerationJob], kvs: list[torch.Tensor], logits: torch.Tensor
+    ) -> None:
+        """`_join` for jobs whose prompt KV is in `kvs` (one `[layers, 2, KVH, L, D]` each)."""
+        cache, mask = BatchCache.from_rows(kvs)
+        lengths = torch.tensor([kv.shape[3] for kv in kvs], device=self.device)
+        self._join(jobs, cache, mask, lengths - 1, logits)
+
     def _start_chunking(self, job: GenerationJob) -> _Chunking:
+        if self.fused is not None:
+            seg = self._segment(job)
+            return _Chunking(job=job, cache=None, done=seg.start, kv=seg.kv)
         past = self._past_kv(job)
         cache = BatchCache(self._num_layers)
         done = 0
@@ -399,6 +457,21 @@ class ContinuousBatcher:
             return
         prompt = state.job.prompt_ids
         end = min(state.done + self.prefill_chunk_tokens, len(prompt))
+        if state.kv is not None:
+            assert self.fused is not None
+            last = end == len(prompt)
+            segment = Segment(prompt[state.done : end], state.done, state.kv, logits=last)
+            logits = self.fused.prefill([segment])
+            self.stats["prefill_chunks"] += 1
+            self.stats["prefill_tokens"] += end - state.done
+            state.done = end
+            self._cache_kv(prompt[:end], state.kv)
+            if last:
+                assert logits is not None
+                self._chunking = None
+                self._join_kv([state.job], [state.kv], logits)
+            return
+        assert state.cache is not None
         mask = torch.ones(1, end, dtype=torch.long, device=self.device)
         positions = torch.arange(state.done, end, device=self.device)[None]
         batch = PrefillBatch(
@@ -448,10 +521,10 @@ class ContinuousBatcher:
         if len(expand) != len(jobs):
             cache.select_rows(expand_t)
         cache_len = cache.get_seq_length()
-        if self._rows:
+        if self._rows:  # the running rows keep their columns (see `BatchCache.merge`)
             length = max(cache_len, self._mask.shape[1])
             self._mask = torch.cat(
-                [left_pad_mask(self._mask, length), left_pad_mask(mask[expand_t], length)]
+                [right_pad_mask(self._mask, length), left_pad_mask(mask[expand_t], length)]
             )
         else:
             self._mask = mask[expand_t]

@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -238,6 +239,100 @@ class FusedDecoder:
             hidden = residual + layer.down(F.silu(gate) * up)
         hidden = body.norm(hidden)
         return self.model.get_output_embeddings()(hidden).float()
+
+    @torch.inference_mode()
+    def prefill(self, segments: Sequence[Segment]) -> torch.Tensor | None:
+        """Compute the KV of every segment's new tokens, all segments in one ragged batch.
+
+        The new tokens of all segments go through the linear layers as one `[tokens, hidden]`
+        matrix (no padding); attention runs per segment, its new tokens against its own past and
+        themselves (causal). Each segment's KV is written into its `kv` at columns
+        `[start, start + len(token_ids))`. Returns the logits [S', V] of the last new token of
+        each segment with `logits=True`, in order (None if there are none).
+        """
+        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        body = self.model.model
+        device = body.embed_tokens.weight.device
+        bounds, positions, offset = [], [], 0
+        for seg in segments:
+            n = len(seg.token_ids)
+            if n == 0 or seg.kv.shape[3] < seg.start + n:
+                raise ValueError("a prefill segment needs new tokens and room for their KV")
+            bounds.append((offset, offset + n))
+            positions.append(torch.arange(seg.start, seg.start + n))
+            offset += n
+        ids = torch.tensor([t for seg in segments for t in seg.token_ids], device=device)
+        hidden = body.embed_tokens(ids)  # [N, H]
+        cos, sin = body.rotary_emb(hidden[None], torch.cat(positions).to(device)[None])
+        cos, sin = cos[0, :, None], sin[0, :, None]  # [N, 1, D]
+        masks = [
+            torch.ones(e - s, seg.start + e - s, dtype=torch.bool, device=device).tril(seg.start)
+            for seg, (s, e) in zip(segments, bounds, strict=True)
+        ]
+        total = offset
+        q_size, kv_size = heads * dim, kv_heads * dim
+        half = dim // 2
+        attended = hidden.new_empty(total, q_size)
+        for index, layer in enumerate(self.layers):
+            residual = hidden
+            x = _rms_norm(hidden, *layer.norm_in)
+            if len(layer.qkv) == 1:
+                qkv = layer.qkv[0](x)
+                qk = qkv[:, : q_size + kv_size].view(total, heads + kv_heads, dim)
+                value = qkv[:, q_size + kv_size :]
+            else:
+                q, k, value = (lin(x) for lin in layer.qkv)
+                qk = torch.cat([q, k], dim=-1).view(total, heads + kv_heads, dim)
+            if layer.qk_norm_weight is not None:
+                qk = _rms_norm(qk, layer.qk_norm_weight, layer.qk_norm_eps)
+            rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+            qk = (qk * cos) + (rotated * sin)
+            value = value.view(total, kv_heads, dim)
+            for seg, (s, e), mask in zip(segments, bounds, masks, strict=True):
+                end = seg.start + e - s
+                keys, values = seg.kv[index, 0], seg.kv[index, 1]  # [KVH, T, D]
+                keys[:, seg.start : end].copy_(qk[s:e, heads:].transpose(0, 1))
+                values[:, seg.start : end].copy_(value[s:e].transpose(0, 1))
+                out = F.scaled_dot_product_attention(
+                    qk[s:e, :heads].transpose(0, 1)[None],
+                    keys[None, :, :end],
+                    values[None, :, :end],
+                    attn_mask=mask,
+                    scale=self.scale,
+                    enable_gqa=heads != kv_heads,
+                )  # [1, H, n, D]
+                attended[s:e] = out[0].transpose(0, 1).reshape(e - s, q_size)
+            hidden = residual + layer.o(attended)
+            residual = hidden
+            x = _rms_norm(hidden, *layer.norm_post)
+            if len(layer.gate_up) == 1:
+                gate, up = layer.gate_up[0](x).chunk(2, dim=-1)
+            else:
+                gate, up = (lin(x) for lin in layer.gate_up)
+            hidden = residual + layer.down(F.silu(gate) * up)
+        last = [e - 1 for seg, (_, e) in zip(segments, bounds, strict=True) if seg.logits]
+        if not last:
+            return None
+        hidden = body.norm(hidden[torch.tensor(last, device=device)])
+        return self.model.get_output_embeddings()(hidden).float()
+
+    def new_kv(self, length: int) -> torch.Tensor:
+        """An uninitialised KV buffer for `length` positions: [layers, 2, KVH, length, D]."""
+        weight = self.model.model.embed_tokens.weight
+        return weight.new_empty(len(self.layers), 2, self.kv_heads, length, self.head_dim)
+
+
+@dataclass(slots=True)
+class Segment:
+    """New tokens of one sequence for `FusedDecoder.prefill`: `token_ids` at positions
+    `start, start + 1, ...`, after `start` positions whose KV is already in `kv`
+    (`[layers, 2, kv_heads, >= start + len(token_ids), head_dim]`); `logits`: return the last
+    token's."""
+
+    token_ids: Sequence[int]
+    start: int
+    kv: torch.Tensor
+    logits: bool = True
 
 
 def _norm(module: Any) -> tuple[torch.Tensor, float]:

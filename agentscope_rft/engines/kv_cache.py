@@ -36,6 +36,14 @@ class GrowingLayer(DynamicLayer):
         self.is_initialized = True
         self._refresh_views()
 
+    def adopt(self, buf_k: torch.Tensor, buf_v: torch.Tensor, length: int) -> None:
+        """Take `buf_k`/`buf_v` ([B, H, capacity, D], zeros from `length` on) as the buffers,
+        without copying."""
+        self._buf_k, self._buf_v, self._length = buf_k, buf_v, length
+        self.dtype, self.device = buf_k.dtype, buf_k.device
+        self.is_initialized = True
+        self._refresh_views()
+
     def _refresh_views(self) -> None:
         assert self._buf_k is not None and self._buf_v is not None
         self.keys = self._buf_k[:, :, : self._length]
@@ -80,6 +88,28 @@ class GrowingLayer(DynamicLayer):
         assert self._buf_k is not None and self._buf_v is not None
         return self._buf_k, self._buf_v
 
+    def append_rows(self, other: GrowingLayer) -> None:
+        """Add `other`'s rows below ours, both ending at the longer one's length (see
+        `BatchCache.merge`)."""
+        assert self._buf_k is not None and self._buf_v is not None
+        assert other.keys is not None and other.values is not None
+        theirs = other.get_seq_length()
+        length = max(self._length, theirs)
+        rows, heads, capacity, dim = self._buf_k.shape
+        capacity = max(capacity, length + _GROW_TOKENS)
+        buffers = []
+        for mine, new in ((self._buf_k, other.keys), (self._buf_v, other.values)):
+            merged = mine.new_empty(rows + new.shape[0], heads, capacity, dim)
+            # Ours: as they are (columns from our length on are zeros), then zeros.
+            merged[:rows, :, : mine.shape[2]] = mine
+            merged[:rows, :, mine.shape[2] :] = 0
+            # Theirs: right-aligned at `length`, zeros around.
+            merged[rows:, :, : length - theirs] = 0
+            merged[rows:, :, length - theirs : length] = new
+            merged[rows:, :, length:] = 0
+            buffers.append(merged)
+        self.adopt(buffers[0], buffers[1], length)
+
     def select_rows(self, rows: torch.Tensor, drop_front: int) -> None:
         assert self.keys is not None and self.values is not None
         self.assign(self.keys[rows, :, drop_front:], self.values[rows, :, drop_front:])
@@ -98,20 +128,41 @@ class BatchCache(DynamicCache):
         super().__init__()
         self.layers = [GrowingLayer() for _ in range(num_layers)]
 
+    @classmethod
+    def from_rows(
+        cls, kvs: list[torch.Tensor], spare: int = _GROW_TOKENS
+    ) -> tuple[BatchCache, torch.Tensor]:
+        """A cache of one row per `kvs[j]` (`[layers, 2, H, T_j, D]`), left-padded to the
+        longest, and its attention mask `[rows, longest]` (1 on each row's tokens)."""
+        layers, _, heads, _, dim = kvs[0].shape
+        lengths = [kv.shape[3] for kv in kvs]
+        width = max(lengths)
+        # Zeroed: padding and spare columns are read (masked) by decode attention.
+        stacked = kvs[0].new_zeros(layers, 2, len(kvs), heads, width + spare, dim)
+        mask = torch.zeros(len(kvs), width, dtype=torch.long, device=kvs[0].device)
+        for j, (kv, length) in enumerate(zip(kvs, lengths, strict=True)):
+            stacked[:, :, j, :, width - length : width] = kv
+            mask[j, width - length :] = 1
+        cache = cls(layers)
+        for index, layer in enumerate(cache.layers):
+            assert isinstance(layer, GrowingLayer)
+            layer.adopt(stacked[index, 0], stacked[index, 1], width)
+        return cache, mask
+
     def merge(self, other: BatchCache) -> None:
-        """Append `other`'s rows below ours, left-padding whichever is shorter in time."""
+        """Append `other`'s rows below ours, in one copy of each.
+
+        Both end at the same column (where the next token's KV goes): `other`'s rows are
+        left-padded when shorter; when they are longer, ours stay where they are and the columns
+        between their end and the new end stay zero (masked out by the caller's attention mask),
+        so the running rows are copied once, not shifted.
+        """
         for mine, theirs in zip(self.layers, other.layers, strict=True):
             assert isinstance(mine, GrowingLayer) and isinstance(theirs, GrowingLayer)
             if mine.get_seq_length() == 0:
-                assert theirs.keys is not None and theirs.values is not None
-                mine.assign(theirs.keys, theirs.values)
+                mine.adopt(*theirs.buffers(), theirs.get_seq_length())
                 continue
-            assert mine.keys is not None and mine.values is not None
-            assert theirs.keys is not None and theirs.values is not None
-            length = max(mine.get_seq_length(), theirs.get_seq_length())
-            keys = torch.cat([_left_pad(mine.keys, length), _left_pad(theirs.keys, length)])
-            values = torch.cat([_left_pad(mine.values, length), _left_pad(theirs.values, length)])
-            mine.assign(keys, values)
+            mine.append_rows(theirs)
 
     def reserve(self, new: int) -> None:
         """Grow every layer's buffers now if `new` more time steps would not fit."""
@@ -126,11 +177,11 @@ class BatchCache(DynamicCache):
             layer.select_rows(rows, drop_front)
 
 
-def _left_pad(x: torch.Tensor, length: int) -> torch.Tensor:
-    pad = length - x.shape[2]
+def right_pad_mask(mask: torch.Tensor, length: int) -> torch.Tensor:
+    pad = length - mask.shape[1]
     if pad == 0:
-        return x
-    return torch.cat([x.new_zeros(x.shape[0], x.shape[1], pad, x.shape[3]), x], dim=2)
+        return mask
+    return torch.cat([mask, mask.new_zeros(mask.shape[0], pad)], dim=1)
 
 
 def left_pad_mask(mask: torch.Tensor, length: int) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""The fused decode step: bit-identical to the transformers forward, and follows weight swaps."""
+"""The fused decode step and ragged prefill: equal to the transformers forward, independent of
+what else is in the batch, and following weight swaps."""
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from transformers import (
 
 from agentscope_rft.engines.attention import use_decode_attention
 from agentscope_rft.engines.batcher import copy_weights
-from agentscope_rft.engines.fused import FusedDecoder, fused_decode_unsupported
+from agentscope_rft.engines.fused import FusedDecoder, Segment, fused_decode_unsupported
 from agentscope_rft.engines.kv_cache import BatchCache, GrowingLayer
 from agentscope_rft.engines.packed import pack_linear_weights, packing_unsupported
 from agentscope_rft.models import load_causal_lm
@@ -126,6 +127,103 @@ def test_the_embedded_model_is_fused_and_follows_weight_swaps(tiny_model_path):
     fresh = prepare(load_causal_lm(tiny_model_path, dtype=dtype), dtype)
     copy_weights(fresh, new)
     assert torch.equal(after, decode(fresh, 5))
+
+
+def prompts(model, lengths, seed=2):
+    generator = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    return [torch.randint(3, vocab, (n,), generator=generator).tolist() for n in lengths]
+
+
+def reference_prefill(model, ids):
+    """Last-token logits and KV (`[layers, 2, KVH, T, D]`) of `ids` alone, by transformers."""
+    cache = BatchCache(model.config.num_hidden_layers)
+    with torch.inference_mode():
+        out = model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+    kv = torch.stack([torch.stack([layer.keys[0], layer.values[0]]) for layer in cache.layers])
+    return out.logits[0, -1].float(), kv
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("kind", list(CONFIGS))
+def test_ragged_prefill_equals_each_prompt_alone(kind, dtype):
+    """Prompts of different lengths in one unpadded batch: each gets the logits and KV it gets
+    from the transformers forward alone (bf16 bit for bit; fp32 within matmul rounding), and
+    the same results whatever else is in the batch, or when split after cached blocks."""
+    model = prepare(random_model(CONFIGS[kind], dtype), dtype)
+    fused = FusedDecoder(model)
+    batch = prompts(model, (23, 7, 40, 1))
+    kvs = [fused.new_kv(len(ids)) for ids in batch]
+    logits = fused.prefill([Segment(ids, 0, kv) for ids, kv in zip(batch, kvs, strict=True)])
+    assert logits is not None and logits.shape == (4, model.config.vocab_size)
+    exact = dtype == torch.bfloat16
+    for ids, kv, row in zip(batch, kvs, logits, strict=True):
+        ref_logits, ref_kv = reference_prefill(model, ids)
+        if exact:
+            assert torch.equal(row, ref_logits) and torch.equal(kv, ref_kv)
+        else:
+            torch.testing.assert_close(row, ref_logits, rtol=0, atol=1e-5)
+            torch.testing.assert_close(kv, ref_kv, rtol=0, atol=1e-5)
+    # The first 16 tokens already in the KV buffer (a cached prefix), the rest computed.
+    split = [fused.new_kv(len(ids)) for ids in batch[::2]]
+    for kv, whole in zip(split, kvs[::2], strict=True):
+        kv[:, :, :, :16] = whole[:, :, :, :16]
+    tails = fused.prefill(
+        [Segment(ids[16:], 16, kv) for ids, kv in zip(batch[::2], split, strict=True)]
+    )
+    assert tails is not None
+    alone = fused.prefill([Segment(batch[2], 0, fused.new_kv(40))])
+    assert alone is not None
+    if exact:
+        assert torch.equal(tails, logits[::2]) and torch.equal(alone[0], logits[2])
+        assert all(torch.equal(a, b) for a, b in zip(split, kvs[::2], strict=True))
+    else:
+        torch.testing.assert_close(tails, logits[::2], rtol=0, atol=1e-5)
+        torch.testing.assert_close(alone[0], logits[2], rtol=0, atol=1e-5)
+
+
+def test_ragged_prefill_rejects_segments_without_room():
+    model = prepare(random_model(CONFIGS["llama"], torch.float32), torch.float32)
+    fused = FusedDecoder(model)
+    with pytest.raises(ValueError, match="room for their KV"):
+        fused.prefill([Segment([5, 6, 7], 0, fused.new_kv(2))])
+    with pytest.raises(ValueError, match="needs new tokens"):
+        fused.prefill([Segment([], 0, fused.new_kv(2))])
+    assert fused.prefill([Segment([5], 0, fused.new_kv(1), logits=False)]) is None
+
+
+def test_rows_joining_longer_keep_the_running_rows_results():
+    """A longer row joins a running batch: the running rows stay in place (zero columns between
+    their end and the new end, masked) and decode exactly as they would have without it."""
+    dtype = torch.bfloat16
+    model = prepare(random_model(CONFIGS["llama"], dtype), dtype)
+    fused = FusedDecoder(model)
+    short, long = prompts(model, (9, 30))
+
+    def run(rows):
+        kvs = [fused.new_kv(len(ids)) for ids in rows]
+        logits = fused.prefill([Segment(ids, 0, kv) for ids, kv in zip(rows, kvs, strict=True)])
+        assert logits is not None
+        cache, mask = BatchCache.from_rows(kvs[:1])
+        if len(rows) > 1:  # join the longer row afterwards, the way the engine does
+            joined, joined_mask = BatchCache.from_rows(kvs[1:])
+            cache.merge(joined)
+            width = joined_mask.shape[1]
+            mask = torch.cat([mask, mask.new_zeros(1, width - mask.shape[1])], dim=1)
+            mask = torch.cat([mask, joined_mask])
+        token = logits.argmax(-1)
+        position = torch.tensor([len(ids) for ids in rows])
+        out = []
+        for _ in range(4):
+            mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
+            step = fused.step(token, position, mask, cache)
+            out.append(step)
+            token, position = step.argmax(-1), position + 1
+        return torch.stack(out)
+
+    together = run([short, long])
+    assert torch.equal(together[:, 0], run([short])[:, 0])
+    assert torch.equal(together[:, 1], run([long])[:, 0])
 
 
 def test_unsupported_models_say_why():
