@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -46,9 +46,11 @@ from agentscope_rft.engines.prefill import (
 )
 from agentscope_rft.engines.prefix_cache import CachedBlock, PrefixCache
 from agentscope_rft.engines.sampling import sample_next
+from agentscope_rft.engines.threads import ThreadPolicy
 from agentscope_rft.types import SamplingParams
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 TokenCallback = Callable[[int, int], None]
 """Called from the engine thread with (choice index, token id) for streamed requests."""
@@ -132,12 +134,13 @@ class ContinuousBatcher:
         seed: int = 0,
         prefix_cache: PrefixCache | None = None,
         prefill_chunk_tokens: int | None = None,
-        num_threads: int | None = None,
+        threads: ThreadPolicy | None = None,
         fused: FusedDecoder | None = None,
     ) -> None:
         self.model = model
         self.fused = fused
-        self.num_threads = num_threads
+        self.threads = threads  # CPU threads per forward (None: leave torch's setting)
+        self._threads_now = 0
         self.device = next(model.parameters()).device
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
@@ -218,13 +221,28 @@ class ContinuousBatcher:
         }
         if self.prefix_cache is not None:
             out.update(self.prefix_cache.metrics())
+        if self.threads is not None:
+            out.update(self.threads.summary())
         return out
 
     # ----------------------------------------------------------------- engine thread
+    def _compute(self, tokens: int, forward: Callable[[], _T]) -> _T:
+        """Run `forward` (over `tokens` tokens or rows) with the threads the policy picks, and
+        tell it how long that took. Thread counts set here hold for this thread only."""
+        policy = self.threads
+        if policy is None:
+            return forward()
+        threads = policy.choose(tokens)
+        if threads != self._threads_now:
+            torch.set_num_threads(threads)
+            self._threads_now = threads
+        start = time.perf_counter()
+        out = forward()
+        policy.record(tokens, threads, time.perf_counter() - start)
+        return out
+
     def _run(self) -> None:
         torch.set_grad_enabled(False)
-        if self.num_threads is not None:  # per thread: the trainer's threads are untouched
-            torch.set_num_threads(self.num_threads)
         try:
             self._serve()
         finally:  # whatever ends the thread (even a BaseException), nobody waits forever
@@ -364,13 +382,16 @@ class ContinuousBatcher:
             )
 
     def _forward(self, batch: PrefillBatch) -> torch.Tensor:
-        out = self.model(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids,
-            past_key_values=batch.cache,
-            use_cache=True,
-            logits_to_keep=1,
+        out = self._compute(
+            batch.input_ids.numel(),
+            lambda: self.model(
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids,
+                past_key_values=batch.cache,
+                use_cache=True,
+                logits_to_keep=1,
+            ),
         )
         self.stats["prefill_tokens"] += int(batch.attention_mask[:, batch.past_len :].sum())
         return out.logits[:, -1, :].float()  # [J, V]
@@ -408,16 +429,23 @@ class ContinuousBatcher:
         logits = self._forward(batch)
         self.stats["prefill_batches"] += 1
         self._cache_rows([job.prompt_ids for job in jobs], batch.cache, batch.attention_mask)
-        self._join(jobs, batch.cache, batch.attention_mask, batch.position_ids[:, -1], logits)
+        self._join(
+            jobs,
+            lambda expand: self._merge(batch.cache, batch.attention_mask, expand),
+            batch.position_ids[:, -1],
+            logits,
+        )
 
     def _prefill_ragged(self, jobs: list[GenerationJob]) -> None:
         """Prefill `jobs` with the fused forward: their new tokens in one unpadded batch."""
         assert self.fused is not None
         segments = [self._segment(job) for job in jobs]
-        logits = self.fused.prefill(segments)
+        fused = self.fused
+        tokens = sum(len(seg.token_ids) for seg in segments)
+        logits = self._compute(tokens, lambda: fused.prefill(segments))
         assert logits is not None
         self.stats["prefill_batches"] += 1
-        self.stats["prefill_tokens"] += sum(len(seg.token_ids) for seg in segments)
+        self.stats["prefill_tokens"] += tokens
         for job, seg in zip(jobs, segments, strict=True):
             self._cache_kv(job.prompt_ids, seg.kv)
         self._join_kv(jobs, [seg.kv for seg in segments], logits)
@@ -425,10 +453,15 @@ class ContinuousBatcher:
     def _join_kv(
         self, jobs: list[GenerationJob], kvs: list[torch.Tensor], logits: torch.Tensor
     ) -> None:
-        """`_join` for jobs whose prompt KV is in `kvs` (one `[layers, 2, KVH, L, D]` each)."""
-        cache, mask = BatchCache.from_rows(kvs)
+        """`_join` for jobs whose prompt KV is in `kvs` (one `[layers, 2, KVH, L, D]` each):
+        copied once, straight into the running cache."""
         lengths = torch.tensor([kv.shape[3] for kv in kvs], device=self.device)
-        self._join(jobs, cache, mask, lengths - 1, logits)
+        self._join(
+            jobs,
+            lambda expand: self._cache.append_rows([kvs[j] for j in expand]),
+            lengths - 1,
+            logits,
+        )
 
     def _start_chunking(self, job: GenerationJob) -> _Chunking:
         if self.fused is not None:
@@ -461,7 +494,8 @@ class ContinuousBatcher:
             assert self.fused is not None
             last = end == len(prompt)
             segment = Segment(prompt[state.done : end], state.done, state.kv, logits=last)
-            logits = self.fused.prefill([segment])
+            fused = self.fused
+            logits = self._compute(end - state.done, lambda: fused.prefill([segment]))
             self.stats["prefill_chunks"] += 1
             self.stats["prefill_tokens"] += end - state.done
             state.done = end
@@ -487,17 +521,25 @@ class ContinuousBatcher:
         self._cache_rows([prompt[:end]], state.cache, mask)
         if end == len(prompt):
             self._chunking = None
-            self._join([state.job], state.cache, mask, positions[:, -1], logits)
+            cache = state.cache
+            self._join(
+                [state.job],
+                lambda expand: self._merge(cache, mask, expand),
+                positions[:, -1],
+                logits,
+            )
 
     def _join(
         self,
         jobs: list[GenerationJob],
-        cache: BatchCache,
-        mask: torch.Tensor,
+        append: Callable[[list[int]], torch.Tensor],
         last_positions: torch.Tensor,
         logits: torch.Tensor,
     ) -> None:
-        """Add prefilled `jobs` to the running batch, one row per choice, and sample."""
+        """Add prefilled `jobs` to the running batch, one row per choice, and sample.
+
+        `append(expand)` adds the KV of rows `jobs[expand[0]], jobs[expand[1]], ...` to the
+        running cache and returns their attention mask (each row's tokens right-aligned)."""
         expand = []
         rows: list[_Row] = []
         for j, job in enumerate(jobs):
@@ -518,17 +560,14 @@ class ContinuousBatcher:
         if self._retired:
             self._compact()  # the merge below copies the cache anyway: not the answered rows
         expand_t = torch.tensor(expand, device=self.device)
-        if len(expand) != len(jobs):
-            cache.select_rows(expand_t)
-        cache_len = cache.get_seq_length()
+        mask = append(expand)
         if self._rows:  # the running rows keep their columns (see `BatchCache.merge`)
-            length = max(cache_len, self._mask.shape[1])
+            length = max(mask.shape[1], self._mask.shape[1])
             self._mask = torch.cat(
-                [right_pad_mask(self._mask, length), left_pad_mask(mask[expand_t], length)]
+                [right_pad_mask(self._mask, length), left_pad_mask(mask, length)]
             )
         else:
-            self._mask = mask[expand_t]
-        self._cache.merge(cache)
+            self._mask = mask
         self._positions = torch.cat([self._positions, last_positions[expand_t] + 1])
         self._next_ids = torch.cat(
             [self._next_ids, torch.zeros(len(rows), dtype=torch.long, device=self.device)]
@@ -537,20 +576,33 @@ class ContinuousBatcher:
         self._rows.extend(rows)
         self._accept(logits[expand_t], list(range(start, start + len(rows))))
 
+    def _merge(self, cache: BatchCache, mask: torch.Tensor, expand: list[int]) -> torch.Tensor:
+        """Append rows `expand` of a prefilled `cache` (its `mask`) to the running cache."""
+        if len(expand) != mask.shape[0]:
+            cache.select_rows(torch.tensor(expand, device=self.device))
+        self._cache.merge(cache)
+        return mask[torch.tensor(expand, device=self.device)]
+
     def _decode_step(self) -> None:
         batch = len(self._rows)
         past = self._mask.shape[1]
         self._mask = torch.cat([self._mask, self._mask.new_ones(batch, 1)], dim=1)
-        if self.fused is not None:
-            logits = self.fused.step(self._next_ids, self._positions, self._mask, self._cache)
+        fused = self.fused
+        if fused is not None:
+            logits = self._compute(
+                batch, lambda: fused.step(self._next_ids, self._positions, self._mask, self._cache)
+            )
         else:
-            out = self.model(
-                input_ids=self._next_ids.unsqueeze(1),
-                attention_mask=self._mask,
-                position_ids=self._positions.unsqueeze(1),
-                past_key_values=self._cache,
-                use_cache=True,
-                cache_position=torch.tensor([past], device=self.device),
+            out = self._compute(
+                batch,
+                lambda: self.model(
+                    input_ids=self._next_ids.unsqueeze(1),
+                    attention_mask=self._mask,
+                    position_ids=self._positions.unsqueeze(1),
+                    past_key_values=self._cache,
+                    use_cache=True,
+                    cache_position=torch.tensor([past], device=self.device),
+                ),
             )
             logits = out.logits[:, -1, :]
         self._positions = self._positions + 1

@@ -41,6 +41,7 @@ from agentscope_rft.engines.chat import PromptBuilder, TextStream, assemble_choi
 from agentscope_rft.engines.fused import FusedDecoder, fused_decode_unsupported
 from agentscope_rft.engines.packed import pack_linear_weights, packing_unsupported
 from agentscope_rft.engines.prefix_cache import PrefixCache
+from agentscope_rft.engines.threads import ThreadPolicy
 from agentscope_rft.models import load_causal_lm, load_tokenizer, resolve_model
 from agentscope_rft.types import SamplingParams
 
@@ -79,21 +80,17 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return chosen
 
 
-def pick_num_threads(num_threads: int | None, device: torch.device) -> int | None:
-    """CPU threads of the engine thread; `None` resolves to all cores but one.
-
-    The engine shares its process with the event loop that runs the agents and the gateway. With
-    as many compute threads as cores, every OpenMP barrier waits whenever that loop (or another
-    process) takes a core: measured on 2 busy cores, a SmolLM2 decode step took 12x longer with
-    2 threads than with 1.
-    """
+def pick_threads(num_threads: int | None, device: torch.device) -> ThreadPolicy | None:
+    """The engine thread's CPU threads: `num_threads` always if set; by default measured per
+    forward size between all cores but one and all cores (see `threads.py`)."""
     if device.type != "cpu":
         return None
     if num_threads is not None:
-        return num_threads
-    chosen = max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) - 1))
-    logger.info("engine num_threads auto -> %d (one core left to the event loop)", chosen)
-    return chosen
+        return ThreadPolicy(num_threads, num_threads)
+    high = max(1, torch.get_num_threads())
+    low = max(1, min(high, (os.cpu_count() or 1) - 1))
+    logger.info("engine threads auto: %d or %d per forward size, by measured time", low, high)
+    return ThreadPolicy(low, high)
 
 
 def prefix_cache_unsupported(model: PreTrainedModel) -> str | None:
@@ -240,7 +237,7 @@ class EmbeddedEngine:
             seed=self._seed,
             prefix_cache=prefix_cache,
             prefill_chunk_tokens=self._prefill_chunk_tokens,
-            num_threads=pick_num_threads(self._num_threads, self._device),
+            threads=pick_threads(self._num_threads, self._device),
             fused=fused,
         )
         self._batcher.start()

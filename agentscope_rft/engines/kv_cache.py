@@ -88,25 +88,28 @@ class GrowingLayer(DynamicLayer):
         assert self._buf_k is not None and self._buf_v is not None
         return self._buf_k, self._buf_v
 
-    def append_rows(self, other: GrowingLayer) -> None:
-        """Add `other`'s rows below ours, both ending at the longer one's length (see
-        `BatchCache.merge`)."""
-        assert self._buf_k is not None and self._buf_v is not None
-        assert other.keys is not None and other.values is not None
-        theirs = other.get_seq_length()
-        length = max(self._length, theirs)
-        rows, heads, capacity, dim = self._buf_k.shape
+    def append(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        """Add one row per `keys[j]`/`values[j]` (`[H, T_j, D]`) below ours, all ending at the
+        longest length of the two (see `BatchCache.merge`), in one copy of everything."""
+        theirs = max(k.shape[1] for k in keys)
+        heads, dim = keys[0].shape[0], keys[0].shape[2]
+        rows = capacity = 0
+        if self._buf_k is not None and self._length > 0:
+            rows, heads, capacity, dim = self._buf_k.shape
+        length = max(self._length if rows else 0, theirs)
         capacity = max(capacity, length + _GROW_TOKENS)
         buffers = []
-        for mine, new in ((self._buf_k, other.keys), (self._buf_v, other.values)):
-            merged = mine.new_empty(rows + new.shape[0], heads, capacity, dim)
-            # Ours: as they are (columns from our length on are zeros), then zeros.
-            merged[:rows, :, : mine.shape[2]] = mine
-            merged[:rows, :, mine.shape[2] :] = 0
-            # Theirs: right-aligned at `length`, zeros around.
-            merged[rows:, :, : length - theirs] = 0
-            merged[rows:, :, length - theirs : length] = new
-            merged[rows:, :, length:] = 0
+        for mine, new in ((self._buf_k, keys), (self._buf_v, values)):
+            merged = new[0].new_empty(rows + len(new), heads, capacity, dim)
+            if rows:  # ours as they are (columns from our length on are zeros), then zeros
+                assert mine is not None
+                merged[:rows, :, : mine.shape[2]] = mine
+                merged[:rows, :, mine.shape[2] :] = 0
+            for j, row in enumerate(new):  # theirs right-aligned at `length`, zeros around
+                start = length - row.shape[1]
+                merged[rows + j, :, :start] = 0
+                merged[rows + j, :, start:length] = row
+                merged[rows + j, :, length:] = 0
             buffers.append(merged)
         self.adopt(buffers[0], buffers[1], length)
 
@@ -128,26 +131,19 @@ class BatchCache(DynamicCache):
         super().__init__()
         self.layers = [GrowingLayer() for _ in range(num_layers)]
 
-    @classmethod
-    def from_rows(
-        cls, kvs: list[torch.Tensor], spare: int = _GROW_TOKENS
-    ) -> tuple[BatchCache, torch.Tensor]:
-        """A cache of one row per `kvs[j]` (`[layers, 2, H, T_j, D]`), left-padded to the
-        longest, and its attention mask `[rows, longest]` (1 on each row's tokens)."""
-        layers, _, heads, _, dim = kvs[0].shape
+    def append_rows(self, kvs: list[torch.Tensor]) -> torch.Tensor:
+        """Append one row per `kvs[j]` (`[layers, 2, H, T_j, D]`, e.g. a prefilled prompt's KV),
+        each copied once, ending where ours end (see `merge`). Returns the new rows' attention
+        mask `[rows, longest T_j]` (1 on each row's tokens, right-aligned)."""
         lengths = [kv.shape[3] for kv in kvs]
         width = max(lengths)
-        # Zeroed: padding and spare columns are read (masked) by decode attention.
-        stacked = kvs[0].new_zeros(layers, 2, len(kvs), heads, width + spare, dim)
         mask = torch.zeros(len(kvs), width, dtype=torch.long, device=kvs[0].device)
-        for j, (kv, length) in enumerate(zip(kvs, lengths, strict=True)):
-            stacked[:, :, j, :, width - length : width] = kv
+        for j, length in enumerate(lengths):
             mask[j, width - length :] = 1
-        cache = cls(layers)
-        for index, layer in enumerate(cache.layers):
+        for index, layer in enumerate(self.layers):
             assert isinstance(layer, GrowingLayer)
-            layer.adopt(stacked[index, 0], stacked[index, 1], width)
-        return cache, mask
+            layer.append([kv[index, 0] for kv in kvs], [kv[index, 1] for kv in kvs])
+        return mask
 
     def merge(self, other: BatchCache) -> None:
         """Append `other`'s rows below ours, in one copy of each.
@@ -162,7 +158,8 @@ class BatchCache(DynamicCache):
             if mine.get_seq_length() == 0:
                 mine.adopt(*theirs.buffers(), theirs.get_seq_length())
                 continue
-            mine.append_rows(theirs)
+            assert theirs.keys is not None and theirs.values is not None
+            mine.append(list(theirs.keys), list(theirs.values))
 
     def reserve(self, new: int) -> None:
         """Grow every layer's buffers now if `new` more time steps would not fit."""

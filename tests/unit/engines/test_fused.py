@@ -15,7 +15,7 @@ from transformers import (
 from agentscope_rft.engines.attention import use_decode_attention
 from agentscope_rft.engines.batcher import copy_weights
 from agentscope_rft.engines.fused import FusedDecoder, Segment, fused_decode_unsupported
-from agentscope_rft.engines.kv_cache import BatchCache, GrowingLayer
+from agentscope_rft.engines.kv_cache import BatchCache, GrowingLayer, right_pad_mask
 from agentscope_rft.engines.packed import pack_linear_weights, packing_unsupported
 from agentscope_rft.models import load_causal_lm
 
@@ -204,13 +204,11 @@ def test_rows_joining_longer_keep_the_running_rows_results():
         kvs = [fused.new_kv(len(ids)) for ids in rows]
         logits = fused.prefill([Segment(ids, 0, kv) for ids, kv in zip(rows, kvs, strict=True)])
         assert logits is not None
-        cache, mask = BatchCache.from_rows(kvs[:1])
+        cache = BatchCache(model.config.num_hidden_layers)
+        mask = cache.append_rows(kvs[:1])
         if len(rows) > 1:  # join the longer row afterwards, the way the engine does
-            joined, joined_mask = BatchCache.from_rows(kvs[1:])
-            cache.merge(joined)
-            width = joined_mask.shape[1]
-            mask = torch.cat([mask, mask.new_zeros(1, width - mask.shape[1])], dim=1)
-            mask = torch.cat([mask, joined_mask])
+            joined = cache.append_rows(kvs[1:])
+            mask = torch.cat([right_pad_mask(mask, joined.shape[1]), joined])
         token = logits.argmax(-1)
         position = torch.tensor([len(ids) for ids in rows])
         out = []
