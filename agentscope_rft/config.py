@@ -73,8 +73,10 @@ class EmbeddedEngineConfig(Section):
     the transformers forward, 15-25% faster per step). Other models use transformers'."""
     num_threads: int | None = Field(default=None, ge=1)
     """CPU threads the engine computes with (its own thread only; the trainer keeps its own).
-    Default: all cores but one, left to the event loop running the agents and the gateway
-    (with every core computing, each step waits whenever that loop runs: 12x slower measured)."""
+    Default: per forward size, all cores but one or all cores, whichever measures faster here
+    (large prefills and batches gain from every core; small decode steps lose, and every step
+    waits whenever the event loop takes a core). Engine metrics `threads/tokens_*` show the
+    choice."""
 
 
 class VLLMEngineConfig(Section):

@@ -14,8 +14,17 @@ transformers forward of a Llama, Mistral, Qwen2 or Qwen3 model, for one new toke
 
 Every elementwise op is the one transformers runs, in the same order and dtype. A self-check at
 start (`fusion_changes_results`) confirms that the fused matmuls give exactly the separate ones'
-results on this CPU; where they do not, q/k/v and gate/up are multiplied separately. Prefill
-(many tokens per row) stays with the transformers forward.
+results on this CPU; where they do not, q/k/v and gate/up are multiplied separately.
+
+`FusedDecoder.prefill` computes the prompts admitted together as one ragged batch: their new
+tokens (after any cached prefix) go through the linear layers as one unpadded `[tokens, hidden]`
+matrix, and attention runs per prompt, its new tokens against its own past and themselves
+(PyTorch SDPA, bottom-right causal). transformers' batched prefill pads every prompt to the
+longest; with agent prompts that share cached prefixes and differ in a few dozen new tokens that
+padding was ~40% of the compute, and building the padded past KV cost as much again. Each
+prompt's KV is written straight into one buffer of its own, which the prefix cache and the
+running batch take. In bf16 the logits and KV are bit-identical to the transformers forward of
+the prompt alone, whatever else is in the batch (fp32: within matmul rounding).
 
 The fused weights are copies: `refresh` retakes them after every weight swap (`packed.repack`
 calls it), so a step never uses an older policy's weights.
@@ -23,6 +32,8 @@ calls it), so a step never uses an older policy's weights.
 Example:
     >>> decoder = FusedDecoder(model)  # doctest: +SKIP
     >>> logits = decoder.step(token_ids, positions, mask, cache)  # doctest: +SKIP
+    >>> kv = decoder.new_kv(len(prompt))  # doctest: +SKIP
+    >>> first_logits = decoder.prefill([Segment(prompt, 0, kv)])  # doctest: +SKIP
 """
 
 from __future__ import annotations

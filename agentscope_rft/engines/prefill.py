@@ -1,4 +1,5 @@
-"""Tensor layout of a prefill batch whose rows start from cached KV.
+"""Tensor layout of a padded prefill batch whose rows start from cached KV (transformers'
+forward: models without a fused forward; the others prefill ragged, see `fused.py`).
 
 Row `j` of a prefill batch has `past_j` tokens whose KV is already known (cached prefix blocks,
 or the chunks of a long prompt prefilled in earlier steps) and `new_j` tokens to compute. Both
