@@ -22,17 +22,19 @@ VERL = ("trainer.type=verl", "trainer.device=cpu")
 
 async def test_verl_trainer_raises_the_toy_reward(tiny_model_path, toy_tasks, tmp_path) -> None:
     run_dir = tmp_path / "run"
-    config = toy_config(tiny_model_path, toy_tasks, run_dir, *VERL, "run.steps=12")
+    # As in the torch loop's test: where the reward takes off depends on the random stream
+    # (step 3 to 14 measured), so 16 steps.
+    config = toy_config(tiny_model_path, toy_tasks, run_dir, *VERL, "run.steps=16")
     assert isinstance(config.trainer, VerlTrainerConfig)
     await train(config, run_dir)
     curve = rewards(run_dir)
-    assert len(curve) == 12
+    assert len(curve) == 16
     first, final = sum(curve[:3]) / 3, sum(curve[-3:]) / 3
     assert first < 0.2 and final > first + 0.3, curve
     before = load_file(str(Path(tiny_model_path) / "model.safetensors"))
-    after = final_weights(run_dir, 12)
+    after = final_weights(run_dir, 16)
     assert any(not torch.equal(before[k], after[k]) for k in before)
-    assert (run_dir / "checkpoints" / "step-000012" / "verl_trainer.pt").is_file()
+    assert (run_dir / "checkpoints" / "step-000016" / "verl_trainer.pt").is_file()
 
 
 async def test_verl_and_torch_runs_reach_the_same_weights(
