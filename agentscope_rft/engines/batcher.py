@@ -50,6 +50,7 @@ from agentscope_rft.engines.threads import ThreadPolicy
 from agentscope_rft.types import SamplingParams
 
 logger = logging.getLogger(__name__)
+_TRIM_COLUMNS = 64  # leading all-padding columns worth a copy of the cache to drop
 _T = TypeVar("_T")
 
 TokenCallback = Callable[[int, int], None]
@@ -166,9 +167,9 @@ class ContinuousBatcher:
         self._stopping = False
 
         self._rows: list[_Row] = []
-        self._retired = 0  # rows of `_rows` already answered (compacted away in batches)
+        self._retired = 0  # rows of `_rows` answered but not yet compacted away
         self._chunking: _Chunking | None = None
-        self._cache = BatchCache(self._num_layers)
+        self._cache = BatchCache(self._num_layers, max_batch_size)
         self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
         self._next_ids = torch.zeros(0, dtype=torch.long, device=self.device)
         self._positions = torch.zeros(0, dtype=torch.long, device=self.device)
@@ -456,9 +457,12 @@ class ContinuousBatcher:
         """`_join` for jobs whose prompt KV is in `kvs` (one `[layers, 2, KVH, L, D]` each):
         copied once, straight into the running cache."""
         lengths = torch.tensor([kv.shape[3] for kv in kvs], device=self.device)
+        # Requests still waiting will join soon (GRPO groups come in waves): room for them now
+        # saves growing the cache again.
+        coming = min(self.max_batch_size, len(self._rows) + len(jobs) + len(self._waiting))
         self._join(
             jobs,
-            lambda expand: self._cache.append_rows([kvs[j] for j in expand]),
+            lambda expand: self._cache.append_rows([kvs[j] for j in expand], coming),
             lengths - 1,
             logits,
         )
@@ -677,35 +681,33 @@ class ContinuousBatcher:
                 answered.append(job)
             row.retired = True
         self._retired += len(finished)
-        # Dropping rows copies the whole cache, so answered rows stay (decoded, unread) until
-        # a quarter of the batch is answered, or a join compacts: one copy for many retirements.
-        if 4 * self._retired >= len(self._rows):
-            self._compact()
+        self._compact()  # moves only as many rows as leave
         # Answers go out last: a caller woken by one sees the batch already without its rows.
         for job in answered:
             outputs = [o for o in job.outputs if o is not None]
             job.loop.call_soon_threadsafe(_resolve, job.done, outputs)
 
     def _compact(self) -> None:
-        """Drop the answered rows from the batch and its cache."""
-        keep = [i for i, row in enumerate(self._rows) if not row.retired]
-        self._rows = [self._rows[i] for i in keep]
+        """Drop the answered rows from the batch and its cache (the last running rows move
+        into their places; the rows' order changes, nothing else)."""
+        holes = [i for i, row in enumerate(self._rows) if row.retired]
         self._retired = 0
-        if not keep:
-            self._cache = BatchCache(self._num_layers)
-            self._mask = self._mask[:0, :0]
-            self._next_ids = self._next_ids[:0]
-            self._positions = self._positions[:0]
+        if not holes:
             return
-        keep_t = torch.tensor(keep, device=self.device)
-        mask = self._mask[keep_t]
-        # Columns that are padding in every remaining row can go.
+        order = self._cache.remove_rows(holes)
+        self._rows = [self._rows[i] for i in order]
+        order_t = torch.tensor(order, dtype=torch.long, device=self.device)
+        mask = self._mask[order_t]
+        self._next_ids = self._next_ids[order_t]
+        self._positions = self._positions[order_t]
+        # Columns that are padding in every remaining row can go; that copies the cache, so
+        # only once they are a quarter of it (masked padding costs attention reads meanwhile).
         used = mask.any(dim=0).nonzero()
-        drop_front = int(used[0]) if len(used) else 0
-        self._cache.select_rows(keep_t, drop_front)
-        self._mask = mask[:, drop_front:]
-        self._next_ids = self._next_ids[keep_t]
-        self._positions = self._positions[keep_t]
+        drop_front = int(used[0]) if len(used) else mask.shape[1]
+        if order and drop_front >= max(_TRIM_COLUMNS, mask.shape[1] // 4):
+            self._cache.drop_front(drop_front)
+            mask = mask[:, drop_front:]
+        self._mask = mask if order else mask[:, :0]
 
     def _fail_all(self, exc: BaseException) -> None:
         with self._lock:
@@ -720,7 +722,7 @@ class ContinuousBatcher:
         self._rows = []
         self._retired = 0
         self._chunking = None
-        self._cache = BatchCache(self._num_layers)
+        self._cache = BatchCache(self._num_layers, self.max_batch_size)
         self._mask = self._mask[:0, :0]
         self._next_ids = self._next_ids[:0]
         self._positions = self._positions[:0]
