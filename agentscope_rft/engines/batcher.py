@@ -245,7 +245,10 @@ class ContinuousBatcher:
     def _run(self) -> None:
         torch.set_grad_enabled(False)
         try:
-            self._serve()
+            # All of the engine's tensors are inference tensors, made and updated in here (the
+            # cache's buffers persist and grow inside forwards, so this must hold everywhere).
+            with torch.inference_mode():
+                self._serve()
         finally:  # whatever ends the thread (even a BaseException), nobody waits forever
             self._stopping = True
             stopped = EngineError("the engine stopped", status=503)

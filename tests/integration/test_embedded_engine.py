@@ -101,6 +101,33 @@ async def test_answered_rows_leave_at_once_without_changing_results(engine, tiny
     assert [len(o[0].completion_ids) for o in outs[:8]] == lengths
 
 
+async def test_rows_join_a_cache_that_grew_while_decoding(engine, tiny_model_path):
+    # A long generation outgrows the cache's spare columns mid-decode (the buffers grow inside
+    # a forward); then short requests join those buffers and leave, and another long one joins
+    # after them. Every result equals plain unbatched decoding.
+    batcher = engine.batcher
+
+    async def after(steps, prompt, n):
+        start = batcher.stats["decode_steps"]
+        while batcher.stats["decode_steps"] < start + steps:
+            await asyncio.sleep(0.001)
+        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+        return prompt, await engine.generate(prompt, params)
+
+    runs = await asyncio.gather(
+        after(0, [11, 12, 13], 90),
+        after(75, [21, 22, 23, 24, 25], 6),
+        after(78, [31, 32], 4),
+        after(85, [41, 42, 43, 44], 30),
+    )
+    model = load_causal_lm(tiny_model_path, dtype=torch.float32)
+    for prompt, [out] in runs:
+        ref_ids, ref_lp = _reference_greedy(model, prompt, len(out.completion_ids))
+        assert out.completion_ids == ref_ids
+        assert out.logprobs == pytest.approx(ref_lp, abs=1e-4)
+    assert batcher.num_running == 0
+
+
 async def test_requests_are_batched_together(engine):
     before = engine.batcher.stats["decode_steps"]
     outs = await asyncio.gather(
