@@ -113,10 +113,11 @@ class GrowingLayer(DynamicLayer):
         self._refresh_views()
 
     def reserve(self, new: int) -> None:
-        """Grow the buffers now if `new` more time steps would not fit (by a quarter at least:
-        a long prompt prefilled in chunks copies O(n) in total)."""
+        """Grow the buffers now if `new` more time steps would not fit."""
         if self._buf_k is not None and self._length + new > self._buf_k.shape[2]:
-            spare = max(new + _GROW_TOKENS, self._length // 4)
+            # Decode attention reads every column of the buffers, spare ones included, so one
+            # token at a time grows by a little; a long prompt in chunks by a quarter.
+            spare = new + _GROW_TOKENS if new == 1 else max(new + _GROW_TOKENS, self._length // 4)
             self._regrow(self._buf_k.shape[0], self._length + spare)
 
     def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,11 +132,11 @@ class GrowingLayer(DynamicLayer):
         """Add one row per `keys[j]`/`values[j]` (`[H, T_j, D]`) after ours, all ending at the
         longest length of the two (see `BatchCache.merge`). Ours are not copied unless the
         buffers must grow; when they do, they get room for `expect_rows` rows (more rows the
-        caller knows are coming) and a quarter more columns."""
+        caller knows are coming) and spare columns."""
         theirs = max(k.shape[1] for k in keys)
         if self._buf_k is None or self._rows == 0:
             heads, dim = keys[0].shape[0], keys[0].shape[2]
-            capacity = theirs + max(_GROW_TOKENS, theirs // 4)
+            capacity = theirs + _GROW_TOKENS
             if self._buf_k is not None and self._buf_k.shape[2] >= theirs + 1:
                 capacity = self._buf_k.shape[2]
             if self._buf_k is None or self._buf_k.shape[0] < max(len(keys), expect_rows):
@@ -150,7 +151,7 @@ class GrowingLayer(DynamicLayer):
         if needed_rows > self._buf_k.shape[0] or length >= self._buf_k.shape[2]:
             self._regrow(
                 max(self._buf_k.shape[0], self._row_capacity(max(needed_rows, expect_rows))),
-                max(self._buf_k.shape[2], length + max(_GROW_TOKENS, length // 4)),
+                max(self._buf_k.shape[2], length + _GROW_TOKENS),
             )
         # Ours: columns from our length on are zeros already, so they end at `length` as they
         # are. Theirs: right-aligned at `length`, zeros around (the rows may hold old data).
