@@ -68,9 +68,11 @@ class EmbeddedEngineConfig(Section):
     """A prompt with more uncached tokens than this is prefilled in chunks of this size, one
     per decode step of the running requests (so it does not stall them); null: in one go."""
     fused_decode: bool = True
-    """CPU: decode steps of Llama, Mistral, Qwen2 and Qwen3 models run a fused forward (one
-    matmul for q/k/v, one for gate/up, no per-layer module plumbing; results bit-identical to
-    the transformers forward, 15-25% faster per step). Other models use transformers'."""
+    """CPU: Llama, Mistral, Qwen2 and Qwen3 models run a fused forward: decode steps with one
+    matmul for q/k/v and one for gate/up, no per-layer module plumbing (15-25% faster per step);
+    prefills as one unpadded batch of all admitted prompts' new tokens. bf16 results are
+    bit-identical to the transformers forward of each sequence alone. Other models use
+    transformers' forward (prefills padded)."""
     num_threads: int | None = Field(default=None, ge=1)
     """CPU threads the engine computes with (its own thread only; the trainer keeps its own).
     Default: per forward size, all cores but one or all cores, whichever measures faster here
