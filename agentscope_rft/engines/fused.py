@@ -191,6 +191,38 @@ class FusedDecoder:
             qk_norm_eps=eps,
         )
 
+    def _qkv(
+        self, layer: _Layer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The q and k heads of `hidden` ([N, hidden]) with q/k norm (where the model has it)
+        and rotary embedding, `[N, H + KVH, D]`, and the v heads, `[N, KVH, D]`."""
+        rows = hidden.shape[0]
+        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        q_size, kv_size = heads * dim, kv_heads * dim
+        x = _rms_norm(hidden, *layer.norm_in)
+        if len(layer.qkv) == 1:
+            qkv = layer.qkv[0](x)
+            qk = qkv[:, : q_size + kv_size].view(rows, heads + kv_heads, dim)
+            value = qkv[:, q_size + kv_size :]
+        else:
+            q, k, value = (lin(x) for lin in layer.qkv)
+            qk = torch.cat([q, k], dim=-1).view(rows, heads + kv_heads, dim)
+        if layer.qk_norm_weight is not None:
+            qk = _rms_norm(qk, layer.qk_norm_weight, layer.qk_norm_eps)
+        half = dim // 2
+        rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+        return (qk * cos) + (rotated * sin), value.view(rows, kv_heads, dim)
+
+    @staticmethod
+    def _mlp(layer: _Layer, hidden: torch.Tensor) -> torch.Tensor:
+        """`hidden` after the layer's MLP block (norm, gate/up, SiLU, down, residual)."""
+        x = _rms_norm(hidden, *layer.norm_post)
+        if len(layer.gate_up) == 1:
+            gate, up = layer.gate_up[0](x).chunk(2, dim=-1)
+        else:
+            gate, up = (lin(x) for lin in layer.gate_up)
+        return hidden + layer.down(F.silu(gate) * up)
+
     @torch.inference_mode()
     def step(
         self,
@@ -205,7 +237,7 @@ class FusedDecoder:
         the new token's (1 = attend); the new tokens' KV is appended to `cache`.
         """
         batch = token_ids.shape[0]
-        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        heads, dim = self.heads, self.head_dim
         body = self.model.model
         hidden = body.embed_tokens(token_ids)  # [B, H]
         cos, sin = body.rotary_emb(hidden, positions[:, None])  # [B, 1, D]
@@ -217,37 +249,16 @@ class FusedDecoder:
         scores_mask = torch.full((batch, capacity), float("-inf"))
         scores_mask[:, : mask.shape[1]].masked_fill_(mask.bool(), 0.0)
         scores_mask = scores_mask.view(batch, 1, 1, capacity)
-        q_size, kv_size = heads * dim, kv_heads * dim
-        half = dim // 2
         for layer, cache_layer in zip(self.layers, cache.layers, strict=True):
             assert isinstance(cache_layer, GrowingLayer)
-            residual = hidden
-            x = _rms_norm(hidden, *layer.norm_in)
-            if len(layer.qkv) == 1:
-                qkv = layer.qkv[0](x)
-                qk = qkv[:, : q_size + kv_size].view(batch, heads + kv_heads, dim)
-                value = qkv[:, q_size + kv_size :]
-            else:
-                q, k, value = (lin(x) for lin in layer.qkv)
-                qk = torch.cat([q, k], dim=-1).view(batch, heads + kv_heads, dim)
-            if layer.qk_norm_weight is not None:
-                qk = _rms_norm(qk, layer.qk_norm_weight, layer.qk_norm_eps)
-            rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
-            qk = (qk * cos) + (rotated * sin)
+            qk, value = self._qkv(layer, hidden, cos, sin)
             query = qk[:, :heads]  # [B, H, D]
             key = qk[:, heads:].unsqueeze(2)  # [B, KVH, 1, D]
-            cache_layer.update(key, value.view(batch, kv_heads, 1, dim))
+            cache_layer.update(key, value.unsqueeze(2))
             keys, values = cache_layer.buffers()  # [B, KVH, C, D]
             attended = grouped_decode(query, keys, values, scores_mask, self.scale)
-            hidden = residual + layer.o(attended.reshape(batch, heads * dim))
-            residual = hidden
-            x = _rms_norm(hidden, *layer.norm_post)
-            if len(layer.gate_up) == 1:
-                gate_up = layer.gate_up[0](x)
-                gate, up = gate_up.chunk(2, dim=-1)
-            else:
-                gate, up = (lin(x) for lin in layer.gate_up)
-            hidden = residual + layer.down(F.silu(gate) * up)
+            hidden = hidden + layer.o(attended.reshape(batch, heads * dim))
+            hidden = self._mlp(layer, hidden)
         hidden = body.norm(hidden)
         return self.model.get_output_embeddings()(hidden).float()
 
@@ -281,24 +292,10 @@ class FusedDecoder:
             for seg, (s, e) in zip(segments, bounds, strict=True)
         ]
         total = offset
-        q_size, kv_size = heads * dim, kv_heads * dim
-        half = dim // 2
+        q_size = heads * dim
         attended = hidden.new_empty(total, q_size)
         for index, layer in enumerate(self.layers):
-            residual = hidden
-            x = _rms_norm(hidden, *layer.norm_in)
-            if len(layer.qkv) == 1:
-                qkv = layer.qkv[0](x)
-                qk = qkv[:, : q_size + kv_size].view(total, heads + kv_heads, dim)
-                value = qkv[:, q_size + kv_size :]
-            else:
-                q, k, value = (lin(x) for lin in layer.qkv)
-                qk = torch.cat([q, k], dim=-1).view(total, heads + kv_heads, dim)
-            if layer.qk_norm_weight is not None:
-                qk = _rms_norm(qk, layer.qk_norm_weight, layer.qk_norm_eps)
-            rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
-            qk = (qk * cos) + (rotated * sin)
-            value = value.view(total, kv_heads, dim)
+            qk, value = self._qkv(layer, hidden, cos, sin)
             for seg, (s, e), mask in zip(segments, bounds, masks, strict=True):
                 end = seg.start + e - s
                 keys, values = seg.kv[index, 0], seg.kv[index, 1]  # [KVH, T, D]
@@ -313,14 +310,8 @@ class FusedDecoder:
                     enable_gqa=heads != kv_heads,
                 )  # [1, H, n, D]
                 attended[s:e] = out[0].transpose(0, 1).reshape(e - s, q_size)
-            hidden = residual + layer.o(attended)
-            residual = hidden
-            x = _rms_norm(hidden, *layer.norm_post)
-            if len(layer.gate_up) == 1:
-                gate, up = layer.gate_up[0](x).chunk(2, dim=-1)
-            else:
-                gate, up = (lin(x) for lin in layer.gate_up)
-            hidden = residual + layer.down(F.silu(gate) * up)
+            hidden = hidden + layer.o(attended)
+            hidden = self._mlp(layer, hidden)
         last = [e - 1 for seg, (_, e) in zip(segments, bounds, strict=True) if seg.logits]
         if not last:
             return None
