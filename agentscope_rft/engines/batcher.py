@@ -82,7 +82,7 @@ class _Row:
     top: list[list[tuple[int, float]]] | None = None
     finish_reason: str | None = None
     stop_string: str | None = None
-    retired: bool = False  # answered; its batch row stays until the next compaction
+    retired: bool = False  # answered; `_compact` removes its batch row before the answer goes out
 
 
 @dataclass(eq=False)
@@ -167,7 +167,6 @@ class ContinuousBatcher:
         self._stopping = False
 
         self._rows: list[_Row] = []
-        self._retired = 0  # rows of `_rows` answered but not yet compacted away
         self._chunking: _Chunking | None = None
         self._cache = BatchCache(self._num_layers, max_batch_size)
         self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
@@ -202,7 +201,7 @@ class ContinuousBatcher:
 
     @property
     def num_running(self) -> int:
-        return len(self._rows) - self._retired
+        return len(self._rows)  # answered rows leave the batch before their answers go out
 
     @property
     def num_waiting(self) -> int:
@@ -564,8 +563,6 @@ class ContinuousBatcher:
                         policy_version=self.policy_version,
                     )
                 )
-        if self._retired:
-            self._compact()  # the merge below copies the cache anyway: not the answered rows
         expand_t = torch.tensor(expand, device=self.device)
         mask = append(expand)
         if self._rows:  # the running rows keep their columns (see `BatchCache.merge`)
@@ -613,12 +610,9 @@ class ContinuousBatcher:
             )
             logits = out.logits[:, -1, :]
         self._positions = self._positions + 1
-        live = [r for r in range(batch) if not self._rows[r].retired]
         self.stats["decode_steps"] += 1
-        self.stats["decode_tokens"] += len(live)
-        if len(live) < batch:
-            logits = logits[torch.tensor(live, device=self.device)]
-        self._accept(logits.float(), live)
+        self.stats["decode_tokens"] += batch
+        self._accept(logits.float(), list(range(batch)))
 
     def _accept(self, logits: torch.Tensor, row_ids: list[int]) -> None:
         """Sample a token for each of `row_ids` and retire rows that finished."""
@@ -683,7 +677,6 @@ class ContinuousBatcher:
             if all(o is not None for o in job.outputs) and not job.done.done():
                 answered.append(job)
             row.retired = True
-        self._retired += len(finished)
         self._compact()  # moves only as many rows as leave
         # Answers go out last: a caller woken by one sees the batch already without its rows.
         for job in answered:
@@ -694,7 +687,6 @@ class ContinuousBatcher:
         """Drop the answered rows from the batch and its cache (the last running rows move
         into their places; the rows' order changes, nothing else)."""
         holes = [i for i, row in enumerate(self._rows) if row.retired]
-        self._retired = 0
         if not holes:
             return
         order = self._cache.remove_rows(holes)
@@ -723,7 +715,6 @@ class ContinuousBatcher:
             if not job.done.done():
                 job.loop.call_soon_threadsafe(_reject, job.done, exc)
         self._rows = []
-        self._retired = 0
         self._chunking = None
         self._cache = BatchCache(self._num_layers, self.max_batch_size)
         self._mask = self._mask[:0, :0]

@@ -72,7 +72,7 @@ async def test_answered_rows_leave_at_once_without_changing_results(engine, tiny
 
     async def watch():
         while True:
-            lingered.append(len(batcher._rows) - batcher.num_running)
+            lingered.append(sum(row.retired for row in list(batcher._rows)))
             sizes.append(len(batcher._rows))
             await asyncio.sleep(0.001)
 
