@@ -41,7 +41,7 @@ from agentscope_rft.engines.chat import PromptBuilder, TextStream, assemble_choi
 from agentscope_rft.engines.fused import FusedDecoder, fused_decode_unsupported
 from agentscope_rft.engines.packed import pack_linear_weights, packing_unsupported
 from agentscope_rft.engines.prefix_cache import PrefixCache
-from agentscope_rft.engines.threads import ThreadPolicy
+from agentscope_rft.engines.threads import ThreadPolicy, confine_main_thread, in_own_thread
 from agentscope_rft.models import load_causal_lm, load_tokenizer, resolve_model
 from agentscope_rft.types import SamplingParams
 
@@ -198,8 +198,11 @@ class EmbeddedEngine:
     async def start(self) -> None:
         if self._batcher is not None:
             return
-        self.dtype = pick_dtype(self._dtype_name, self._device)
-        model = await asyncio.to_thread(
+        threads = pick_threads(self._num_threads, self._device)
+        if threads is not None and threads.high > 1:
+            confine_main_thread()  # the engine thread's team is to be the only one (threads.py)
+        self.dtype = await in_own_thread(pick_dtype, self._dtype_name, self._device)
+        model = await in_own_thread(
             load_causal_lm, self.model_path, dtype=self.dtype, device=str(self._device)
         )
         if self._device.type == "cpu" and model.config._attn_implementation == "sdpa":
@@ -237,7 +240,7 @@ class EmbeddedEngine:
             seed=self._seed,
             prefix_cache=prefix_cache,
             prefill_chunk_tokens=self._prefill_chunk_tokens,
-            threads=pick_threads(self._num_threads, self._device),
+            threads=threads,
             fused=fused,
         )
         self._batcher.start()

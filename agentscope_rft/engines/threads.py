@@ -13,8 +13,10 @@ Two things make "all cores" the wrong fixed choice there:
 A large forward (a prefill of hundreds of tokens, a decode step of dozens of rows) still gains
 from every core. So `ThreadPolicy` keeps, per forward size (tokens in the forward, in powers of
 two), a moving average of the seconds a forward takes with `low` threads and with `high`
-threads, uses the faster, and retries the other every `retry_every` forwards of that size, so
-it follows the machine's load.
+threads, uses the faster, and retries the other after `retry_every` forwards of that size, so
+it follows the machine's load. A retry that loses doubles the wait before the next one (up to
+`max_retry_every`): each costs a forward at the slower count, hundreds of milliseconds for a
+prefill on one thread.
 
 Example:
     >>> policy = ThreadPolicy(low=1, high=2)
@@ -24,15 +26,28 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ParamSpec, TypeVar
+
+import torch
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 _SMOOTHING = 0.3  # weight of the newest time in the moving average
 
 
 @dataclass
 class _Bucket:
+    retry_every: int  # forwards between retries of the slower count
     seconds: dict[int, float] = field(default_factory=dict)  # threads -> moving average
     count: int = 0
+    next_retry: int = 0
 
 
 class ThreadPolicy:
@@ -41,28 +56,41 @@ class ThreadPolicy:
     With `low == high` it always answers that number.
     """
 
-    def __init__(self, low: int, high: int, retry_every: int = 16) -> None:
+    def __init__(
+        self, low: int, high: int, retry_every: int = 16, max_retry_every: int = 512
+    ) -> None:
         if not 1 <= low <= high:
             raise ValueError(f"need 1 <= low <= high threads, got low={low}, high={high}")
         self.low, self.high = low, high
-        self.retry_every = retry_every
+        self.retry_every, self.max_retry_every = retry_every, max(retry_every, max_retry_every)
         self._buckets: dict[int, _Bucket] = {}
 
     @property
     def fixed(self) -> bool:
         return self.low == self.high
 
+    def _bucket(self, tokens: int) -> _Bucket:
+        key = max(tokens, 1).bit_length()
+        if key not in self._buckets:
+            self._buckets[key] = _Bucket(self.retry_every, next_retry=self.retry_every)
+        return self._buckets[key]
+
+    @staticmethod
+    def _best(bucket: _Bucket) -> int:
+        return min(bucket.seconds, key=bucket.seconds.__getitem__)
+
     def choose(self, tokens: int) -> int:
         """Threads for a forward over `tokens` tokens (prefill) or rows (decode)."""
         if self.fixed:
             return self.low
-        bucket = self._buckets.setdefault(max(tokens, 1).bit_length(), _Bucket())
+        bucket = self._bucket(tokens)
         bucket.count += 1
         for threads in (self.low, self.high):  # measure both first
             if threads not in bucket.seconds:
                 return threads
-        best = min(bucket.seconds, key=bucket.seconds.__getitem__)
-        if bucket.count % self.retry_every == 0:
+        best = self._best(bucket)
+        if bucket.count >= bucket.next_retry:
+            bucket.next_retry = bucket.count + bucket.retry_every
             return self.high if best == self.low else self.low
         return best
 
@@ -70,7 +98,13 @@ class ThreadPolicy:
         """The forward over `tokens` with `threads` threads took `seconds`."""
         if self.fixed:
             return
-        bucket = self._buckets.setdefault(max(tokens, 1).bit_length(), _Bucket())
+        bucket = self._bucket(tokens)
+        if len(bucket.seconds) == 2 and threads != self._best(bucket):  # a retry
+            if seconds < bucket.seconds[self._best(bucket)]:
+                bucket.retry_every = self.retry_every  # it may be about to win: look again soon
+            else:
+                bucket.retry_every = min(2 * bucket.retry_every, self.max_retry_every)
+            bucket.next_retry = bucket.count + bucket.retry_every
         old = bucket.seconds.get(threads)
         bucket.seconds[threads] = (
             seconds if old is None else (1 - _SMOOTHING) * old + _SMOOTHING * seconds
@@ -87,3 +121,53 @@ class ThreadPolicy:
                     min(seconds, key=seconds.__getitem__)
                 )
         return out
+
+
+# ---------------------------------------------------------------------------- one OpenMP team
+# libgomp spins a finished team's threads for a while so that the next region starts at once,
+# but only while the process's OpenMP threads are no more than its CPUs; past that every region
+# wakes its threads from sleep. Each thread that ever ran a multi-threaded torch op keeps a team
+# until it ends (the main thread's, and a pool thread's, never end). So a second team anywhere
+# in the process slows every small op of the engine's decode step: measured on 2 cores, a 1-row
+# linear layer takes 53 us with 2 threads while the engine's team is the only one, 107-117 us
+# with one more (and 84 us with 1 thread). The two functions below keep the engine's team the
+# only one that lasts: other torch work runs single-threaded or in a thread that ends with it.
+
+
+def confine_main_thread() -> None:
+    """Make the process's main thread compute torch ops single-threaded from now on (a team it
+    starts would never end, see above). A no-op in any other thread."""
+    if threading.current_thread() is threading.main_thread() and torch.get_num_threads() > 1:
+        torch.set_num_threads(1)
+
+
+async def in_own_thread(fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """`asyncio.to_thread` in a new thread that ends when `fn` returns, and its OpenMP team
+    with it (a pool thread's would last, see above). For torch work beside the engine: training
+    steps, weight copies, loading and saving checkpoints.
+
+    Like `asyncio.to_thread`, cancelling the await does not stop `fn`.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[_T] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(result: _T | None, error: BaseException | None) -> None:
+        if done.cancelled():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)  # type: ignore[arg-type]
+
+    def work() -> None:
+        result, error = None, None
+        try:
+            result = context.run(fn, *args, **kwargs)
+        except BaseException as exc:  # handed to the awaiting task, like to_thread does
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=work, name=f"torch-{getattr(fn, '__name__', 'work')}").start()
+    return await done

@@ -22,6 +22,7 @@ from agentscope_rft.buffer.config import build_buffer
 from agentscope_rft.config import RunConfig
 from agentscope_rft.engines.base import Engine, engine_metrics
 from agentscope_rft.engines.factory import build_engine
+from agentscope_rft.engines.threads import in_own_thread
 from agentscope_rft.explorer.explorer import EpisodeSettings, Explorer
 from agentscope_rft.explorer.runner import EpisodeRunner, ModelSettings
 from agentscope_rft.explorer.tasks import TaskSampler
@@ -54,7 +55,7 @@ MAX_EMPTY_STEPS = 3
 
 async def _sync_weights(engine: Engine, trainer: Trainer, version: int) -> float:
     started = time.perf_counter()
-    weights = await asyncio.to_thread(trainer.state_dict_for_sync)
+    weights = await in_own_thread(trainer.state_dict_for_sync)
     await engine.load_weights(weights, version)
     del weights
     # The step's activations and the weight copy are free now: give the pages back.
@@ -127,7 +128,7 @@ async def _train(
 ) -> dict[str, float]:
     prepare_run_dir(config, run_dir, resume=resume)
     mode, steps = config.run.mode, config.run.steps
-    trainer = await asyncio.to_thread(
+    trainer = await in_own_thread(
         build_trainer,
         config.trainer,
         checked.model_path,
@@ -142,7 +143,7 @@ async def _train(
     if resume:
         state = read_state(run_dir)
         start = int(state["step"])
-        await asyncio.to_thread(trainer.load, checkpoint_dir(run_dir, start))
+        await in_own_thread(trainer.load, checkpoint_dir(run_dir, start))
         logger.info("resuming %s after step %d", run_dir, start)
         # Groups taken by the steps lost in the crash (`start` and later) go back to the buffer.
         await buffer.requeue_after(start - 1)
@@ -289,7 +290,7 @@ async def _train(
                 if mix_demos and offline is not None:  # CHORD: demonstrations beside rollouts
                     samples = [*samples, *next(offline)]
             progress.reset("train", total=1)  # a step once begun finishes, even on a stop
-            metrics.update(await asyncio.to_thread(trainer.step, samples, step))
+            metrics.update(await in_own_thread(trainer.step, samples, step))
             progress.advance("train")
             done = step + 1
             if engine is not None and not stop.requested:
@@ -324,8 +325,8 @@ async def _train(
         nonlocal saved_at
         saved_at = done
         target = checkpoint_dir(run_dir, done)
-        await asyncio.to_thread(trainer.save, target)
-        await asyncio.to_thread(trainer.export_hf, target / "model")
+        await in_own_thread(trainer.save, target)
+        await in_own_thread(trainer.export_hf, target / "model")
         saved: dict[str, Any] = {"step": done}
         if sampler is not None:  # resume re-explores from the first batch not yet trained
             saved["sampler"] = sampler_states.get(done, sampler.state_dict())

@@ -1,6 +1,9 @@
 """The embedded engine on a tiny real model: batching correctness, sampling, weight hot-swap."""
 
 import asyncio
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -218,3 +221,61 @@ async def test_engine_thread_death_fails_waiting_requests_instead_of_hanging(eng
         await asyncio.wait_for(engine.generate([5, 6, 7], GREEDY), timeout=30)
     with pytest.raises(EngineError, match="shutting down"):
         await engine.generate([5, 6, 7], GREEDY)
+
+
+_ONE_TEAM = """
+import asyncio, os, sys, threading, time
+import torch
+from agentscope_rft.engines.embedded import EmbeddedEngine
+from agentscope_rft.types import SamplingParams
+
+def native_threads():  # OS threads Python did not start: OpenMP's workers among them
+    return len(os.listdir("/proc/self/task")) - len(threading.enumerate())
+
+def warm():  # torch starts a helper thread once per process, the first time a team forms
+    torch.set_num_threads(2)
+    torch.ones(1 << 22).add_(1.0)
+
+async def main():
+    high = torch.get_num_threads()
+    helper = threading.Thread(target=warm)
+    helper.start()
+    helper.join()
+    time.sleep(0.2)
+    before = native_threads()
+    engine = EmbeddedEngine(sys.argv[1], dtype="float32", device="cpu")
+    await engine.start()
+    sampling = SamplingParams(temperature=1.0, max_tokens=8)
+    for _ in range(3):  # prefills and decode steps, both thread counts tried
+        await asyncio.gather(*(engine.generate(list(range(100, 400)), sampling) for _ in range(4)))
+    torch.ones(1 << 22).add_(1.0)  # torch work of the app in the event loop's thread
+    deadline = time.monotonic() + 5  # threads that ended take their teams' workers along
+    while native_threads() - before > high - 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print(native_threads() - before, high, torch.get_num_threads())
+    await engine.close()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts OS threads in /proc")
+def test_the_engine_threads_openmp_team_is_the_only_one_that_lasts(tiny_model_path, tmp_path):
+    # libgomp stops spinning its idle teams once the process has more OpenMP threads than CPUs,
+    # and the engine's small decode ops then wait for sleeping threads (`engines/threads.py`).
+    # A fresh process: loading, the dtype probe and the app's own torch work add no team.
+    script = tmp_path / "one_team.py"
+    script.write_text(_ONE_TEAM)
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(
+        [sys.executable, str(script), tiny_model_path],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    added, high, main_threads = map(int, done.stdout.split()[-3:])
+    assert high == 2 and main_threads == 1
+    assert added <= high - 1  # the engine thread's team: itself and high - 1 workers

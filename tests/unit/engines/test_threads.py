@@ -1,9 +1,22 @@
-"""The engine's thread policy: measures both thread counts per forward size, uses the faster,
-keeps re-measuring, and follows a change in which is faster."""
+"""The engine's thread policy (measures both thread counts per forward size, uses the faster,
+keeps re-measuring, follows a change in which is faster) and the helpers that keep the engine's
+OpenMP team the only one that lasts."""
+
+import contextvars
+import itertools
+import os
+import sys
+import threading
+import time
 
 import pytest
+import torch
 
-from agentscope_rft.engines.threads import ThreadPolicy
+from agentscope_rft.engines.threads import ThreadPolicy, confine_main_thread, in_own_thread
+
+linux_only = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="counts OS threads in /proc"
+)
 
 
 def run(policy, tokens, seconds_for, steps):
@@ -43,3 +56,69 @@ def test_fixed_thread_counts_and_bad_ranges():
         ThreadPolicy(2, 1)
     with pytest.raises(ValueError, match="1 <= low <= high"):
         ThreadPolicy(0, 2)
+
+
+def test_a_retry_that_keeps_losing_waits_longer_and_one_that_wins_is_taken_up():
+    policy = ThreadPolicy(low=1, high=2, retry_every=4, max_retry_every=64)
+    picks = run(policy, 200, {1: 0.600, 2: 0.350}, 400)[2:]
+    retries = [i for i, threads in enumerate(picks) if threads == 1]
+    gaps = [b - a for a, b in itertools.pairwise(retries)]
+    assert gaps[:4] == [8, 16, 32, 64] and set(gaps[4:]) == {64}  # doubling up to the cap
+    assert len(retries) <= 9  # a fixed interval of 4 would have cost 100 slow prefills
+    # The core comes back (say another process ended): one thread is now the faster.
+    later = run(policy, 200, {1: 0.200, 2: 0.350}, 160)
+    switched = later.index(1) + 1
+    assert later[switched + 16 :].count(1) >= len(later[switched + 16 :]) - 8
+
+
+def native_threads() -> int:
+    """OS threads of this process that Python did not start (OpenMP's, BLAS's)."""
+    return len(os.listdir("/proc/self/task")) - len(threading.enumerate())
+
+
+@linux_only
+async def test_work_in_its_own_thread_ends_with_its_openmp_team():
+    def work() -> threading.Thread:
+        torch.set_num_threads(2)
+        torch.ones(1 << 22).add_(1.0)  # big enough to run on a team of 2
+        return threading.current_thread()
+
+    warm = threading.Thread(target=work)  # torch starts a helper thread once per process
+    warm.start()
+    warm.join()
+    time.sleep(0.2)
+    before = native_threads()
+    thread = await in_own_thread(work)
+    thread.join(timeout=10)
+    assert not thread.is_alive() and thread is not threading.current_thread()
+    deadline = time.monotonic() + 10  # the team's workers exit after the thread itself
+    while native_threads() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert native_threads() <= before  # a pool thread (asyncio.to_thread) would keep its team
+
+
+async def test_own_thread_results_errors_and_context_vars():
+    var = contextvars.ContextVar("var", default="unset")
+    var.set("caller's")
+    assert await in_own_thread(lambda a, b=0: (a + b, var.get()), 1, b=2) == (3, "caller's")
+
+    def fail() -> None:
+        raise KeyError("from the thread")
+
+    with pytest.raises(KeyError, match="from the thread"):
+        await in_own_thread(fail)
+
+
+def test_confining_the_main_thread_and_nothing_else():
+    restore = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        seen = []
+        worker = threading.Thread(target=lambda: (confine_main_thread(), seen.append(1)))
+        worker.start()
+        worker.join()
+        assert seen and torch.get_num_threads() == 2  # not the main thread: nothing changed
+        confine_main_thread()
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(restore)
