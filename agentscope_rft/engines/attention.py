@@ -71,12 +71,15 @@ def grouped_decode(
     batch, heads, dim = query.shape
     kv_heads = key.shape[1]
     grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)  # [B, KVH, G, D]
-    scores = torch.matmul(grouped, key.transpose(-1, -2)).float() * scale  # [B, KVH, G, T]
-    if mask is not None:
-        if mask.dtype == torch.bool:
+    scores = torch.matmul(grouped, key.transpose(-1, -2))  # [B, KVH, G, T]
+    if mask is not None and mask.dtype != torch.bool:
+        # `mask + scale * scores` in float32: one op for `scores.float() * scale + mask`, and
+        # the same bits where the mask is 0 (-inf stays -inf, a huge negative still exps to 0).
+        scores = torch.add(mask.float(), scores, alpha=scale)
+    else:
+        scores = scores.float() * scale
+        if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
-        else:
-            scores = scores + mask.float()
     probs = scores.softmax(dim=-1).to(value.dtype)
     return torch.matmul(probs, value).reshape(batch, heads, dim)  # from [B, KVH, G, D]
 

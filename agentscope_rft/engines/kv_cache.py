@@ -135,12 +135,19 @@ class GrowingLayer(DynamicLayer):
         caller knows are coming) and spare columns."""
         theirs = max(k.shape[1] for k in keys)
         if self._buf_k is None or self._rows == 0:
+            # An empty cache keeps its buffers only while their time capacity is about what
+            # the newcomers need: decode attention reads every column, so the spare columns
+            # left by an earlier long prompt would cost every later step.
             heads, dim = keys[0].shape[0], keys[0].shape[2]
             capacity = theirs + _GROW_TOKENS
-            if self._buf_k is not None and self._buf_k.shape[2] >= theirs + 1:
-                capacity = self._buf_k.shape[2]
-            if self._buf_k is None or self._buf_k.shape[0] < max(len(keys), expect_rows):
-                rows_capacity = self._row_capacity(max(len(keys), expect_rows))
+            old = self._buf_k
+            if old is not None and theirs < old.shape[2] <= capacity + _GROW_TOKENS:
+                capacity = old.shape[2]
+            needed = max(len(keys), expect_rows)
+            if old is None or old.shape[0] < needed or old.shape[2] != capacity:
+                rows_capacity = self._row_capacity(needed)
+                if old is not None:
+                    rows_capacity = max(rows_capacity, old.shape[0])
                 self._buf_k = keys[0].new_empty(rows_capacity, heads, capacity, dim)
                 self._buf_v = values[0].new_empty(rows_capacity, heads, capacity, dim)
             self._length, self._rows = 0, 0

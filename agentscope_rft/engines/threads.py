@@ -1,22 +1,22 @@
 """How many CPU threads each forward of the embedded engine computes with, chosen by measuring.
 
 The engine computes in a thread of the process that also runs the event loop (agents, gateway).
-Two things make "all cores" the wrong fixed choice there:
+All cores is not always the faster choice there: when the event loop or another process takes a
+core, every barrier of a multi-threaded op waits for it, and a decode step of a few rows is
+hundreds of small ops. A large forward (a prefill of hundreds of tokens, a decode step of dozens
+of rows) gains from every core.
 
-- Every OpenMP region started from a thread other than the process's main thread costs tens of
-  microseconds more than from the main thread (libgomp; measured on 2 cores: a 1-row linear
-  layer takes 118 us with 2 threads vs 91 us with 1, while the main thread does it in 54 us). A
-  decode step of a few rows is hundreds of such regions, so it gets slower with more threads.
-- When the event loop or another process takes a core, every barrier of a multi-threaded op
-  waits for it.
+So `ThreadPolicy` measures, per forward size (tokens in the forward, in powers of two), which of
+`low` and `high` threads is faster, and uses that one. Times within a size class drift as the
+context grows, so it compares the two counts in pairs: now and then (`retry_every` forwards) it
+runs the other count and compares that forward with the forward just before it, and keeps a
+moving average of the log of that ratio. A retry that loses doubles the wait before the next
+(up to `max_retry_every`): each costs a forward at the slower count, hundreds of milliseconds for
+a prefill on one thread. A forward much slower than the ones before it (a core was taken) brings
+the next retry forward.
 
-A large forward (a prefill of hundreds of tokens, a decode step of dozens of rows) still gains
-from every core. So `ThreadPolicy` keeps, per forward size (tokens in the forward, in powers of
-two), a moving average of the seconds a forward takes with `low` threads and with `high`
-threads, uses the faster, and retries the other after `retry_every` forwards of that size, so
-it follows the machine's load. A retry that loses doubles the wait before the next one (up to
-`max_retry_every`): each costs a forward at the slower count, hundreds of milliseconds for a
-prefill on one thread.
+The module's second half keeps the engine thread's OpenMP team the only one in the process (see
+"one OpenMP team" below): without that, small ops on 2 threads are slower than on 1.
 
 Example:
     >>> policy = ThreadPolicy(low=1, high=2)
@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,22 +40,23 @@ import torch
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
-_SMOOTHING = 0.3  # weight of the newest time in the moving average
+_SMOOTHING = 0.5  # weight of the newest paired comparison in the moving average
+_JUMP = 1.5  # a forward this much slower than the one before of its size: retry next
 
 
 @dataclass
 class _Bucket:
     retry_every: int  # forwards between retries of the slower count
-    seconds: dict[int, float] = field(default_factory=dict)  # threads -> moving average
+    next_retry: int
     count: int = 0
-    next_retry: int = 0
+    last: dict[int, float] = field(default_factory=dict)  # threads -> latest seconds
+    previous: tuple[int, float] | None = None  # the latest forward at the best count: size, s
+    log_ratio: float = 0.0  # moving average of log(seconds with low / seconds with high)
 
 
 class ThreadPolicy:
-    """Picks `low` or `high` threads per forward size by measured time (see the module doc).
-
-    With `low == high` it always answers that number.
-    """
+    """Picks `low` or `high` threads per forward size by paired measurements (see the module
+    doc). With `low == high` it always answers that number."""
 
     def __init__(
         self, low: int, high: int, retry_every: int = 16, max_retry_every: int = 512
@@ -75,9 +77,8 @@ class ThreadPolicy:
             self._buckets[key] = _Bucket(self.retry_every, next_retry=self.retry_every)
         return self._buckets[key]
 
-    @staticmethod
-    def _best(bucket: _Bucket) -> int:
-        return min(bucket.seconds, key=bucket.seconds.__getitem__)
+    def _best(self, bucket: _Bucket) -> int:
+        return self.high if bucket.log_ratio > 0 else self.low
 
     def choose(self, tokens: int) -> int:
         """Threads for a forward over `tokens` tokens (prefill) or rows (decode)."""
@@ -85,8 +86,8 @@ class ThreadPolicy:
             return self.low
         bucket = self._bucket(tokens)
         bucket.count += 1
-        for threads in (self.low, self.high):  # measure both first
-            if threads not in bucket.seconds:
+        for threads in (self.low, self.high):  # measure both first, one after the other
+            if threads not in bucket.last:
                 return threads
         best = self._best(bucket)
         if bucket.count >= bucket.next_retry:
@@ -99,27 +100,38 @@ class ThreadPolicy:
         if self.fixed:
             return
         bucket = self._bucket(tokens)
-        if len(bucket.seconds) == 2 and threads != self._best(bucket):  # a retry
-            if seconds < bucket.seconds[self._best(bucket)]:
-                bucket.retry_every = self.retry_every  # it may be about to win: look again soon
+        other = self.high if threads == self.low else self.low
+        first_pair = len(bucket.last) == 1 and other in bucket.last
+        if first_pair or (len(bucket.last) == 2 and threads != self._best(bucket)):
+            # A retry (or the first measurement of the second count): against the forward
+            # just before it, of about the same size and context.
+            pair = {threads: seconds, other: bucket.last[other]}
+            ratio = math.log(max(pair[self.low], 1e-9) / max(pair[self.high], 1e-9))
+            if first_pair:
+                bucket.log_ratio = ratio
             else:
-                bucket.retry_every = min(2 * bucket.retry_every, self.max_retry_every)
-            bucket.next_retry = bucket.count + bucket.retry_every
-        old = bucket.seconds.get(threads)
-        bucket.seconds[threads] = (
-            seconds if old is None else (1 - _SMOOTHING) * old + _SMOOTHING * seconds
-        )
+                lost = (ratio > 0) == (bucket.log_ratio > 0)
+                bucket.log_ratio = (1 - _SMOOTHING) * bucket.log_ratio + _SMOOTHING * ratio
+                bucket.retry_every = (
+                    min(2 * bucket.retry_every, self.max_retry_every) if lost else self.retry_every
+                )
+                bucket.next_retry = bucket.count + bucket.retry_every
+            bucket.previous = None
+        elif len(bucket.last) == 2:  # the best count: a sudden slowdown may be a taken core
+            previous = bucket.previous
+            if previous is not None and previous[0] == tokens and seconds > _JUMP * previous[1]:
+                bucket.next_retry = min(bucket.next_retry, bucket.count + 1)
+            bucket.previous = (tokens, seconds)
+        bucket.last[threads] = seconds
 
     def summary(self) -> dict[str, float]:
         """Per size bucket, the threads it currently picks (for engine metrics)."""
         out = {}
         for key in sorted(self._buckets):
-            seconds = self._buckets[key].seconds
-            if len(seconds) == 2:
+            bucket = self._buckets[key]
+            if len(bucket.last) == 2:
                 lo = 1 << (key - 1)
-                out[f"threads/tokens_{lo}_{2 * lo - 1}"] = float(
-                    min(seconds, key=seconds.__getitem__)
-                )
+                out[f"threads/tokens_{lo}_{2 * lo - 1}"] = float(self._best(bucket))
         return out
 
 

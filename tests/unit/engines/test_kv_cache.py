@@ -62,3 +62,22 @@ def test_leaving_rows_are_filled_by_the_last_ones():
     assert cache.remove_rows([0, 1, 2, 3]) == [] and cache.get_seq_length() == 0
     cache.append_rows([prompt_kv(3, 9)])  # the emptied buffers take new rows again
     assert torch.equal(row(cache, 0, 3), prompt_kv(3, 9))
+
+
+def test_an_emptied_cache_fits_its_buffers_to_the_next_rows():
+    # Decode attention reads every column of the buffers: the room a long prompt left behind
+    # must not stay for the short rows after it, but a near fit is reused as it is.
+    cache = BatchCache(LAYERS)
+    cache.append_rows([prompt_kv(900, 0), prompt_kv(40, 1)])
+    cache.remove_rows([0, 1])
+    layer = cache.layers[0]
+    assert isinstance(layer, GrowingLayer)
+    cache.append_rows([prompt_kv(30, 2)])
+    keys = layer.buffers()[0]
+    assert keys.shape[2] < 200
+    assert torch.equal(row(cache, 0, 30), prompt_kv(30, 2))
+    before = keys.data_ptr()
+    cache.remove_rows([0])
+    cache.append_rows([prompt_kv(25, 3)])
+    assert layer.buffers()[0].data_ptr() == before  # close enough: no new buffers
+    assert torch.equal(row(cache, 0, 25), prompt_kv(25, 3))

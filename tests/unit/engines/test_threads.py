@@ -122,3 +122,23 @@ def test_confining_the_main_thread_and_nothing_else():
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(restore)
+
+
+def test_times_that_grow_with_the_context_do_not_flip_the_choice():
+    # Decode steps get slower as the context grows; two threads stay 1.3x faster throughout.
+    # Comparing the best count's fresh times with the other's old ones would flip to one.
+    policy = ThreadPolicy(low=1, high=2, retry_every=8)
+    picks = []
+    for step in range(400):
+        threads = policy.choose(1)
+        base = 0.020 * (1 + step / 100)
+        policy.record(1, threads, base * (1.3 if threads == 1 else 1.0))
+        picks.append(threads)
+    assert picks[2:].count(1) <= 8  # retries only, backing off
+
+
+def test_a_sudden_slowdown_is_checked_at_once():
+    policy = ThreadPolicy(low=1, high=2, retry_every=4, max_retry_every=512)
+    run(policy, 1, {1: 0.030, 2: 0.020}, 200)  # retries backed off to long waits
+    later = run(policy, 1, {1: 0.030, 2: 0.060}, 6)  # a core was taken: 2 threads now slower
+    assert later[:3] == [2, 1, 1]  # the slow step triggers a retry, which wins
