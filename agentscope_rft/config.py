@@ -75,10 +75,13 @@ class EmbeddedEngineConfig(Section):
     transformers' forward (prefills padded)."""
     num_threads: int | None = Field(default=None, ge=1)
     """CPU threads the engine computes with (its own thread only; the trainer keeps its own).
-    Default: per forward size, all cores but one or all cores, whichever measures faster here
-    (large prefills and batches gain from every core; small decode steps lose, and every step
-    waits whenever the event loop takes a core). Engine metrics `threads/tokens_*` show the
-    choice."""
+    Default: per forward size, all cores but one or all cores, whichever measures faster here,
+    compared in pairs of forwards (every multi-threaded step waits whenever another thread or
+    process takes a core). Engine metrics `threads/tokens_*` show the choice. With more than one
+    thread, the engine keeps its OpenMP team the only lasting one in the process: the main
+    thread's torch ops run single-threaded from the engine's start, and the framework's other
+    torch work runs in threads that end with it (libgomp wakes every team from sleep once a
+    process has more OpenMP threads than cores, which made small decode steps 2x slower)."""
 
 
 class VLLMEngineConfig(Section):
