@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import logging
 import math
 import threading
 from collections.abc import Callable
@@ -36,6 +37,8 @@ from dataclasses import dataclass, field
 from typing import ParamSpec, TypeVar
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -151,6 +154,10 @@ def confine_main_thread() -> None:
     starts would never end, see above). A no-op in any other thread."""
     if threading.current_thread() is threading.main_thread() and torch.get_num_threads() > 1:
         torch.set_num_threads(1)
+        logger.info(
+            "torch ops in the main thread now run single-threaded: the embedded engine's "
+            "OpenMP team stays the only one in the process (engines/threads.py)"
+        )
 
 
 async def in_own_thread(fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
