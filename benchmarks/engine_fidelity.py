@@ -32,7 +32,7 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from quickstart_explore import ROOT, settings
+from quickstart_explore import ROOT, explore_command
 
 from agentscope_rft.buffer.export import iter_stored_samples
 from agentscope_rft.models import load_causal_lm, resolve_model
@@ -40,14 +40,7 @@ from agentscope_rft.types import Sample
 
 
 def explore(name: str, config: Path, limit: int, out: Path, model: str | None) -> Path:
-    data = yaml.safe_load(config.read_text()) or {}
-    command = [
-        *(sys.executable, "-m", "agentscope_rft.cli", "explore", "--config", str(config)),
-        *("--split", "train", "--limit", str(limit), "--out", str(out / name)),
-        *("--log-level", "WARNING"),
-    ]
-    for setting in settings(name, data):
-        command += ["--set", setting]
+    command = explore_command(name, config, yaml.safe_load(config.read_text()) or {}, limit, out)
     if model is not None:
         command += ["--set", f"model.name_or_path={model}"]
     subprocess.run(command, check=True, cwd=ROOT)
@@ -57,14 +50,16 @@ def explore(name: str, config: Path, limit: int, out: Path, model: str | None) -
 def reference(
     model: torch.nn.Module, sample: Sample, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 log-probs of `sample.token_ids[1:]` under `model` at `temperature`, and the entropy
-    of the distribution each was drawn from: two [T - 1] tensors."""
+    """fp32 log-probs under `model` at `temperature` of the trained tokens of `sample` (loss mask
+    1, the first token excepted), and the entropy of the distribution each was drawn from."""
     ids = torch.tensor([sample.token_ids])
+    trained = torch.tensor(sample.loss_mask[1:], dtype=torch.bool)  # [T - 1]
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, :-1].float() / temperature  # [T - 1, V]
+        logits = model(input_ids=ids).logits[0, :-1][trained].float() / temperature  # [N, V]
     all_logprobs = logits.log_softmax(-1)
     entropy = -(all_logprobs.exp() * all_logprobs).sum(-1)
-    return all_logprobs.gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1), entropy
+    chosen = ids[0, 1:][trained]
+    return all_logprobs.gather(-1, chosen.unsqueeze(-1)).squeeze(-1), entropy
 
 
 def score(run_dir: Path, model: torch.nn.Module, temperature: float) -> dict[str, float]:
@@ -72,11 +67,10 @@ def score(run_dir: Path, model: torch.nn.Module, temperature: float) -> dict[str
     rewards = []
     for sample in iter_stored_samples(run_dir / "buffer.db"):
         rewards.append(sample.reward)
-        mask = torch.tensor(sample.loss_mask[1:], dtype=torch.bool)
-        engine = torch.tensor(sample.logprobs[1:], dtype=torch.float32)[mask]
+        trained = torch.tensor(sample.loss_mask[1:], dtype=torch.bool)
+        engine = torch.tensor(sample.logprobs[1:], dtype=torch.float32)[trained]
         ref, entropy = reference(model, sample, temperature)
-        ref = ref[mask]
-        entropies.append(entropy[mask])
+        entropies.append(entropy)
         gaps.append(engine - ref)
         refs.append(ref)
         engine_lps.append(engine)

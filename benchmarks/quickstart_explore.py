@@ -49,29 +49,25 @@ def settings(name: str, config: dict) -> list[str]:
     return ["engine=" + json.dumps({"type": "vllm", "kv_cache_space_gib": 1})]
 
 
+def explore_command(name: str, config: Path, data: dict, limit: int, out: Path) -> list[str]:
+    """`agentscope-rft explore` of `config` (`data`: its contents) on engine `name`: the first
+    `limit` training tasks, results in `out / name`."""
+    command = [
+        *(sys.executable, "-m", "agentscope_rft.cli", "explore", "--config", str(config)),
+        *("--split", "train", "--limit", str(limit), "--out", str(out / name)),
+        *("--log-level", "WARNING"),
+    ]
+    for setting in settings(name, data):
+        command += ["--set", setting]
+    return command
+
+
 def run(name: str, steps: int, out: Path, config: Path, src: str | None = None) -> dict:
     data = yaml.safe_load(config.read_text()) or {}
     tasks_per_step = int((data.get("explorer") or {}).get("tasks_per_step", 4))
     if src is not None and config.resolve().is_relative_to(ROOT):  # the older checkout's copy
         config = Path(src).resolve() / config.resolve().relative_to(ROOT)
-    command = [
-        sys.executable,
-        "-m",
-        "agentscope_rft.cli",
-        "explore",
-        "--config",
-        str(config),
-        "--split",
-        "train",
-        "--limit",
-        str(tasks_per_step * steps),
-        "--out",
-        str(out / name),
-        "--log-level",
-        "WARNING",
-    ]
-    for setting in settings(name, data):
-        command += ["--set", setting]
+    command = explore_command(name, config, data, tasks_per_step * steps, out)
     env, cwd = None, ROOT
     if src is not None:  # an older checkout's package, its own defaults (`-m` puts cwd first)
         cwd = Path(src).resolve()
