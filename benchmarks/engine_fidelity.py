@@ -74,6 +74,8 @@ def score(run_dir: Path, model: torch.nn.Module, temperature: float) -> dict[str
         gaps.append(engine - ref)
         refs.append(ref)
         engine_lps.append(engine)
+    if not gaps:
+        raise SystemExit(f"{run_dir}: no samples to score (did every episode fail? rollouts.jsonl)")
     gap, ref, engine = torch.cat(gaps), torch.cat(refs), torch.cat(engine_lps)
     absolute = gap.abs()
     log_ratio = ref - engine  # log p_ref / p_engine at tokens drawn from the engine
