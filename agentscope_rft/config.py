@@ -314,6 +314,21 @@ class SamplingConfig(Section):
     """Completion length limit per call (null: the app's own, else the context left)."""
 
 
+class DynamicSamplingConfig(Section):
+    """Dynamic sampling (DAPO): refill a step's batch with groups whose rewards differ.
+
+    Under a group baseline (GRPO, RLOO, ...) a task whose episodes all got the same reward
+    trains nothing. With this on, a step whose first batch of `tasks_per_step` tasks has fewer
+    groups with unequal rewards explores further tasks (about as many as are missing, scaled by
+    the share of useful groups seen so far, at most `tasks_per_step` at a time) until it has
+    `tasks_per_step` such groups or has explored `max_batches` batches. The equal-reward groups
+    are left out of the buffer; the step trains on the others."""
+
+    max_batches: int = Field(default=3, ge=2)
+    """Most batches of tasks explored for one step (the first included): it bounds the extra
+    exploration of a step whose tasks are all solved, or all failed."""
+
+
 class ExplorerConfig(Section):
     """How episodes are run."""
 
@@ -357,6 +372,10 @@ class ExplorerConfig(Section):
     seed: int | None = 0
     """Each training call without a seed gets one derived from this, its rollout and call
     number, so exploration is reproducible (null: unseeded)."""
+    dynamic_sampling: DynamicSamplingConfig | None = None
+    """Refill each step with groups whose rewards differ (DAPO's dynamic sampling), e.g.
+    `{max_batches: 3}`; null: off (one batch per step; its equal-reward groups are dropped by
+    the trainer). Needs a group-baseline advantage with `algorithm.filter_zero_variance_groups`."""
 
 
 class SyncConfig(Section):
@@ -524,6 +543,20 @@ class RunConfig(Section):
                 )
             if self.offline.format != "sft":
                 raise ValueError(f"{why} trains on SFT demonstrations: set offline.format 'sft'")
+        if self.explorer.dynamic_sampling is not None:
+            if not exploring:
+                raise ValueError(
+                    f"explorer.dynamic_sampling refills explored batches; run.mode {mode!r} "
+                    "does not explore: remove it"
+                )
+            if not self.algorithm.drops_zero_variance_groups():
+                raise ValueError(
+                    "explorer.dynamic_sampling replaces groups whose rewards are all equal, which "
+                    "only a group-baseline advantage (grpo, rloo, ...) with "
+                    "algorithm.filter_zero_variance_groups: true leaves untrained (advantage is "
+                    f"{self.algorithm.advantage.type!r}); remove explorer.dynamic_sampling or "
+                    "use such an advantage"
+                )
         if mode == "train_only" and self.buffer.type != "sql":
             raise ValueError("run.mode 'train_only' reads a durable buffer: set `buffer.type: sql`")
         # (a saved resolved config lists every key with its default: only set values count)

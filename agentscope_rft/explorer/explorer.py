@@ -101,6 +101,9 @@ class EpisodeSettings:
     """Reward of an episode whose conversation outgrew the context window (kept as data)."""
 
 
+_RUNTIME_GAUGES = frozenset({"runtime/runners", "runtime/runner_processes"})
+
+
 @dataclass
 class ExploreResult:
     """One batch of episodes: rollouts (failed ones included), samples and statistics."""
@@ -112,6 +115,29 @@ class ExploreResult:
     no_model_calls: list[str] = field(default_factory=list)
     runtime: dict[str, float] = field(default_factory=dict)
     """The episode runners' counters over this batch (e.g. `runtime/runner_deaths`)."""
+
+    @classmethod
+    def combine(cls, results: Sequence[ExploreResult]) -> ExploreResult:
+        """The batches of one step (dynamic sampling) as one result: rollouts, samples and
+        statistics together, seconds and the runners' counters summed (their gauges, the
+        runners and runner processes in use, taken at their largest)."""
+        stats = TrajectoryStats()
+        runtime: dict[str, float] = {}
+        for result in results:
+            stats.merge(result.trajectory)
+            for key, value in result.runtime.items():
+                if key in _RUNTIME_GAUGES:
+                    runtime[key] = max(runtime.get(key, value), value)
+                else:
+                    runtime[key] = runtime.get(key, 0.0) + value
+        return cls(
+            rollouts=[r for result in results for r in result.rollouts],
+            samples=[s for result in results for s in result.samples],
+            trajectory=stats,
+            seconds=sum(result.seconds for result in results),
+            no_model_calls=[t for result in results for t in result.no_model_calls],
+            runtime=runtime,
+        )
 
     def metrics(self) -> dict[str, float]:
         ok = [r for r in self.rollouts if r.ok]

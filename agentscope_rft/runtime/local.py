@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from agentscope_rft.config import RunConfig
 from agentscope_rft.engines.base import Engine, engine_metrics
 from agentscope_rft.engines.factory import build_engine
 from agentscope_rft.engines.threads import in_own_thread
-from agentscope_rft.explorer.explorer import EpisodeSettings, Explorer
+from agentscope_rft.explorer.explorer import EpisodeSettings, Explorer, ExploreResult
 from agentscope_rft.explorer.runner import EpisodeRunner, ModelSettings
 from agentscope_rft.explorer.tasks import TaskSampler
 from agentscope_rft.gateway.server import Gateway
@@ -45,7 +46,9 @@ from agentscope_rft.runtime.offline import offline_batches
 from agentscope_rft.runtime.preflight import Checked, preflight
 from agentscope_rft.runtime.signals import RunStop, RunStopped, Stopping
 from agentscope_rft.trainers.base import Trainer
+from agentscope_rft.trainers.common import drop_zero_variance
 from agentscope_rft.trainers.factory import build_trainer
+from agentscope_rft.types import Sample
 
 logger = logging.getLogger(__name__)
 
@@ -225,24 +228,15 @@ async def _train(
             # After the warm-up, the first batches come from the warmed-up policy.
             await stop.until(trainer_reached(max(step - lead, warmup)))
             sampler_states[step] = sampler.state_dict()
-            tasks = sampler.next_batch(config.explorer.tasks_per_step)
-            progress.reset("explore", total=len(tasks) * config.explorer.group_size)
             # A stop cancels the batch: its episodes' rollouts close, their calls are aborted.
-            result = await stop.until(
-                explorer.explore(
-                    tasks,
-                    group_size=config.explorer.group_size,
-                    batch_id=f"s{step}",
-                    on_rollout=lambda _: progress.advance("explore"),
-                )
+            result, groups, step_metrics = await stop.until(
+                explore_step(explorer, sampler, config, step, progress)
             )
             rollout_log.write(step, "train", result)
-            groups: dict[str, list[Any]] = {}
-            for sample in result.samples:
-                groups.setdefault(sample.group, []).append(sample)
-            for group in groups.values():
+            for group in groups:
                 await buffer.put(group)
-            await produced.put((step, len(groups), result.metrics() | engine_metrics(engine)))
+            metrics = result.metrics() | step_metrics | engine_metrics(engine)
+            await produced.put((step, len(groups), metrics))
 
     async def finish_step(done: int) -> None:
         nonlocal steps_done
@@ -366,6 +360,80 @@ async def _train(
             f"continue with `agentscope-rft train --resume {run_dir}`",
         )
     return last
+
+
+async def explore_step(
+    explorer: Explorer, sampler: TaskSampler, config: RunConfig, step: int, progress: Any
+) -> tuple[ExploreResult, list[list[Sample]], dict[str, float]]:
+    """Explore one training step's tasks: the batch's result, its samples by group (what goes
+    into the buffer) and the step's dynamic-sampling metrics.
+
+    Without `explorer.dynamic_sampling` that is one batch of `tasks_per_step` tasks and all its
+    groups. With it, further batches follow while fewer than `tasks_per_step` groups have
+    rewards that differ (see `DynamicSamplingConfig`); only those groups are returned, the first
+    `tasks_per_step` of them (or every group, when none differs: the trainer then counts them
+    and skips the step).
+    """
+    want = config.explorer.tasks_per_step
+    group_size = config.explorer.group_size
+    dynamic = config.explorer.dynamic_sampling
+    results: list[ExploreResult] = []
+    useful: dict[str, list[Sample]] = {}
+    explored = equal = 0
+    size = want
+    for batch in range(dynamic.max_batches if dynamic is not None else 1):
+        tasks = sampler.next_batch(size)
+        progress.reset("explore", total=len(tasks) * group_size)
+        result = await explorer.explore(
+            tasks,
+            group_size=group_size,
+            batch_id=f"s{step}" if batch == 0 else f"s{step}b{batch}",
+            on_rollout=lambda _: progress.advance("explore"),
+        )
+        results.append(result)
+        if dynamic is None:
+            return result, list(_by_group(result.samples).values()), {}
+        kept, dropped = (
+            drop_zero_variance(result.samples, config.algorithm, pad_id=0)
+            if result.samples
+            else ([], 0)
+        )
+        useful.update(_by_group(kept))
+        explored += len(tasks)
+        equal += dropped
+        missing = want - len(useful)
+        if missing <= 0:
+            break
+        # About as many tasks as should yield the missing groups at the share seen so far.
+        share = len(useful) / explored
+        size = min(want, math.ceil(missing / share)) if share > 0 else want
+    combined = ExploreResult.combine(results)
+    groups = list(useful.values())[:want] or list(_by_group(combined.samples).values())
+    metrics = {
+        "explore/batches": float(len(results)),
+        "explore/tasks": float(explored),
+        "explore/groups_equal_reward": float(equal),
+        "explore/groups_kept": float(min(len(useful), want)),
+        "explore/groups_surplus": float(max(0, len(useful) - want)),
+    }
+    if len(useful) < want:
+        logger.info(
+            "step %d: %d of %d groups with differing rewards after %d batches (%d tasks); "
+            "training on those",
+            step,
+            len(useful),
+            want,
+            len(results),
+            explored,
+        )
+    return combined, groups, metrics
+
+
+def _by_group(samples: Sequence[Sample]) -> dict[str, list[Sample]]:
+    groups: dict[str, list[Sample]] = {}
+    for sample in samples:
+        groups.setdefault(sample.group, []).append(sample)
+    return groups
 
 
 async def _until_stopped(job: Awaitable[None]) -> None:

@@ -209,3 +209,63 @@ async def test_a_run_whose_episodes_all_fail_stops_with_the_cause(
         await asyncio.wait_for(train(config, run_dir), timeout=300)
     errors = [json.loads(x)["error"] for x in (run_dir / "rollouts.jsonl").read_text().splitlines()]
     assert len(errors) == 3 * 32 and all("the app is broken" in e for e in errors)
+
+
+async def test_dynamic_sampling_refills_a_step_with_groups_whose_rewards_differ(
+    tiny_model_path, tmp_path
+):
+    # Tasks in order (no shuffle), 2 per step, groups of 4; "mixed" groups alternate 0/1.
+    kinds = ["solved", "mixed", "unsolved", "solved", "mixed", "unsolved"]
+    kinds += ["solved", "solved", "unsolved", "unsolved", "solved", "unsolved"]
+    tasks = tmp_path / "kinds.jsonl"
+    tasks.write_text(
+        "".join(
+            json.dumps({"id": f"k{i}", "prompt": f"Say {kind}", "kind": kind}) + "\n"
+            for i, kind in enumerate(kinds)
+        )
+    )
+    run_dir = tmp_path / "dynamic"
+    config = toy_config(
+        tiny_model_path,
+        tasks,
+        run_dir,
+        "workflow=tests/integration/toy_app.py:by_kind",
+        "tasks.shuffle=false",
+        "explorer.tasks_per_step=2",
+        "explorer.group_size=4",
+        "explorer.dynamic_sampling={max_batches: 3}",
+        "run.steps=2",
+    )
+    await train(config, run_dir)
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    first, second = [r for r in rows if r.get("phase") == "train"]
+    # Step 0: batch 1 [solved, mixed] gives one useful group; at that share (1 of 2) one more
+    # is 2 tasks away: batch 2 [unsolved, solved] gives none, so batch 3 (2 tasks, the most at
+    # a time) [mixed, unsolved] completes the step. Only the two mixed groups are trained.
+    assert first["explore/batches"] == 3 and first["explore/tasks"] == 6
+    assert first["explore/groups_kept"] == 2 and first["explore/groups_equal_reward"] == 4
+    assert first["explore/rollouts"] == 24
+    assert first["train/groups"] == 2 and first["train/zero_variance_groups"] == 0
+    assert "train/skipped" not in first
+    # Step 1: three batches, all equal rewards: the step stops there and trains nothing.
+    assert second["explore/batches"] == 3 and second["explore/groups_kept"] == 0
+    assert second["train/zero_variance_groups"] == 6 and second["train/skipped"] == 1
+    rollouts = [json.loads(x) for x in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+    assert len(rollouts) == 48
+    assert [r["task_id"] for r in rollouts[::4]] == [f"k{i}" for i in range(12)]
+    assert json.loads((run_dir / "state.json").read_text())["sampler"]["position"] == 12
+
+
+def test_dynamic_sampling_needs_a_group_baseline(tmp_path, toy_tasks):
+    with pytest.raises(ConfigError, match="explorer.dynamic_sampling replaces groups"):
+        toy_config(
+            "tiny-random",
+            toy_tasks,
+            tmp_path / "r",
+            "explorer.dynamic_sampling={max_batches: 2}",
+            "algorithm.advantage=reinforce_plus_plus",
+        )
+    with pytest.raises(ConfigError, match="max_batches"):
+        toy_config(
+            "tiny-random", toy_tasks, tmp_path / "r", "explorer.dynamic_sampling={max_batches: 1}"
+        )

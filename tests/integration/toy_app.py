@@ -51,3 +51,17 @@ async def run_with_server(task: dict, model) -> float:
             handle.write(str(server.pid))
     await asyncio.sleep(0.3)
     return await run(task, model)
+
+
+_EPISODES: list[int] = []
+
+
+async def by_kind(task: dict, model) -> float:
+    """A task whose episodes all score the same (`kind` "solved": 1, "unsolved": 0) or whose
+    episodes alternate 0 and 1 (`kind` "mixed", by episode count: a group of two or more always
+    has both). The model is asked either way, so every episode gives samples."""
+    await run(task, model)
+    _EPISODES.append(1)
+    if task["kind"] == "mixed":
+        return float(len(_EPISODES) % 2)
+    return 1.0 if task["kind"] == "solved" else 0.0
