@@ -53,7 +53,8 @@ def test_sigkill_mid_run_then_resume_trains_every_step_once(tiny_model_path, tmp
             {
                 "model": {"name_or_path": tiny_model_path},
                 "engine": {"dtype": "float32"},
-                "workflow": str(ROOT / "tests" / "integration" / "toy_app.py") + ":run",
+                # Episodes of ~1 s: a step then takes longer than the half second before the kill.
+                "workflow": str(ROOT / "tests" / "integration" / "toy_app.py") + ":slow",
                 "tasks": {"train": str(tasks)},
                 "explorer": {
                     "group_size": 4,

@@ -257,7 +257,7 @@ async def test_dynamic_sampling_refills_a_step_with_groups_whose_rewards_differ(
 
 
 def test_dynamic_sampling_needs_a_group_baseline(tmp_path, toy_tasks):
-    with pytest.raises(ConfigError, match="explorer.dynamic_sampling replaces groups"):
+    with pytest.raises(ConfigError, match=r"explorer\.dynamic_sampling replaces groups"):
         toy_config(
             "tiny-random",
             toy_tasks,

@@ -81,7 +81,10 @@ def test_wandb_offline_run_in_the_run_folder(tmp_path: Path) -> None:
     (run_folder,) = (tmp_path / "wandb").glob(f"offline-run-*-{run_id}")
     run_file = run_folder / f"run-{run_id}.wandb"
     assert _eventually_contains(run_file, b"eval/reward/mean")  # the records reached the file
-    # Resuming continues the same W&B run id (`wandb sync` merges the two folders).
+    # Resuming continues the same W&B run id (`wandb sync` merges the two folders). A folder is
+    # named by the second its run started: a resume in the same second as the first run (only
+    # in a test) would share it, so wait that second out.
+    time.sleep(1.1)
     with _monitor(tmp_path, resume=True, wandb={"enabled": True}) as monitor:
         monitor.log(2, {"reward/mean": 0.7})
     assert (tmp_path / "wandb_run_id.txt").read_text().strip() == run_id
