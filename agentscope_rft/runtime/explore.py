@@ -17,6 +17,7 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agentscope_rft.api import load_workflow
+from agentscope_rft.buffer.base import group_samples
 from agentscope_rft.buffer.config import BufferConfig, build_buffer
 from agentscope_rft.config import RunConfig, dump_config
 from agentscope_rft.engines.base import engine_metrics
@@ -169,10 +170,7 @@ async def _explore(
                     log.write(0, split, result)
                     stats.merge(result.trajectory)
                     all_rollouts.extend(result.rollouts)
-                    by_group: dict[str, list[Any]] = {}
-                    for sample in result.samples:
-                        by_group.setdefault(sample.group, []).append(sample)
-                    for group in by_group.values():
+                    for group in group_samples(result.samples).values():
                         await buffer.put(group)
                     with open(results_path, "a") as handle:
                         for task in tasks[first : first + chunk]:

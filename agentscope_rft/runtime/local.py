@@ -15,10 +15,11 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
+from agentscope_rft.buffer.base import group_samples
 from agentscope_rft.buffer.config import build_buffer
 from agentscope_rft.config import RunConfig
 from agentscope_rft.engines.base import Engine, engine_metrics
@@ -392,13 +393,13 @@ async def explore_step(
         )
         results.append(result)
         if dynamic is None:
-            return result, list(_by_group(result.samples).values()), {}
+            return result, list(group_samples(result.samples).values()), {}
         kept, dropped = (
             drop_zero_variance(result.samples, config.algorithm, pad_id=0)
             if result.samples
             else ([], 0)
         )
-        useful.update(_by_group(kept))
+        useful.update(group_samples(kept))
         explored += len(tasks)
         equal += dropped
         missing = want - len(useful)
@@ -408,7 +409,7 @@ async def explore_step(
         share = len(useful) / explored
         size = min(want, math.ceil(missing / share)) if share > 0 else want
     combined = ExploreResult.combine(results)
-    groups = list(useful.values())[:want] or list(_by_group(combined.samples).values())
+    groups = list(useful.values())[:want] or list(group_samples(combined.samples).values())
     metrics = {
         "explore/batches": float(len(results)),
         "explore/tasks": float(explored),
@@ -427,13 +428,6 @@ async def explore_step(
             explored,
         )
     return combined, groups, metrics
-
-
-def _by_group(samples: Sequence[Sample]) -> dict[str, list[Sample]]:
-    groups: dict[str, list[Sample]] = {}
-    for sample in samples:
-        groups.setdefault(sample.group, []).append(sample)
-    return groups
 
 
 async def _until_stopped(job: Awaitable[None]) -> None:
