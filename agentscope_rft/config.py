@@ -21,6 +21,7 @@ from pydantic import (
 from agentscope_rft.algorithms.config import AlgorithmConfig
 from agentscope_rft.buffer.config import BufferConfig
 from agentscope_rft.config_base import Section
+from agentscope_rft.health.config import HealthConfig
 from agentscope_rft.monitor.config import MonitorConfig
 from agentscope_rft.runtime.config import RuntimeConfig
 
@@ -288,8 +289,15 @@ class TasksConfig(Section):
 
     train: str | None = None
     """Training tasks (required unless `run.mode` is `offline` or `train_only`)."""
+    val: str | None = None
+    """Validation tasks (key `validation` also works): explored greedily every `run.eval_every`
+    steps; the run keeps its best checkpoint by them (`run.best_metric`). Every choice a run makes
+    (best checkpoint, health rules) uses this split, never the test split."""
     eval: str | None = None
-    """Held-out tasks, explored greedily every `run.eval_every` steps."""
+    """Test tasks (key `test` also works): never used by the run for any choice; evaluate a
+    checkpoint on them with `agentscope-rft explore --split test --checkpoint best`. Without
+    `val`, the run evaluates on them every `run.eval_every` steps for monitoring only (no best
+    checkpoint is kept), and says so."""
     id_field: str = "id"
     """Column with each task's id (row numbers when missing)."""
     required_fields: list[str] = Field(default_factory=list)
@@ -297,7 +305,26 @@ class TasksConfig(Section):
     shuffle: bool = True
     """Shuffle training tasks every epoch."""
     eval_limit: int | None = Field(default=None, ge=1)
-    """Use only the first N eval tasks."""
+    """Use only the first N test tasks."""
+    val_limit: int | None = Field(default=None, ge=1)
+    """Evaluate on a slice of N validation tasks: stratified by `stratify_field` when set (each
+    value keeps its share, at least one task each), else spread evenly over the file."""
+    stratify_field: str | None = None
+    """Task field whose values the `val_limit` slice keeps in proportion (e.g. a question type)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_aliases(cls, data: Any) -> Any:
+        """`test` means `eval`, `validation` means `val` (one of each pair at most)."""
+        if isinstance(data, dict):
+            for alias, name in (("test", "eval"), ("validation", "val")):
+                if alias in data:
+                    if name in data:
+                        raise ValueError(
+                            f"tasks.{alias} and tasks.{name} name the same split: keep one"
+                        )
+                    data = {**{k: v for k, v in data.items() if k != alias}, name: data[alias]}
+        return data
 
 
 class SamplingConfig(Section):
@@ -424,7 +451,13 @@ class RunSettings(Section):
     keep_checkpoints: int = Field(default=2, ge=1)
     """Checkpoints kept (the oldest are deleted)."""
     eval_every: int = Field(default=0, ge=0)
-    """Evaluate on `tasks.eval` every N steps (0: never; also before the first step if set)."""
+    """Evaluate on `tasks.val` every N steps and after the last (0: never; also before the first
+    step if set). Without `tasks.val`: on `tasks.eval`, for monitoring only."""
+    best_metric: str = "val/reward/mean"
+    """The validation metric the run keeps `checkpoints/best` by: `val/<metric>` of the
+    validation phase (e.g. `val/success_rate`)."""
+    best_mode: Literal["max", "min"] = "max"
+    """Whether a higher (`max`) or lower `best_metric` is better."""
     overwrite: bool = False
     """Replace an existing run folder (otherwise an existing folder is an error)."""
     get_timeout: float = Field(default=3600.0, gt=0)
@@ -468,6 +501,8 @@ class RunConfig(Section):
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     """Console, TensorBoard, W&B, MLflow, plots."""
     offline: OfflineConfig = Field(default_factory=OfflineConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    """Run health: rules over the step metrics and their actions (warn, stop, rollback)."""
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     """Where episodes run: `local` (default, in this process) or `ray` (isolated runner processes
     on a Ray cluster, one or many machines)."""
@@ -557,6 +592,20 @@ class RunConfig(Section):
                     f"{self.algorithm.advantage.type!r}); remove explorer.dynamic_sampling or "
                     "use such an advantage"
                 )
+        if self.health.rolls_back() and self.trainer.type == "verl":
+            rollback = self.health.rollback
+            if rollback.lr_factor != 1 or rollback.kl_coef or rollback.entropy_coef is not None:
+                raise ValueError(
+                    "health.rollback changes the learning rate, KL or entropy coefficient on the "
+                    "torch trainer only; with trainer.type 'verl' set health.rollback.lr_factor: 1 "
+                    "and leave kl_coef and entropy_coef null (a rollback then restores the "
+                    "checkpoint alone)"
+                )
+        if not self.run.best_metric.startswith("val/") or self.run.best_metric == "val/":
+            raise ValueError(
+                f"run.best_metric {self.run.best_metric!r} must be a validation metric "
+                "`val/<name>`, e.g. val/reward/mean or val/success_rate"
+            )
         if mode == "train_only" and self.buffer.type != "sql":
             raise ValueError("run.mode 'train_only' reads a durable buffer: set `buffer.type: sql`")
         # (a saved resolved config lists every key with its default: only set values count)
@@ -629,6 +678,9 @@ FILE_KEYS = (
     ("judge",),
     ("tasks", "train"),
     ("tasks", "eval"),
+    ("tasks", "test"),
+    ("tasks", "val"),
+    ("tasks", "validation"),
     ("offline", "path"),
     ("model", "chat_template"),
     ("model", "name_or_path"),

@@ -146,6 +146,7 @@ class ExploreResult:
         mean = sum(rewards) / len(rewards) if rewards else 0.0
         std = math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards)) if rewards else 0.0
         completion = [len(c.completion_ids) for r in ok for c in r.calls]
+        clipped = sum(c.finish_reason == "length" for r in ok for c in r.calls)
         out = {
             "reward/mean": mean,
             "reward/std": std,
@@ -165,6 +166,8 @@ class ExploreResult:
             "episode/late_calls": float(sum(r.late_calls for r in self.rollouts)),
             "episode/aborted_calls": float(sum(r.aborted_calls for r in self.rollouts)),
             "response_length/mean": sum(completion) / len(completion) if completion else 0.0,
+            "response_length/max": float(max(completion, default=0)),
+            "response_length/clip_ratio": clipped / len(completion) if completion else 0.0,
             "time/explore": self.seconds,
         }
         out.update(self.trajectory.metrics())

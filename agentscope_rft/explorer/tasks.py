@@ -146,3 +146,48 @@ class TaskSampler:
             )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         self._order = self._epoch_order()
+
+
+def stratified_slice(tasks: Sequence[Task], limit: int | None, field: str | None) -> list[Task]:
+    """`limit` tasks that keep the set's mix: by `field`'s values (each value its share, largest
+    remainders first, at least one task per value while the limit allows), else spread evenly over
+    the set (a file ordered by type still gives every type). File order is kept.
+
+    Raises:
+        TaskSetError: a task lacks `field`.
+
+    Example:
+        >>> tasks = load_tasks([{"id": i, "kind": "ab"[i >= 6]} for i in range(8)])
+        >>> [t.data["kind"] for t in stratified_slice(tasks, 4, "kind")]
+        ['a', 'a', 'a', 'b']
+        >>> [t.id for t in stratified_slice(tasks, 4, None)]
+        ['0', '2', '4', '6']
+    """
+    if limit is None or limit >= len(tasks):
+        return list(tasks)
+    if field is None:
+        picked = {int(i * len(tasks) / limit) for i in range(limit)}
+        return [t for i, t in enumerate(tasks) if i in picked]
+    strata: dict[str, list[int]] = {}
+    for index, task in enumerate(tasks):
+        if field not in task.data:
+            raise TaskSetError(
+                f"tasks.stratify_field {field!r}: task {task.id!r} has no such field "
+                f"(it has: {sorted(task.data)})"
+            )
+        strata.setdefault(str(task.data[field]), []).append(index)
+    quotas = {key: limit * len(rows) / len(tasks) for key, rows in strata.items()}
+    counts = {key: min(len(strata[key]), max(1, int(q))) for key, q in quotas.items()}
+    while sum(counts.values()) > limit:  # more values than the limit: drop the smallest shares
+        smallest = min((k for k in counts if counts[k]), key=lambda k: (quotas[k], k))
+        counts[smallest] -= 1
+    by_remainder = sorted(quotas, key=lambda k: (-(quotas[k] - int(quotas[k])), k))
+    while sum(counts.values()) < limit:
+        for key in by_remainder:
+            if sum(counts.values()) < limit and counts[key] < len(strata[key]):
+                counts[key] += 1
+    picked = set()
+    for key, rows in strata.items():
+        step = len(rows) / counts[key] if counts[key] else 0
+        picked.update(rows[int(i * step)] for i in range(counts[key]))
+    return [t for i, t in enumerate(tasks) if i in picked]

@@ -136,6 +136,12 @@ class Monitor:
         if phase == "train" and self.config.plot_every and step % self.config.plot_every == 0:
             self.plot()
 
+    def supersede_from(self, step: int) -> None:
+        """The run went back to `step` (a health rollback): what it logs from now on supersedes
+        its records from that step on, as after a resume (a `resume` marker line goes first)."""
+        del step  # the marker carries the step of the next record, which is this one
+        self._resume_pending = True
+
     def progress(self) -> ProgressHandle:
         """Progress bars on this monitor's console (plain lines when it is not a terminal).
 

@@ -171,10 +171,14 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return run_dir / CHECKPOINTS / f"step-{step:06d}"
 
 
-def prune_checkpoints(run_dir: Path, keep: int) -> None:
+def prune_checkpoints(run_dir: Path, keep: int, protect: set[int] | None = None) -> None:
+    """Delete all but the newest `keep` step checkpoints, and those of the `protect` steps
+    (`checkpoints/best` is no step checkpoint: never deleted)."""
     folders = sorted((run_dir / CHECKPOINTS).glob("step-*"))
+    kept = {checkpoint_dir(run_dir, step) for step in protect or ()}
     for old in folders[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        if old not in kept:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def load_resumed_config(run_dir: Path, overrides: list[str]) -> RunConfig:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from agentscope_rft.api import Workflow, load_workflow
 from agentscope_rft.config import EXPLORING_MODES, ConfigError, RunConfig
-from agentscope_rft.explorer.tasks import Task, TaskSetError, load_tasks
+from agentscope_rft.explorer.tasks import Task, TaskSetError, load_tasks, stratified_slice
 
 if TYPE_CHECKING:
     from agentscope_rft.config import EngineConfig, TrainerConfig
@@ -32,6 +32,9 @@ class Checked:
     workflow: Workflow | None = None
     train_tasks: list[Task] = field(default_factory=list)
     eval_tasks: list[Task] = field(default_factory=list)
+    """The test split (`tasks.eval`), `eval_limit` applied."""
+    val_tasks: list[Task] = field(default_factory=list)
+    """The validation split (`tasks.val`), `val_limit` applied."""
 
 
 def _check_cuda(device: str, where: str) -> None:
@@ -87,12 +90,13 @@ def preflight(config: RunConfig) -> Checked:
         64
     """
     mode = config.run.mode
-    workflow, train, evals = None, [], []
+    workflow, train, evals, vals = None, [], [], []
     if mode in EXPLORING_MODES:
         workflow = load_workflow(config.workflow or "", config.judge)
-        for key, value in (("tasks.train", config.tasks.train), ("tasks.eval", config.tasks.eval)):
+        splits = {"train": config.tasks.train, "val": config.tasks.val, "eval": config.tasks.eval}
+        for key, value in splits.items():
             if value is not None and not Path(value).is_file():  # before reading any (slow)
-                raise TaskSetError(f"task file {value} does not exist ({key})")
+                raise TaskSetError(f"task file {value} does not exist (tasks.{key})")
         required = config.tasks.required_fields
         train = load_tasks(
             config.tasks.train or "", id_field=config.tasks.id_field, required_fields=required
@@ -101,6 +105,22 @@ def preflight(config: RunConfig) -> Checked:
             evals = load_tasks(
                 config.tasks.eval, id_field=config.tasks.id_field, required_fields=required
             )[: config.tasks.eval_limit]
+        if config.tasks.val:
+            vals = stratified_slice(
+                load_tasks(
+                    config.tasks.val, id_field=config.tasks.id_field, required_fields=required
+                ),
+                config.tasks.val_limit,
+                config.tasks.stratify_field,
+            )
+            _warn_overlap(train, vals, evals, config.tasks.id_field)
+        elif config.tasks.eval and config.run.eval_every:
+            logger.warning(
+                "tasks.val not set: evaluating on the test split (tasks.eval) every %d steps for "
+                "monitoring only; no best checkpoint is kept. Set tasks.val to a validation file "
+                "to choose checkpoints without looking at the test split",
+                config.run.eval_every,
+            )
         if len(train) < config.explorer.tasks_per_step:
             logger.info(
                 "tasks.train has %d tasks, fewer than explorer.tasks_per_step=%d: tasks repeat "
@@ -123,4 +143,31 @@ def preflight(config: RunConfig) -> Checked:
     from agentscope_rft.models import resolve_model  # imports transformers: after the cheap checks
 
     model_path = resolve_model(config.model.name_or_path)
-    return Checked(model_path=model_path, workflow=workflow, train_tasks=train, eval_tasks=evals)
+    return Checked(
+        model_path=model_path,
+        workflow=workflow,
+        train_tasks=train,
+        eval_tasks=evals,
+        val_tasks=vals,
+    )
+
+
+def _warn_overlap(train: list[Task], vals: list[Task], tests: list[Task], id_field: str) -> None:
+    """Say when the validation split shares tasks (by id or content) with train or test."""
+
+    def keys(tasks: list[Task]) -> set[str]:
+        content = {
+            repr(sorted((k, repr(v)) for k, v in t.data.items() if k != id_field)) for t in tasks
+        }
+        return {f"id:{t.id}" for t in tasks} | content
+
+    val_keys = keys(vals)
+    for name, other in (("tasks.train", train), ("tasks.eval (test)", tests)):
+        shared = len(val_keys & keys(other))
+        if other and shared:
+            logger.warning(
+                "tasks.val shares %d task(s) (same id or content) with %s: validation scores "
+                "then flatter the policy",
+                shared,
+                name,
+            )

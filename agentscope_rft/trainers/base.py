@@ -8,6 +8,7 @@ from typing import Protocol
 
 from torch import Tensor
 
+from agentscope_rft.algorithms.config import AlgorithmConfig
 from agentscope_rft.types import Sample
 
 
@@ -36,5 +37,10 @@ class Trainer(Protocol):
         ...
 
     def load(self, directory: Path) -> None: ...
+
+    def adjust(self, lr_scale: float, algorithm: AlgorithmConfig) -> None:
+        """Train from now on at `lr_scale` x the configured learning rate, with `algorithm`
+        (a health rollback's changes); a trainer that cannot raises `NotImplementedError`."""
+        ...
 
     def close(self) -> None: ...

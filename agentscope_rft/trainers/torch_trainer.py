@@ -194,6 +194,7 @@ class TorchTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, LRSchedule.of(config, total_optimizer_steps(config, total_steps))
         )
+        self._configured_lrs = [float(group["lr"]) for group in self.optimizer.param_groups]
         self.optimizer_steps = 0
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         logger.info(
@@ -346,16 +347,21 @@ class TorchTrainer:
         seq_weights = rollout_seq_weights(batch.episode_ids) if algo.normalize_per_rollout else None
 
         sums: dict[str, float] = defaultdict(float)
+        gap: dict[str, float] = defaultdict(float)  # engine vs trainer, before the first update
         parts = mini_batch_rows(len(samples), self.config.mini_batches)
-        for _ in range(self.config.epochs):
-            for mini in parts:
+        for epoch in range(self.config.epochs):
+            for index, mini in enumerate(parts):
+                first = gap if epoch == 0 and index == 0 else None
                 self._update(
-                    batch, mini, old, ref, advantages, returns, old_values, seq_weights, sums
+                    batch, mini, old, ref, advantages, returns, old_values, seq_weights, sums, first
                 )
         updates = self.config.epochs * self.config.mini_batches
         metrics.update(step_metrics(sums, updates, batch, time.perf_counter() - started))
         recomputed = self.config.old_logprobs == "recompute"
         metrics.update(batch_metrics(batch, old, ref, recomputed))
+        if not recomputed and gap["tokens"]:
+            # The first mini-batch's forward ran the weights that explored: its gap is free.
+            metrics["train/rollout_trainer_logprob_diff"] = gap["sum"] / gap["tokens"]
         metrics["lr"] = float(self.scheduler.get_last_lr()[0])
         return metrics
 
@@ -370,8 +376,10 @@ class TorchTrainer:
         old_values: Tensor | None,
         seq_weights: Tensor | None,
         sums: dict[str, float],
+        gap: dict[str, float] | None = None,
     ) -> None:
-        """One optimizer step over the mini-batch `mini` (rows of `batch`)."""
+        """One optimizer step over the mini-batch `mini` (rows of `batch`); `gap` (the step's
+        first update) sums |trainer - engine| log-probs of its sampled tokens."""
         algo = self.algorithm
         part = batch.select(mini)
         weights = seq_weights[mini] if seq_weights is not None else None
@@ -425,6 +433,11 @@ class TorchTrainer:
             trained = mb.loss_mask.to(dev).bool()
             sums["entropy/sum"] += float(entropy.detach()[trained].sum())
             sums["entropy/tokens"] += float(trained.sum())
+            if gap is not None:
+                sampled = trained & (mb.sample_kinds.to(dev) == 0)[:, None]
+                diff = (logprobs.detach() - mb.rollout_logprobs.to(dev)).abs()
+                gap["sum"] += float(diff[sampled].sum())
+                gap["tokens"] += float(sampled.sum())
             for key, value in shares.items():
                 sums[key] += value
         if prefix is not None:
@@ -438,6 +451,26 @@ class TorchTrainer:
         self.scheduler.step()
         self.optimizer_steps += 1
         sums["grad_norm"] += float(grad_norm)
+
+    def adjust(self, lr_scale: float, algorithm: AlgorithmConfig) -> None:
+        """Train from now on at `lr_scale` x the configured learning rate (the schedule goes on
+        from where it is) with `algorithm` (a health rollback's changes: KL, entropy bonus)."""
+        for group, base, lmbda in zip(
+            self.optimizer.param_groups,
+            self._configured_lrs,
+            self.scheduler.lr_lambdas,
+            strict=True,
+        ):
+            group["initial_lr"] = base * lr_scale
+            group["lr"] = base * lr_scale * lmbda(self.scheduler.last_epoch)
+        self.scheduler.base_lrs = [base * lr_scale for base in self._configured_lrs]
+        if algorithm.needs_reference() and self.reference is None and self.config.lora is None:
+            # A KL added by a rollback: the reference is the starting policy, as if configured.
+            reference = load_causal_lm(
+                self.model_path, dtype=torch.float32, device=str(self.device)
+            )
+            self.reference = reference.eval().requires_grad_(False)
+        self.algorithm = algorithm
 
     # ------------------------------------------------------------------ weights and checkpoints
     def state_dict_for_sync(self) -> dict[str, Tensor]:

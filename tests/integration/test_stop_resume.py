@@ -166,7 +166,7 @@ async def test_preflight_checks_everything_before_any_model_loads(
     from agentscope_rft.config import ConfigError
     from agentscope_rft.explorer.tasks import TaskSetError
     from agentscope_rft.models import ModelNotFoundError
-    from agentscope_rft.runtime import local
+    from agentscope_rft.runtime import training as local
 
     def no_loading(*args, **kwargs):
         raise AssertionError("a model was loaded before the config was checked")

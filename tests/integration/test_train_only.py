@@ -71,7 +71,7 @@ def config(model: str, url: str, run_dir: Path, steps: int):
 @pytest.fixture
 def trained(monkeypatch) -> list[tuple[int, list[str]]]:
     """What each trainer step trained (the real trainer, wrapped)."""
-    import agentscope_rft.runtime.local as local
+    import agentscope_rft.runtime.training as local
 
     log: list[tuple[int, list[str]]] = []
     build = local.build_trainer

@@ -347,6 +347,15 @@ class VerlTrainer:
         torch.set_rng_state(state["torch_rng"])
         logger.info("verl: checkpoint %s loaded in %.1fs", directory, time.perf_counter() - started)
 
+    def adjust(self, lr_scale: float, algorithm: AlgorithmConfig) -> None:
+        """Only a no-op change: verl's ranks hold their optimizer and loss (the config refuses
+        rollback changes with this trainer)."""
+        if lr_scale != 1.0 or algorithm != self.algorithm:
+            raise NotImplementedError(
+                "the verl trainer cannot change its learning rate or algorithm mid-run; set "
+                "health.rollback.lr_factor: 1 and leave kl_coef and entropy_coef null"
+            )
+
     def close(self) -> None:
         close = getattr(getattr(self, "backend", None), "close", None)
         if close is not None:

@@ -229,7 +229,7 @@ async def test_offline_resume_continues_with_the_next_batch(
 @pytest.fixture
 def monitor_trainers(monkeypatch):
     """Wraps every trainer the local runtime builds so the test sees what each step trained."""
-    import agentscope_rft.runtime.local as local
+    import agentscope_rft.runtime.training as local
 
     log: list[tuple[int, list[str]]] = []
     build = local.build_trainer

@@ -1,0 +1,290 @@
+"""The built-in health rules: pure functions over the run's step metrics.
+
+A rule gets the history of the run's training steps (oldest first; the last entry is the step
+just finished) and its settings, and returns a `Finding` when the rule is broken for
+`settings.patience` steps in a row, else None. A rule whose metric was not logged never fires.
+Your own rules have the same shape (`health.custom`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentscope_rft.health.config import (
+    EntropyCollapseRule,
+    EqualRewardRule,
+    KLRule,
+    LogprobGapRule,
+    NonFiniteRule,
+    RewardCollapseRule,
+    RuleSettings,
+    TruncationRule,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StepMetrics:
+    """One training step's metrics, as logged."""
+
+    step: int
+    metrics: Mapping[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A broken rule: which metric, its value and bound, since which step, and why it matters."""
+
+    metric: str
+    value: float | None
+    threshold: float | None
+    message: str
+    onset: int
+    """The first step of the streak that broke the rule (its policy was already unhealthy)."""
+
+
+Rule = Callable[[Sequence[StepMetrics], Any], "Finding | None"]
+
+
+def _streak(
+    history: Sequence[StepMetrics], broken: Callable[[StepMetrics], bool], patience: int
+) -> int | None:
+    """The onset step when the last `patience` steps all break the rule, else None."""
+    if len(history) < patience or not all(broken(h) for h in history[-patience:]):
+        return None
+    onset = len(history) - patience
+    while onset > 0 and broken(history[onset - 1]):
+        onset -= 1
+    return history[onset].step
+
+
+def _value(entry: StepMetrics, name: str) -> float | None:
+    value = entry.metrics.get(name)
+    return None if value is None else float(value)
+
+
+def non_finite(history: Sequence[StepMetrics], cfg: NonFiniteRule) -> Finding | None:
+    """Any NaN or infinite metric of the last step (`train/non_finite` marks a skipped update).
+
+    Example:
+        >>> non_finite([StepMetrics(0, {"loss": float("nan")})], NonFiniteRule())
+        ... # doctest: +ELLIPSIS
+        Finding(metric='loss', value=nan, ...)
+    """
+
+    def bad(entry: StepMetrics) -> str | None:
+        if entry.metrics.get("train/non_finite"):
+            return "train/non_finite"
+        return next((k for k, v in entry.metrics.items() if not math.isfinite(v)), None)
+
+    onset = _streak(history, lambda h: bad(h) is not None, cfg.patience)
+    if onset is None:
+        return None
+    metric = bad(history[-1]) or ""
+    return Finding(
+        metric,
+        _value(history[-1], metric),
+        None,
+        f"{metric} is not finite: the update diverged (lower trainer.lr, raise trainer.grad_clip)",
+        onset,
+    )
+
+
+def entropy_collapse(history: Sequence[StepMetrics], cfg: EntropyCollapseRule) -> Finding | None:
+    """`entropy/mean` below `fraction` x the mean of the run's first `baseline_steps` steps.
+
+    Example:
+        >>> steps = [StepMetrics(i, {"entropy/mean": e}) for i, e in enumerate([1.6, 1.4, .2, .1])]
+        >>> entropy_collapse(steps, EntropyCollapseRule()).onset
+        2
+    """
+    logged = [h for h in history if _value(h, "entropy/mean") is not None]
+    if len(logged) <= cfg.baseline_steps:
+        return None
+    baseline = sum(_value(h, "entropy/mean") or 0.0 for h in logged[: cfg.baseline_steps])
+    baseline /= cfg.baseline_steps
+    bound = cfg.fraction * baseline
+    later = logged[cfg.baseline_steps :]
+    onset = _streak(later, lambda h: (_value(h, "entropy/mean") or 0.0) < bound, cfg.patience)
+    if onset is None:
+        return None
+    value = _value(later[-1], "entropy/mean")
+    return Finding(
+        "entropy/mean",
+        value,
+        bound,
+        f"policy entropy {value:.3g} fell below {cfg.fraction:g} x its start ({baseline:.3g}): "
+        "the policy stopped exploring (lower trainer.lr, add algorithm.entropy_coef or a KL loss)",
+        onset,
+    )
+
+
+def _above(
+    history: Sequence[StepMetrics], metric: str, bound: float, patience: int
+) -> tuple[int, float] | None:
+    def broken(h: StepMetrics) -> bool:
+        value = _value(h, metric)
+        return value is not None and value > bound
+
+    onset = _streak(history, broken, patience)
+    return None if onset is None else (onset, _value(history[-1], metric) or 0.0)
+
+
+def logprob_gap(history: Sequence[StepMetrics], cfg: LogprobGapRule) -> Finding | None:
+    """`train/rollout_trainer_logprob_diff` above `max`."""
+    hit = _above(history, "train/rollout_trainer_logprob_diff", cfg.max, cfg.patience)
+    if hit is None:
+        return None
+    onset, value = hit
+    return Finding(
+        "train/rollout_trainer_logprob_diff",
+        value,
+        cfg.max,
+        f"engine and trainer log-probs differ by {value:.3g} per token (> {cfg.max:g}): the "
+        "trainer is not training the policy that explored (weight sync, dtype or chat template)",
+        onset,
+    )
+
+
+def _equal_share(entry: StepMetrics) -> float | None:
+    """Share of the step's groups with all-equal rewards (dynamic sampling's count first)."""
+    tasks, equal = _value(entry, "explore/tasks"), _value(entry, "explore/groups_equal_reward")
+    if tasks and equal is not None:
+        return equal / tasks
+    groups, zero = _value(entry, "train/groups"), _value(entry, "train/zero_variance_groups")
+    if groups and zero is not None:
+        return zero / groups
+    return None
+
+
+def equal_rewards(history: Sequence[StepMetrics], cfg: EqualRewardRule) -> Finding | None:
+    """Share of equal-reward groups above `max_share`.
+
+    Example:
+        >>> steps = [StepMetrics(0, {"train/groups": 4, "train/zero_variance_groups": 4})]
+        >>> equal_rewards(steps, EqualRewardRule(patience=1)).value
+        1.0
+    """
+
+    def broken(h: StepMetrics) -> bool:
+        share = _equal_share(h)
+        return share is not None and share > cfg.max_share
+
+    onset = _streak(history, broken, cfg.patience)
+    if onset is None:
+        return None
+    share = _equal_share(history[-1])
+    return Finding(
+        "health/equal_reward_share",
+        share,
+        cfg.max_share,
+        f"{(share or 0) * 100:.0f}% of groups had equal rewards for {cfg.patience} steps: the "
+        "tasks are too easy or too hard for the policy, nothing is learned from them (see "
+        "explorer.dynamic_sampling, or easier/harder tasks)",
+        onset,
+    )
+
+
+def truncation(history: Sequence[StepMetrics], cfg: TruncationRule) -> Finding | None:
+    """Share of calls that hit their token limit above `max_rate`."""
+    hit = _above(history, "response_length/clip_ratio", cfg.max_rate, cfg.patience)
+    if hit is None:
+        return None
+    onset, value = hit
+    return Finding(
+        "response_length/clip_ratio",
+        value,
+        cfg.max_rate,
+        f"{value * 100:.0f}% of model calls stopped at their token limit: replies are degenerating "
+        "(padding to the limit) or the limit is too low (explorer.sampling.max_tokens)",
+        onset,
+    )
+
+
+def kl(history: Sequence[StepMetrics], cfg: KLRule) -> Finding | None:
+    """`kl/mean` above `max`."""
+    hit = _above(history, "kl/mean", cfg.max, cfg.patience)
+    if hit is None:
+        return None
+    onset, value = hit
+    return Finding(
+        "kl/mean",
+        value,
+        cfg.max,
+        f"KL to the reference policy is {value:.3g} (> {cfg.max:g}): the policy drifted far "
+        "(raise algorithm.kl.coef or lower trainer.lr)",
+        onset,
+    )
+
+
+def reward_collapse(history: Sequence[StepMetrics], cfg: RewardCollapseRule) -> Finding | None:
+    """The reward's moving average below (1 - drop) x its best moving average so far.
+
+    Example:
+        >>> rewards = [0.1, 0.6, 0.8, 0.8, 0.1, 0.0]
+        >>> steps = [StepMetrics(i, {"reward/mean": r}) for i, r in enumerate(rewards)]
+        >>> reward_collapse(steps, RewardCollapseRule(window=2)).onset
+        4
+    """
+    rewards = [(h.step, _value(h, "reward/mean")) for h in history]
+    points = [(step, r) for step, r in rewards if r is not None]
+    if len(points) < cfg.window:
+        return None
+    averages = [
+        (points[i][0], sum(r for _, r in points[i - cfg.window + 1 : i + 1]) / cfg.window)
+        for i in range(cfg.window - 1, len(points))
+    ]
+    best = -math.inf
+    onset_index = None
+    for index, (_, average) in enumerate(averages):
+        collapsed = best >= cfg.min_best and average < (1 - cfg.drop) * best
+        if collapsed:
+            onset_index = index if onset_index is None else onset_index
+        else:
+            onset_index = None
+            best = max(best, average)
+    if onset_index is None or len(averages) - onset_index < cfg.patience:
+        return None
+    # The first step whose reward entered the collapsed average.
+    first = averages[onset_index][0]
+    window_steps = [s for s, _ in points if s <= first][-cfg.window :]
+    drops = [s for s in window_steps if (dict(points)[s]) < (1 - cfg.drop) * best]
+    onset = drops[0] if drops else first
+    value = averages[-1][1]
+    return Finding(
+        "reward/mean",
+        value,
+        (1 - cfg.drop) * best,
+        f"the reward's {cfg.window}-step average fell to {value:.3g} from its best {best:.3g}",
+        onset,
+    )
+
+
+BUILTIN_RULES: dict[str, Rule] = {
+    "non_finite": non_finite,
+    "entropy_collapse": entropy_collapse,
+    "logprob_gap": logprob_gap,
+    "equal_rewards": equal_rewards,
+    "truncation": truncation,
+    "kl": kl,
+    "reward_collapse": reward_collapse,
+}
+"""Rule name (a key of `health.rules`) -> its function."""
+
+
+def rule_function(name: str, settings: RuleSettings) -> Callable[[Sequence[StepMetrics]], Any]:
+    """The rule as a function of the history alone (a custom rule is imported here)."""
+    from agentscope_rft.health.config import CustomRule
+
+    if isinstance(settings, CustomRule):
+        from agentscope_rft.api import load_callable
+
+        fn = load_callable(settings.path, "health rule")
+        if not callable(fn):
+            raise ValueError(f"health rule {settings.path!r} is not callable")
+        params = dict(settings.params)
+        return lambda history: fn(history, params)
+    builtin = BUILTIN_RULES[name]
+    return lambda history: builtin(history, settings)

@@ -1,0 +1,193 @@
+"""`HealthWatcher`: runs the health rules after every training step and records their events.
+
+The training loop calls `observe(step, metrics)` once per step; it gets back the events that
+fired (at most one per rule and streak: a rule that keeps failing does not fire again until it
+has recovered), adds `health_metrics(events)` to the step's metrics, and acts on the strongest
+action. Events go to `<run_dir>/health.jsonl`, one JSON object per line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from agentscope_rft.health.config import CustomRule, HealthConfig
+from agentscope_rft.health.rules import Finding, StepMetrics, rule_function
+
+logger = logging.getLogger(__name__)
+
+HEALTH_FILE = "health.jsonl"
+ACTION_CODES = {"warn": 1.0, "stop": 2.0, "rollback": 3.0}
+"""`health/<rule>` metric values by action."""
+
+
+@dataclass(frozen=True, slots=True)
+class HealthEvent:
+    """One firing of a rule, as recorded in `health.jsonl` (a dashboard marks it on the curve)."""
+
+    step: int
+    time: float
+    rule: str
+    action: str
+    metric: str
+    value: float | None
+    threshold: float | None
+    message: str
+    onset: int
+    rolled_back_to: int | None = None
+
+
+class HealthWatcher:
+    """The run's health rules over its training steps.
+
+    Args:
+        config: The `health:` section.
+        run_dir: Where `health.jsonl` is appended.
+        history: Training steps already logged (a resumed run passes what survived).
+
+    Example:
+        >>> watcher = HealthWatcher(HealthConfig(), Path("runs/demo"))  # doctest: +SKIP
+        >>> events = watcher.observe(3, {"entropy/mean": 0.01, "loss": 0.2})  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        config: HealthConfig,
+        run_dir: Path,
+        history: Sequence[StepMetrics] = (),
+    ) -> None:
+        self.config = config
+        self.path = run_dir / HEALTH_FILE
+        self.rules: list[tuple[str, str, Callable[[Sequence[StepMetrics]], Any]]] = []
+        # The same rules without patience: a streak marks its steps unhealthy from its first
+        # step, before it has lasted long enough to fire.
+        self.probes: list[tuple[str, Callable[[Sequence[StepMetrics]], Any]]] = []
+        for name, settings in config.named_rules():
+            self.rules.append((name, settings.action, rule_function(name, settings)))
+            if not isinstance(settings, CustomRule) and settings.patience > 1:
+                eager = settings.model_copy(update={"patience": 1})
+                self.probes.append((name, rule_function(name, eager)))
+        self.history: list[StepMetrics] = list(history)
+        self._firing: dict[str, int] = {}  # rule -> onset of the streak it already fired for
+        self.suspect_steps: set[int] = set()
+        """Steps some rule's streak covers: their weights are not a healthy checkpoint."""
+        self.last_observed = self.history[-1].step if self.history else -1
+
+    def observe(self, step: int, metrics: Mapping[str, float]) -> list[HealthEvent]:
+        """Add the step's metrics and run every rule; returns the events that fired now."""
+        self.history = [h for h in self.history if h.step < step]
+        self.history.append(StepMetrics(step, dict(metrics)))
+        self.last_observed = step
+        for name, probe in self.probes:
+            early = self._run_rule(name, probe)
+            if early is not None:
+                self.suspect_steps.update(range(early.onset, step + 1))
+        events: list[HealthEvent] = []
+        for name, action, rule in self.rules:
+            finding = self._run_rule(name, rule)
+            if finding is None:
+                self._firing.pop(name, None)
+                continue
+            self.suspect_steps.update(range(finding.onset, step + 1))
+            if self._firing.get(name) == finding.onset:
+                continue  # still broken since it fired: say it once
+            self._firing[name] = finding.onset
+            events.append(
+                HealthEvent(
+                    step=step,
+                    time=round(time.time(), 3),
+                    rule=name,
+                    action=action,
+                    metric=finding.metric,
+                    value=finding.value,
+                    threshold=finding.threshold,
+                    message=finding.message,
+                    onset=finding.onset,
+                )
+            )
+        return events
+
+    def _run_rule(self, name: str, rule: Callable[[Sequence[StepMetrics]], Any]) -> Finding | None:
+        try:
+            finding = rule(self.history)
+        except Exception as exc:  # a user's rule must not end the run it watches
+            logger.warning("health rule %s raised %s: %s (ignored)", name, type(exc).__name__, exc)
+            return None
+        if finding is not None and not isinstance(finding, Finding):
+            logger.warning("health rule %s returned %r, not a Finding (ignored)", name, finding)
+            return None
+        return finding
+
+    def record(self, event: HealthEvent) -> None:
+        """Append the event to `health.jsonl` and log it."""
+        record = asdict(event)
+        for key in ("value", "threshold"):  # strict JSON: a NaN or inf value is written as null
+            if record[key] is not None and not math.isfinite(record[key]):
+                record[key] = None
+        line = json.dumps(record) + "\n"
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(line)
+        log = logger.info if event.action == "warn" else logger.warning
+        log("health: step %d: %s -> %s: %s", event.step, event.rule, event.action, event.message)
+
+    def rewind(self, step: int) -> None:
+        """Forget steps from `step` on (the run rolled back to the weights of `step`)."""
+        self.history = [h for h in self.history if h.step < step]
+        self.suspect_steps = {s for s in self.suspect_steps if s < step}
+        self.last_observed = step - 1
+        self._firing.clear()
+
+    def healthy(self, step: int) -> bool:
+        """Whether the policy of version `step` (the weights trained by `step` steps, which
+        played step `step`'s episodes) was watched and broke no rule."""
+        return step <= self.last_observed and step not in self.suspect_steps
+
+
+def health_metrics(events: Sequence[HealthEvent]) -> dict[str, float]:
+    """`health/<rule>` = 1 (warn), 2 (stop), 3 (rollback) for each event, and their count."""
+    out = {f"health/{e.rule}": ACTION_CODES.get(e.action, 1.0) for e in events}
+    if events:
+        out["health/events"] = float(len(events))
+    return out
+
+
+def strongest(events: Sequence[HealthEvent]) -> HealthEvent | None:
+    """The event whose action matters most: rollback, then stop, then warn."""
+    ranked = sorted(events, key=lambda e: ACTION_CODES.get(e.action, 0.0), reverse=True)
+    return ranked[0] if ranked and ranked[0].action != "warn" else None
+
+
+def read_events(run_dir: Path) -> list[HealthEvent]:
+    """The events in `<run_dir>/health.jsonl` (a torn last line is skipped)."""
+    path = run_dir / HEALTH_FILE
+    if not path.is_file():
+        return []
+    events = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            events.append(HealthEvent(**json.loads(line)))
+        except (json.JSONDecodeError, TypeError):
+            continue
+    return events
+
+
+def history_from_metrics(run_dir: Path) -> list[StepMetrics]:
+    """The training steps a run logged so far (what survived resumes and rollbacks)."""
+    from agentscope_rft.monitor.records import (
+        METRICS_FILE,
+        per_step,
+        read_metrics,
+        surviving_history,
+    )
+
+    path = run_dir / METRICS_FILE
+    if not path.is_file():
+        return []
+    records = surviving_history(read_metrics(path))
+    return [StepMetrics(r.step, dict(r.metrics)) for r in per_step(records, "train")]

@@ -1,0 +1,155 @@
+"""The best checkpoint by a validation metric: `checkpoints/best/` and `best.json`.
+
+After every validation (`run.eval_every`) the run compares `run.best_metric` with the best so
+far; a better value exports the current policy to `checkpoints/best/model` (an HF folder you can
+serve) and records `{"step", "metric", "value", "mode"}` in `<run_dir>/best.json`. The folder is
+outside the `step-*` checkpoints, so `run.keep_checkpoints` never deletes it. Commands that take a
+checkpoint accept `best` (and `last`) through `resolve_checkpoint`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+BEST_FILE = "best.json"
+BEST_DIR = "best"
+
+
+class CheckpointNotFoundError(ValueError):
+    """A checkpoint name (`best`, `last`, a folder) that names nothing usable."""
+
+
+class BestCheckpoint:
+    """Keeps `checkpoints/best` at the best `metric` (`val/<name>`) seen by the run.
+
+    Example:
+        >>> best = BestCheckpoint(Path("runs/demo"), "val/reward/mean", "max")  # doctest: +SKIP
+        >>> best.consider(10, {"reward/mean": 0.6}, trainer.export_hf)  # doctest: +SKIP
+        True
+    """
+
+    def __init__(self, run_dir: Path, metric: str, mode: str) -> None:
+        self.run_dir = run_dir
+        self.metric = metric
+        self.name = metric.removeprefix("val/")
+        self.mode = mode
+        self.record = read_best(run_dir)
+        if self.record is not None and self.record.get("metric") != metric:
+            logger.warning(
+                "best.json was chosen by %s, this run chooses by %s: starting the best anew",
+                self.record.get("metric"),
+                metric,
+            )
+            self.record = None
+
+    def better(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        if self.record is None:
+            return True
+        best = float(self.record["value"])
+        return value > best if self.mode == "max" else value < best
+
+    def consider(
+        self, step: int, metrics: Mapping[str, float], export: Callable[[Path], None]
+    ) -> bool:
+        """Keep the policy of `step` as the best if its validation `metrics` beat the best so far
+        (`export(folder)` writes the policy as an HF model folder). Returns whether it did."""
+        value = metrics.get(self.name)
+        if value is None:
+            logger.warning(
+                "run.best_metric %s was not logged by the validation (it logged: %s); no best "
+                "checkpoint kept",
+                self.metric,
+                ", ".join(sorted(metrics)[:12]),
+            )
+            return False
+        if not self.better(float(value)):
+            return False
+        folder = self.run_dir / "checkpoints" / BEST_DIR
+        staging = folder.with_name(BEST_DIR + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        export(staging / "model")
+        record = {"step": step, "metric": self.metric, "value": float(value), "mode": self.mode}
+        (staging / BEST_FILE).write_text(json.dumps(record))
+        # Swap whole folders, so a crash leaves the old best or the new one, never half of one.
+        old = folder.with_name(BEST_DIR + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        if folder.exists():
+            folder.rename(old)
+        staging.rename(folder)
+        shutil.rmtree(old, ignore_errors=True)
+        write_json(self.run_dir / BEST_FILE, record)
+        self.record = record
+        logger.info("best checkpoint: step %d, %s = %.4g", step, self.metric, value)
+        return True
+
+
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(dict(data)))
+    tmp.replace(path)
+
+
+def read_best(run_dir: Path) -> dict[str, Any] | None:
+    """`best.json` of a run, or None when it has none (or it is unreadable)."""
+    try:
+        record: dict[str, Any] = json.loads((run_dir / BEST_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return record if isinstance(record, dict) and "step" in record else None
+
+
+def resolve_checkpoint(spec: str | Path, run_dir: Path | None = None) -> Path:
+    """The HF model folder a checkpoint name points at.
+
+    `spec` is `best` or `last` (of `run_dir`), `<run folder>:best` / `<run folder>:last`, a run
+    folder (its best if it has one, else its last), a checkpoint folder (`step-000012`, `best`:
+    its `model/`), or an HF model folder.
+
+    Raises:
+        CheckpointNotFoundError: nothing usable there (the message says what exists).
+
+    Example:
+        >>> resolve_checkpoint("runs/quickstart:best")  # doctest: +SKIP
+        PosixPath('runs/quickstart/checkpoints/best/model')
+    """
+    text = str(spec)
+    which = None
+    if text in ("best", "last"):
+        if run_dir is None:
+            raise CheckpointNotFoundError(f"checkpoint {text!r} needs a run folder")
+        which, folder = text, run_dir
+    elif text.endswith((":best", ":last")):
+        head, _, which = text.rpartition(":")
+        folder = Path(head)
+    else:
+        folder = Path(text)
+    if which is None and (folder / "config.json").is_file():
+        return folder  # an HF model folder
+    if which is None and (folder / "model" / "config.json").is_file():
+        return folder / "model"  # a checkpoint folder
+    if not (folder / "checkpoints").is_dir():
+        raise CheckpointNotFoundError(
+            f"{folder} is not a run folder (no checkpoints/), a checkpoint or an HF model folder"
+        )
+    best = folder / "checkpoints" / BEST_DIR / "model"
+    if which in (None, "best") and (best / "config.json").is_file():
+        return best
+    if which == "best":
+        raise CheckpointNotFoundError(
+            f"{folder} has no best checkpoint: a run keeps one only when it validates "
+            "(tasks.val with run.eval_every); use `last` or a step folder"
+        )
+    steps = sorted((folder / "checkpoints").glob("step-*/model/config.json"))
+    if not steps:
+        raise CheckpointNotFoundError(f"{folder} has no saved checkpoint yet")
+    return steps[-1].parent

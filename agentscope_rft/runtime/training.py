@@ -1,0 +1,566 @@
+"""`TrainingRun`: one training run's components and its two loops, step by named step.
+
+`run()` reads top to bottom: open the components (`_open`), validate before the first step, run
+the explorer and trainer loops together until the last step (`_loops`), and, when a health rule
+asks for it, roll back to the last healthy checkpoint and run the loops again from there
+(`_roll_back`). The explorer and the trainer are two coroutines joined by the buffer; `run.mode`
+only sets how far the explorer may run ahead. Training runs in a worker thread, so the gateway
+keeps serving episodes while weights update.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from agentscope_rft.buffer.config import build_buffer
+from agentscope_rft.config import EXPLORING_MODES, RunConfig
+from agentscope_rft.engines.base import Engine, engine_metrics
+from agentscope_rft.engines.factory import build_engine
+from agentscope_rft.engines.threads import in_own_thread
+from agentscope_rft.explorer.explorer import Explorer
+from agentscope_rft.explorer.tasks import Task, TaskSampler
+from agentscope_rft.gateway.server import Gateway
+from agentscope_rft.health.rollback import RollbackState
+from agentscope_rft.health.watcher import (
+    HealthEvent,
+    HealthWatcher,
+    health_metrics,
+    history_from_metrics,
+    strongest,
+)
+from agentscope_rft.monitor import Monitor
+from agentscope_rft.runtime.best import BestCheckpoint
+from agentscope_rft.runtime.components import (
+    RolloutLog,
+    checkpoint_dir,
+    episode_settings,
+    max_tokens_per_call,
+    nominal_batch_size,
+    prepare_run_dir,
+    prune_checkpoints,
+    read_state,
+    sampling_rules,
+    write_state,
+)
+from agentscope_rft.runtime.memory import release_freed_memory
+from agentscope_rft.runtime.offline import offline_batches
+from agentscope_rft.runtime.preflight import Checked
+from agentscope_rft.runtime.signals import RunStop, RunStopped, Stopping
+from agentscope_rft.trainers.base import Trainer
+from agentscope_rft.trainers.factory import build_trainer
+from agentscope_rft.types import Sample
+
+logger = logging.getLogger(__name__)
+
+LEAD = {"sync": 0, "one_step_off": 1}
+MAX_EMPTY_STEPS = 3
+RUN_STATE_FILE = "run_state.json"
+"""In every checkpoint folder: the task position and health changes of its step (a rollback
+restores them with the weights)."""
+
+
+class RollBack(Exception):
+    """A health rule asks to roll back (raised out of the loops, handled by `run`)."""
+
+    def __init__(self, event: HealthEvent) -> None:
+        super().__init__(event.message)
+        self.event = event
+
+
+async def sync_weights(engine: Engine, trainer: Trainer, version: int) -> float:
+    started = time.perf_counter()
+    weights = await in_own_thread(trainer.state_dict_for_sync)
+    await engine.load_weights(weights, version)
+    del weights
+    # The step's activations and the weight copy are free now: give the pages back.
+    release_freed_memory()
+    return time.perf_counter() - started
+
+
+class TrainingRun:
+    """A training run in this process (episodes here, or in runners on a Ray cluster).
+
+    Example:
+        >>> last = await TrainingRun(config, Path("runs/x"), False, RunStop(), checked,
+        ...                          ray_runtime=None).run()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        run_dir: Path,
+        resume: bool,
+        stop: RunStop,
+        checked: Checked,
+        *,
+        ray_runtime: Any,
+    ) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.resume = resume
+        self.stop = stop
+        self.checked = checked
+        self.ray_runtime = ray_runtime
+        self.mode = config.run.mode
+        self.steps = config.run.steps
+        self.lead = LEAD.get(self.mode, config.run.max_staleness)
+        self.stale_limit = 0 if self.mode == "sync" else self.lead
+        self.warmup = config.offline.warmup_steps  # (the config allows it in exploring modes only)
+        self.mix_demos = config.algorithm.objective == "sft_rl_mix"  # (never in an offline run)
+        self.checkpoint_every = config.run.checkpoint_every
+        self.engine: Engine | None = None
+        self.gateway: Gateway | None = None
+        self.explorer: Explorer | None = None
+        self.sampler: TaskSampler | None = None
+        self.start = 0
+        self.steps_done = 0
+        self.policy_version = 0  # of the weights the engine serves
+        self.saved_at: int | None = None
+        self.last: dict[str, float] = {}
+        self.rollback = RollbackState()
+        self.offline: Iterator[list[Sample]] | None = None
+        self.val_tasks, self.val_phase = self._validation_split(checked)
+
+    # ------------------------------------------------------------------ the run, top to bottom
+    async def run(self) -> dict[str, float]:
+        """Train as configured; returns the last step's metrics (see `runtime.local.train`)."""
+        await self._open()
+        try:
+            with self.monitor, self.monitor.progress() as progress:
+                progress.reset("run", total=self.steps, completed=self.start)
+                if self.start == 0 and self.config.run.eval_every:
+                    await _until_stopped(self.stop.until(self._evaluate(0)))
+                while not self.stop.requested:
+                    try:
+                        await self._loops(progress)
+                        break
+                    except RollBack as rollback:
+                        await self._roll_back(rollback.event, progress)
+                if self.stop.requested and self.saved_at != self.steps_done:
+                    # what was trained so far, and where to resume
+                    self._commit(await self._save_checkpoint(self.steps_done))
+        finally:
+            await self._close()
+        if self.stop.requested and self.steps_done < self.steps:
+            reason = self.stop.reason or "request"
+            advice = (
+                "look at health.jsonl before resuming: the rule will fire again unless the "
+                "config changes (--set ...)"
+                if reason.startswith("health")
+                else "checkpoint saved"
+            )
+            raise RunStopped(
+                reason,
+                f"stopped on {reason} after step {self.steps_done} of {self.steps} ({advice}); "
+                f"continue with `agentscope-rft train --resume {self.run_dir}`",
+            )
+        return self.last
+
+    # ------------------------------------------------------------------ opening and closing
+    async def _open(self) -> None:
+        config, run_dir = self.config, self.run_dir
+        prepare_run_dir(config, run_dir, resume=self.resume)
+        self.trainer: Trainer = await in_own_thread(
+            build_trainer,
+            config.trainer,
+            self.checked.model_path,
+            config.algorithm,
+            total_steps=self.steps,
+            seed=config.run.seed,
+            batch_size=nominal_batch_size(config),
+        )
+        self.buffer = build_buffer(config.buffer, run_dir)
+        state: dict[str, Any] = {}
+        if self.resume:
+            state = read_state(run_dir)
+            self.start = int(state["step"])
+            await in_own_thread(self.trainer.load, checkpoint_dir(run_dir, self.start))
+            self.rollback = RollbackState.from_dict(state.get("health", {}))
+            await self._apply_rollback_changes()
+            logger.info("resuming %s after step %d", run_dir, self.start)
+            # Groups taken by the steps lost in the crash (`start` and later) go back.
+            await self.buffer.requeue_after(self.start - 1)
+            if self.mode != "train_only":  # explorers re-explore them from the saved position
+                await self.buffer.discard_pending()
+        self.steps_done = self.policy_version = self.start
+        self.saved_at = self.start if self.resume else None
+        # Demonstrations are read (and a bad file refused) before the engine loads.
+        if config.uses_offline_data():
+            self.offline = offline_batches(config, self.start)
+        if self.mode in EXPLORING_MODES:
+            await self._open_exploring(state)
+        self.rollout_log = RolloutLog(run_dir / "rollouts.jsonl", resume=self.resume)
+        self.monitor = Monitor(
+            run_dir,
+            config.monitor,
+            run_name=config.run.name or run_dir.name,
+            resolved_config=config.model_dump(mode="json"),
+            resume=self.resume,
+        )
+        self.health = HealthWatcher(
+            config.health, run_dir, history_from_metrics(run_dir) if self.resume else ()
+        )
+        self.best = BestCheckpoint(run_dir, config.run.best_metric, config.run.best_mode)
+        if config.health.rolls_back():
+            self._prepare_rollbacks()
+
+    async def _open_exploring(self, state: dict[str, Any]) -> None:
+        from agentscope_rft.runtime.local import episode_runner
+
+        config = self.config
+        engine = build_engine(config.model, config.engine, log_dir=self.run_dir / "logs")
+        if self.ray_runtime is not None:
+            self.ray_runtime.host_engine(engine)  # vLLM replicas under actors on the cluster
+        await engine.start()
+        self.engine = engine
+        if self.start:
+            await sync_weights(engine, self.trainer, version=self.start)
+        gateway = Gateway(
+            engine,
+            host=config.gateway.host,
+            port=config.gateway.port,
+            api_key=None if config.gateway.api_key == "auto" else config.gateway.api_key,
+            generate_api_key=config.gateway.api_key == "auto",
+            sampling_overrides=sampling_rules(config),
+            seed_base=config.explorer.seed,
+            max_tokens_limit=max_tokens_per_call(config, engine.max_model_len),
+        )
+        await gateway.start()
+        self.gateway = gateway
+        self.sampler = TaskSampler(
+            self.checked.train_tasks, shuffle=config.tasks.shuffle, seed=config.run.seed
+        )
+        if "sampler" in state:
+            self.sampler.load_state_dict(state["sampler"])
+        assert self.checked.workflow is not None  # exploring modes have one (preflight)
+        settings = episode_settings(config, engine.max_model_len)
+        runner = await episode_runner(
+            config, settings, self.ray_runtime, gateway, engine, self.run_dir
+        )
+        self.explorer = Explorer(self.checked.workflow, gateway, settings, runner=runner)
+
+    def _prepare_rollbacks(self) -> None:
+        """A run that may roll back keeps checkpoints to roll back to (the starting weights too)."""
+        if not self.checkpoint_every:
+            self.checkpoint_every = max(1, self.steps // 10)
+            logger.info(
+                "health rules roll back but run.checkpoint_every is 0: checkpointing every %d "
+                "steps",
+                self.checkpoint_every,
+            )
+
+    async def _close(self) -> None:
+        if self.explorer is not None:
+            await self.explorer.close()
+        if self.gateway is not None:
+            await self.gateway.stop()
+        if self.engine is not None:
+            await self.engine.close()
+        await self.buffer.close()
+        self.trainer.close()
+
+    @staticmethod
+    def _validation_split(checked: Checked) -> tuple[list[Task], str]:
+        """The tasks in-training evaluation runs on: `tasks.val`, else the test split for
+        monitoring only (phase `eval`; preflight said so)."""
+        if checked.val_tasks:
+            return checked.val_tasks, "val"
+        return checked.eval_tasks, "eval"
+
+    # ------------------------------------------------------------------ the loops
+    async def _loops(self, progress: Any) -> None:
+        """The explorer and trainer loops from `self.start` until the last step (or a stop)."""
+        self.produced: asyncio.Queue[tuple[int, int, dict[str, float]]] = asyncio.Queue()
+        self.sampler_states: dict[int, dict[str, Any]] = {}  # task position before each step
+        self.trained = asyncio.Condition()  # notified after every trainer step (skipped too)
+        if self.config.health.rolls_back() and self.start == 0 and self.saved_at is None:
+            # The starting weights are the first healthy checkpoint.
+            self._commit(await self._save_checkpoint(0))
+        jobs = [_until_stopped(self._train_loop(progress))]
+        if self.explorer is not None:
+            jobs.append(_until_stopped(self._explore_loop(progress)))
+        await _run_together(jobs)
+
+    async def _explore_loop(self, progress: Any) -> None:
+        from agentscope_rft.runtime.local import explore_step
+
+        explorer, sampler, engine = self.explorer, self.sampler, self.engine
+        assert explorer is not None and sampler is not None and engine is not None
+        for step in range(max(self.start, self.warmup), self.steps):
+            # After the warm-up, the first batches come from the warmed-up policy.
+            await self.stop.until(self._trainer_reached(max(step - self.lead, self.warmup)))
+            self.sampler_states[step] = sampler.state_dict()
+            # A stop cancels the batch: its episodes' rollouts close, their calls are aborted.
+            result, groups, step_metrics = await self.stop.until(
+                explore_step(explorer, sampler, self.config, step, progress)
+            )
+            self.rollout_log.write(step, "train", result)
+            for group in groups:
+                await self.buffer.put(group)
+            metrics = result.metrics() | step_metrics | engine_metrics(engine)
+            await self.produced.put((step, len(groups), metrics))
+
+    async def _train_loop(self, progress: Any) -> None:
+        empty_in_a_row = 0
+        for step in range(self.start, self.steps):
+            if self.stop.requested:
+                return
+            step_started = time.perf_counter()
+            batch = await self._next_batch(step)
+            if batch is None:
+                return
+            samples, metrics = batch
+            if samples is None:  # the step explored no samples
+                empty_in_a_row += 1
+                self._skip_empty_step(step, metrics, empty_in_a_row)
+                await self._finish_step(step + 1)
+                continue
+            empty_in_a_row = 0
+            await self._train_step(step, samples, metrics, progress, step_started)
+
+    async def _next_batch(self, step: int) -> tuple[list[Sample] | None, dict[str, float]] | None:
+        """The step's samples (None: its episodes produced none) and its explore metrics."""
+        metrics: dict[str, float] = {}
+        if self.offline is not None and (self.mode == "offline" or step < self.warmup):
+            return next(self.offline), metrics  # an offline run, or a warm-up step (objective sft)
+        if self.mode == "train_only":
+            num_groups = self.config.explorer.tasks_per_step
+        else:
+            _, num_groups, metrics = await self.stop.until(self.produced.get())
+        if num_groups == 0:
+            return None, metrics
+        samples = await self.stop.until(
+            self.buffer.get(
+                num_groups,
+                step=step,
+                min_policy_version=max(0, self.policy_version - self.stale_limit),
+                timeout=self.config.run.get_timeout,
+            )
+        )
+        if self.mix_demos and self.offline is not None:  # CHORD: demonstrations beside rollouts
+            samples = [*samples, *next(self.offline)]
+        return samples, metrics
+
+    def _skip_empty_step(self, step: int, metrics: dict[str, float], in_a_row: int) -> None:
+        logger.warning("step %d: no episode produced samples; nothing to train", step)
+        self.last = {**metrics, "train/skipped": 1.0}
+        self.monitor.log(step, self.last)
+        if in_a_row >= MAX_EMPTY_STEPS:
+            raise RuntimeError(
+                f"{MAX_EMPTY_STEPS} steps in a row produced no training samples (every episode "
+                "failed or made no model call); the errors are in "
+                f"{self.run_dir / 'rollouts.jsonl'}"
+            )
+
+    async def _train_step(
+        self,
+        step: int,
+        samples: list[Sample],
+        metrics: dict[str, float],
+        progress: Any,
+        started: float,
+    ) -> None:
+        """Train on the step's samples, sync the weights, watch the run's health, checkpoint,
+        log, and validate when due."""
+        progress.reset("train", total=1)  # a step once begun finishes, even on a stop
+        metrics.update(await self._trainer_step(samples, step))
+        progress.advance("train")
+        done = step + 1
+        if self.engine is not None and not self.stop.requested:
+            metrics["time/sync"] = await sync_weights(self.engine, self.trainer, version=done)
+        self.policy_version = done
+        metrics["time/step"] = time.perf_counter() - started
+        events = self.health.observe(step, metrics)
+        metrics.update(health_metrics(events))
+        action = strongest(events)
+        for event in events:
+            if event is not action or action.action != "rollback":
+                self.health.record(event)  # (a rollback's own event names where it went)
+        if action is not None and action.action == "rollback":
+            self._log_step(step, metrics)
+            raise RollBack(action)
+        if action is not None and action.action == "stop":
+            self.stop.request(f"health: {action.rule}")
+        saved: dict[str, Any] | None = None
+        if (
+            done == self.steps
+            or self.stop.requested
+            or (self.checkpoint_every and done % self.checkpoint_every == 0)
+        ):
+            saving = time.perf_counter()
+            saved = await self._save_checkpoint(done)  # before the explorer moves on (sync mode)
+            metrics["time/checkpoint"] = time.perf_counter() - saving
+        await self._finish_step(done)
+        self._log_step(step, metrics)
+        if saved is not None:
+            # state.json names the checkpoint only once its step is logged: a run killed in
+            # between resumes from the one before and redoes this step (superseding its line).
+            self._commit(saved)
+        progress.advance("run")
+        eval_every = self.config.run.eval_every
+        if eval_every and (done % eval_every == 0 or done == self.steps):
+            await self.stop.until(self._evaluate(done))
+
+    async def _trainer_step(self, samples: list[Sample], step: int) -> dict[str, float]:
+        """`trainer.step`; a non-finite gradient is a health event when the rule watches it."""
+        try:
+            return await in_own_thread(self.trainer.step, samples, step)
+        except FloatingPointError as exc:
+            health = self.config.health
+            if health.rules.non_finite.action == "off" or not health.enabled:
+                raise
+            logger.warning("step %d: %s; the update was not applied", step, exc)
+            return {"train/non_finite": 1.0, "train/skipped": 1.0}
+
+    def _log_step(self, step: int, metrics: dict[str, float]) -> None:
+        metrics["policy_version"] = float(step + 1)
+        self.last = metrics
+        self.monitor.log(step, metrics)
+
+    async def _trainer_reached(self, step: int) -> None:
+        async with self.trained:
+            while self.steps_done < step:
+                await self.trained.wait()
+
+    async def _finish_step(self, done: int) -> None:
+        async with self.trained:
+            self.steps_done = done
+            self.trained.notify_all()
+
+    # ------------------------------------------------------------------ validation
+    async def _evaluate(self, step: int) -> None:
+        """Explore the validation tasks greedily with the policy of `step`; keep the best."""
+        if self.explorer is None or not self.val_tasks or not self.config.run.eval_every:
+            return
+        phase = self.val_phase
+        result = await self.explorer.explore(
+            self.val_tasks,
+            group_size=self.config.explorer.eval_group_size,
+            batch_id=f"eval{step}" if phase == "eval" else f"eval{step}-val",
+        )
+        self.rollout_log.write(step, phase, result)
+        metrics = {k: v for k, v in result.metrics().items() if not k.startswith("trajectory/")}
+        self.monitor.log(step, metrics, phase=phase)
+        if phase == "val":
+            await in_own_thread(self.best.consider, step, metrics, self.trainer.export_hf)
+
+    # ------------------------------------------------------------------ checkpoints
+    async def _save_checkpoint(self, done: int) -> dict[str, Any]:
+        """Save the weights and optimizer of step `done`; returns the run state to commit."""
+        self.saved_at = done
+        target = checkpoint_dir(self.run_dir, done)
+        await in_own_thread(self.trainer.save, target)
+        await in_own_thread(self.trainer.export_hf, target / "model")
+        saved: dict[str, Any] = {"step": done, "health": self.rollback.to_dict()}
+        if self.sampler is not None:  # resume re-explores from the first batch not yet trained
+            saved["sampler"] = self.sampler_states.get(done, self.sampler.state_dict())
+        (target / RUN_STATE_FILE).write_text(json.dumps(saved))
+        return saved
+
+    def _commit(self, saved: dict[str, Any]) -> None:
+        write_state(self.run_dir, saved)
+        keep: set[int] = set()
+        if self.config.health.rolls_back():  # what a rollback would return to
+            healthy = self._healthy_checkpoint(self.steps_done + 1)
+            keep = set() if healthy is None else {healthy}
+        prune_checkpoints(self.run_dir, self.config.run.keep_checkpoints, protect=keep)
+
+    def _healthy_checkpoint(self, before: int) -> int | None:
+        """The newest checkpoint of a step before `before` whose policy broke no rule."""
+        folders = sorted((self.run_dir / "checkpoints").glob("step-*"), reverse=True)
+        for folder in folders:
+            step = int(folder.name.removeprefix("step-"))
+            if step < before and self.health.healthy(step) and (folder / RUN_STATE_FILE).exists():
+                return step
+        return None
+
+    # ------------------------------------------------------------------ rollback
+    async def _roll_back(self, event: HealthEvent, progress: Any) -> None:
+        """Restore the last healthy checkpoint before `event`'s onset (weights, optimizer, task
+        position, buffer) and apply `health.rollback`'s changes; or stop, saying why."""
+        settings = self.config.health.rollback
+        target = self._healthy_checkpoint(event.onset)
+        refusal = None
+        if self.rollback.rollbacks >= settings.max_rollbacks:
+            refusal = (
+                f"{event.rule} fired after {self.rollback.rollbacks} rollback(s), the most "
+                "health.rollback.max_rollbacks allows"
+            )
+        elif target is None:
+            refusal = (
+                f"no healthy checkpoint before step {event.onset} is left to roll back to "
+                "(raise run.keep_checkpoints or lower run.checkpoint_every)"
+            )
+        if refusal is not None:
+            self.health.record(event)
+            logger.error("health: %s; stopping the run", refusal)
+            self.stop.request(f"health: {event.rule} ({refusal})")
+            return
+        assert target is not None
+        self.health.record(_rolled_back(event, target))
+        folder = checkpoint_dir(self.run_dir, target)
+        saved = json.loads((folder / RUN_STATE_FILE).read_text())
+        await in_own_thread(self.trainer.load, folder)
+        self.rollback = self.rollback.after(settings)
+        await self._apply_rollback_changes()
+        await self.buffer.requeue_after(target - 1)
+        if self.mode != "train_only":
+            await self.buffer.discard_pending()
+        if self.sampler is not None and "sampler" in saved:
+            self.sampler.load_state_dict(saved["sampler"])
+        if self.engine is not None:
+            await sync_weights(self.engine, self.trainer, version=target)
+        if self.config.uses_offline_data():
+            self.offline = offline_batches(self.config, target)
+        self.health.rewind(target)
+        self.monitor.supersede_from(target)
+        self.start = self.steps_done = self.policy_version = target
+        self.saved_at = target
+        write_state(self.run_dir, {**saved, "health": self.rollback.to_dict()})
+        progress.reset("run", total=self.steps, completed=target)
+        logger.warning(
+            "health: rolled back to step %d (rollback %d of %d): %s",
+            target,
+            self.rollback.rollbacks,
+            settings.max_rollbacks,
+            self.rollback.describe(),
+        )
+
+    async def _apply_rollback_changes(self) -> None:
+        if self.rollback.rollbacks == 0:
+            return
+        algorithm = self.rollback.algorithm(self.config.algorithm)
+        await in_own_thread(self.trainer.adjust, self.rollback.lr_scale, algorithm)
+
+
+def _rolled_back(event: HealthEvent, target: int) -> HealthEvent:
+    return replace(event, rolled_back_to=target)
+
+
+async def _until_stopped(job: Any) -> None:
+    """Run one of the loops; a stop request ends it quietly (the run then saves and exits)."""
+    with contextlib.suppress(Stopping):
+        await job
+
+
+async def _run_together(jobs: list[Any]) -> None:
+    """Run coroutines until all finish; the first failure cancels the others and is raised."""
+    tasks = [asyncio.ensure_future(job) for job in jobs]
+    try:
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            task.result()
+        if pending:
+            await asyncio.gather(*pending)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
