@@ -61,9 +61,13 @@ def fail(message: str) -> typer.Exit:
 
 @app.command()
 def serve(
-    model: Annotated[str, typer.Option(help="Model name or local HF folder.")] = (
-        "smollm2-135m-instruct"
-    ),
+    model: Annotated[
+        str,
+        typer.Option(
+            help="Model name, local HF folder, or a run's checkpoint: <run folder>:best, "
+            "<run folder>:last, a checkpoint folder."
+        ),
+    ] = "smollm2-135m-instruct",
     host: Annotated[str, typer.Option(help="Interface to bind (loopback by default).")] = (
         "127.0.0.1"
     ),
@@ -112,10 +116,51 @@ def serve(
         )
     )
     try:
-        built = build_engine(ModelConfig(name_or_path=model), engine_config)
+        built = build_engine(ModelConfig(name_or_path=_checkpoint_or_model(model)), engine_config)
     except (ValueError, RuntimeError) as exc:
         raise fail(str(exc)) from exc
     asyncio.run(_serve(built, host, port, api_key))
+
+
+def _checkpoint_or_model(model: str) -> str:
+    """A run's checkpoint (`runs/x:best`, a run or checkpoint folder) as its HF model folder;
+    anything else (a model name, an HF folder) as given."""
+    from pathlib import Path
+
+    from agentscope_rft.runtime.best import resolve_checkpoint
+
+    path = Path(model.rpartition(":")[0] if model.endswith((":best", ":last")) else model)
+    if not path.is_dir():
+        return model
+    return str(resolve_checkpoint(model))
+
+
+@app.command("export")
+def export_model(
+    checkpoint: Annotated[
+        str,
+        typer.Argument(help="<run folder>:best, <run folder>:last, a run or checkpoint folder."),
+    ],
+    out: Annotated[str, typer.Option(help="Folder to write the HF model to (must not exist).")],
+) -> None:
+    """Copy a run's checkpoint out as a standalone HF model folder (serve it, share it).
+
+    Example: agentscope-rft export runs/quickstart:best --out models/calculator
+    """
+    import shutil
+    from pathlib import Path
+
+    from agentscope_rft.runtime.best import CheckpointNotFoundError, resolve_checkpoint
+
+    target = Path(out)
+    if target.exists():
+        raise fail(f"{target} already exists: pick a new folder")
+    try:
+        source = resolve_checkpoint(checkpoint)
+    except CheckpointNotFoundError as exc:
+        raise fail(str(exc)) from exc
+    shutil.copytree(source, target)
+    console.print(f"[green]exported[/] {source} -> {target}")
 
 
 async def _serve(engine: Engine, host: str, port: int, api_key: str | None) -> None:
@@ -268,7 +313,16 @@ def train(
 def explore(
     config: ConfigOption = None,
     set_: SetOption = None,
-    split: Annotated[str, typer.Option(help="Task split: train or eval.")] = "train",
+    split: Annotated[
+        str, typer.Option(help="Task split: train, val or test (eval: the test split).")
+    ] = "train",
+    checkpoint: Annotated[
+        str | None,
+        typer.Option(
+            help="Explore this policy: best or last (of the config's run folder), "
+            "<run folder>:best, a checkpoint or an HF model folder."
+        ),
+    ] = None,
     limit: Annotated[int | None, typer.Option(help="Only the first N tasks.")] = None,
     group_size: Annotated[int | None, typer.Option(help="Episodes per task.")] = None,
     out: Annotated[str | None, typer.Option(help="Output folder.")] = None,
@@ -288,7 +342,15 @@ def explore(
 
     try:
         cfg = load_config(config, set_ or [])
-        out_dir = Path(out) if out else run_dir_for(cfg) / f"explore-{split}"
+        name = f"explore-{split}"
+        if checkpoint is not None:
+            from agentscope_rft.runtime.best import resolve_checkpoint
+
+            model_dir = resolve_checkpoint(checkpoint, run_dir_for(cfg))
+            console.print(f"exploring the checkpoint {model_dir}")
+            cfg.model.name_or_path = str(model_dir)
+            name += "-" + checkpoint.rpartition(":")[2].replace("/", "_").strip("_.")
+        out_dir = Path(out) if out else run_dir_for(cfg) / name
         stop = RunStop()
         job = run_explore(cfg, out_dir, split=split, limit=limit, group_size=group_size, stop=stop)
         summary = asyncio.run(_on_signals(job, stop, "exploring"))

@@ -62,7 +62,12 @@ def _window(points: int) -> int:
     return 0 if points < 6 else min(50, max(3, points // 10))
 
 
-def _draw_reward(axes: Axes, train: Sequence[MetricRecord], evals: Sequence[MetricRecord]) -> str:
+def _draw_reward(
+    axes: Axes,
+    train: Sequence[MetricRecord],
+    evals: Sequence[MetricRecord],
+    eval_label: str = "eval",
+) -> str:
     """Reward panel; returns the summary for the title."""
     steps, reward = _series(train, "reward/mean")
     band_steps, mean, std = _series(train, "reward/mean", "reward/std")
@@ -116,9 +121,9 @@ def _draw_reward(axes: Axes, train: Sequence[MetricRecord], evals: Sequence[Metr
             marker="D",
             markersize=5,
             linewidth=1.2,
-            label="eval",
+            label=eval_label,
         )
-        summary.append(f"eval {eval_reward[-1]:.3g}")
+        summary.append(f"{eval_label} {eval_reward[-1]:.3g}")
     axes.set_ylabel("reward")
     axes.grid(alpha=0.3)
     axes.legend(loc="best", fontsize="small", framealpha=0.8)
@@ -215,7 +220,11 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
 
     metrics_path = run_dir if run_dir.is_file() else run_dir / METRICS_FILE
     records = surviving_history(read_metrics(metrics_path))
-    train, evals = per_step(records, "train"), per_step(records, "eval")
+    train = per_step(records, "train")
+    # In-training validation (`val`); runs without a validation split evaluated on `eval`.
+    evals, eval_label = per_step(records, "val"), "val"
+    if not evals:
+        evals, eval_label = per_step(records, "eval"), "eval"
     if not any("reward/mean" in record.metrics for record in [*train, *evals]):
         raise MetricsFileError(
             f"{metrics_path}: no 'reward/mean' in {len(records)} records; nothing to plot"
@@ -228,7 +237,8 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
         rows, 1, sharex=True, squeeze=False, height_ratios=[3, 2] if has_success else [1]
     )
     panels: list[Axes] = list(grid[:, 0])
-    summary = _draw_reward(panels[0], train, evals)
+    summary = _draw_reward(panels[0], train, evals, eval_label)
+    summary += _mark_best_and_health(panels, metrics_path.parent)
     if has_success:
         _draw_success(panels[1], train, evals)
     panels[-1].set_xlabel("step")
@@ -240,3 +250,29 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     figure.savefig(partial, format="png")
     os.replace(partial, out)
     return out
+
+
+def _mark_best_and_health(panels: Sequence[Axes], run_dir: Path) -> str:
+    """Mark the best checkpoint's step (`best.json`) and health events (`health.jsonl`) on every
+    panel; returns the title's addition."""
+    from agentscope_rft.health.watcher import read_events
+    from agentscope_rft.runtime.best import read_best
+
+    best = read_best(run_dir)
+    events = read_events(run_dir)
+    colors = {"warn": "#d08c00", "stop": "#c0392b", "rollback": "#8e44ad"}
+    for axes in panels:
+        if best is not None:
+            axes.axvline(best["step"], color="#2e7d32", linestyle=":", linewidth=1.4)
+        for event in events:
+            axes.axvline(event.step, color=colors.get(event.action, "#777777"), alpha=0.5)
+    labelled = panels[0]
+    if best is not None:
+        labelled.plot([], [], color="#2e7d32", linestyle=":", label=f"best ({best['metric']})")
+    for action in sorted({e.action for e in events}):
+        labelled.plot([], [], color=colors.get(action, "#777777"), label=f"health: {action}")
+    if best is not None or events:
+        labelled.legend(loc="best", fontsize="small", framealpha=0.8)
+    if best is None:
+        return ""
+    return f"; best step {best['step']} ({best['metric']} {best['value']:.3g})"

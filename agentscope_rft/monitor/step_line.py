@@ -98,6 +98,8 @@ def format_step_line(
         'step 12 | reward 0.41±0.33 | success 44% | explore 21.3s train 9.8s'
         >>> format_step_line(12, {"reward/mean": 0.52}, phase="eval")
         '[eval] step 12 | reward 0.52'
+        >>> format_step_line(3, {"reward/mean": 0.5, "health/entropy_collapse": 3.0})
+        'step 3 | reward 0.50 | health! entropy_collapse -> rollback'
     """
     segments: list[str] = [f"step {step}" if phase == "train" else f"[{phase}] step {step}"]
     previous_was_time = False
@@ -113,4 +115,13 @@ def format_step_line(
         else:
             segments.append(text)
         previous_was_time = is_time
+    # Health events are always shown, whatever `keys` says (the run acts on them).
+    actions = {1.0: "warn", 2.0: "stop", 3.0: "rollback"}
+    events = [
+        f"{name.removeprefix('health/')} -> {actions.get(float(value), 'warn')}"
+        for name, value in metrics.items()
+        if name.startswith("health/") and name != "health/events" and value
+    ]
+    if events:
+        segments.append("health! " + ", ".join(events))
     return " | ".join(segments)

@@ -24,7 +24,7 @@ from agentscope_rft.engines.base import engine_metrics
 from agentscope_rft.engines.factory import build_engine
 from agentscope_rft.explorer.explorer import Explorer, ExploreResult
 from agentscope_rft.explorer.runner import ModelSettings
-from agentscope_rft.explorer.tasks import load_tasks
+from agentscope_rft.explorer.tasks import Task, load_tasks, stratified_slice
 from agentscope_rft.explorer.trajectory import TrajectoryStats
 from agentscope_rft.gateway.server import Gateway
 from agentscope_rft.runtime.components import (
@@ -55,6 +55,30 @@ def _task_result(task_id: str, rollouts: list[Rollout]) -> dict[str, Any]:
             }
         ),
     }
+
+
+SPLITS = ("train", "val", "test", "eval")
+"""`explore --split` values (`eval` is the test split's older name)."""
+
+
+def split_tasks(config: RunConfig, split: str) -> list[Task]:
+    """The tasks of a split as the run sees them (`val_limit` slice, `eval_limit` prefix).
+
+    Raises:
+        ValueError: an unknown split, or one the config does not set.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}: use one of {', '.join(SPLITS)}")
+    key = {"train": "train", "val": "val", "test": "eval", "eval": "eval"}[split]
+    source = getattr(config.tasks, key)
+    if source is None:
+        raise ValueError(f"tasks.{key} is not set in the config (explore --split {split})")
+    tasks = load_tasks(
+        source, id_field=config.tasks.id_field, required_fields=config.tasks.required_fields
+    )
+    if key == "val":
+        return stratified_slice(tasks, config.tasks.val_limit, config.tasks.stratify_field)
+    return tasks
 
 
 async def explore(
@@ -95,12 +119,7 @@ async def _explore(
     stop: RunStop,
     ray_runtime: Any,
 ) -> dict[str, float]:
-    source = config.tasks.train if split == "train" else config.tasks.eval
-    if source is None:
-        raise ValueError(f"tasks.{split} is not set in the config")
-    tasks = load_tasks(
-        source, id_field=config.tasks.id_field, required_fields=config.tasks.required_fields
-    )[:limit]
+    tasks = split_tasks(config, split)[:limit]
     workflow = load_workflow(config.workflow or "", config.judge)
     groups = group_size or (
         config.explorer.group_size if split == "train" else config.explorer.eval_group_size

@@ -1,0 +1,188 @@
+"""Health rules against hand-derived histories, and the watcher's bookkeeping."""
+
+import json
+import math
+
+import pytest
+
+from agentscope_rft.config import ConfigError, load_config
+from agentscope_rft.health.config import (
+    EntropyCollapseRule,
+    EqualRewardRule,
+    HealthConfig,
+    KLRule,
+    LogprobGapRule,
+    NonFiniteRule,
+    RewardCollapseRule,
+    TruncationRule,
+)
+from agentscope_rft.health.rollback import RollbackState
+from agentscope_rft.health.rules import (
+    StepMetrics,
+    entropy_collapse,
+    equal_rewards,
+    kl,
+    logprob_gap,
+    non_finite,
+    reward_collapse,
+    truncation,
+)
+from agentscope_rft.health.watcher import HealthWatcher, health_metrics, read_events, strongest
+
+
+def steps(name: str, values: list[float]) -> list[StepMetrics]:
+    return [StepMetrics(i, {name: v}) for i, v in enumerate(values)]
+
+
+def test_entropy_collapse_fires_after_patience_with_the_streaks_onset():
+    cfg = EntropyCollapseRule(fraction=0.25, baseline_steps=2, patience=2)
+    # baseline (2.0 + 1.0) / 2 = 1.5, bound 0.375
+    history = steps("entropy/mean", [2.0, 1.0, 0.5, 0.3])
+    assert entropy_collapse(history, cfg) is None  # one step below the bound: patience 2
+    history = steps("entropy/mean", [2.0, 1.0, 0.5, 0.3, 0.2, 0.1])
+    finding = entropy_collapse(history, cfg)
+    assert finding is not None
+    assert finding.onset == 3 and finding.value == 0.1
+    assert finding.threshold == pytest.approx(0.375)
+    # not enough steps for a baseline and a later step
+    assert entropy_collapse(steps("entropy/mean", [2.0, 0.0]), cfg) is None
+
+
+def test_a_recovered_streak_does_not_count():
+    cfg = EntropyCollapseRule(fraction=0.5, baseline_steps=1, patience=2)
+    history = steps("entropy/mean", [1.0, 0.4, 0.9, 0.4])
+    assert entropy_collapse(history, cfg) is None
+    history.append(StepMetrics(4, {"entropy/mean": 0.3}))
+    assert entropy_collapse(history, cfg).onset == 3
+
+
+def test_bounds_rules_fire_above_their_bound_only():
+    gap = steps("train/rollout_trainer_logprob_diff", [0.01, 0.2, 0.3])
+    assert logprob_gap(gap, LogprobGapRule(max=0.1, patience=2)).onset == 1
+    assert logprob_gap(gap, LogprobGapRule(max=0.25, patience=2)) is None
+    clip = steps("response_length/clip_ratio", [0.6, 0.7, 0.9])
+    assert truncation(clip, TruncationRule(max_rate=0.5, patience=3)).onset == 0
+    assert kl(steps("kl/mean", [0.1, 2.0]), KLRule(max=1.0, patience=1)).value == 2.0
+    assert kl(steps("other", [5.0]), KLRule(max=1.0, patience=1)) is None  # not logged
+
+
+def test_equal_reward_share_prefers_dynamic_samplings_count():
+    cfg = EqualRewardRule(max_share=0.7, patience=1)
+    trainer_only = [StepMetrics(0, {"train/groups": 4.0, "train/zero_variance_groups": 3.0})]
+    assert equal_rewards(trainer_only, cfg).value == 0.75
+    dynamic = [
+        StepMetrics(
+            0,
+            {
+                "explore/tasks": 12.0,
+                "explore/groups_equal_reward": 6.0,  # 50%: what the explorer saw
+                "train/groups": 4.0,
+                "train/zero_variance_groups": 4.0,
+            },
+        )
+    ]
+    assert equal_rewards(dynamic, cfg) is None
+
+
+def test_non_finite_catches_nan_metrics_and_skipped_updates():
+    assert non_finite(steps("loss", [0.1, math.inf]), NonFiniteRule()).metric == "loss"
+    marked = [StepMetrics(0, {"train/non_finite": 1.0, "loss": 0.0})]
+    assert non_finite(marked, NonFiniteRule()).metric == "train/non_finite"
+    assert non_finite(steps("loss", [0.1]), NonFiniteRule()) is None
+
+
+def test_reward_collapse_needs_something_learned_first():
+    cfg = RewardCollapseRule(window=2, drop=0.5, min_best=0.1)
+    assert reward_collapse(steps("reward/mean", [0.0, 0.05, 0.0, 0.0]), cfg) is None
+    finding = reward_collapse(steps("reward/mean", [0.2, 0.8, 0.8, 0.8, 0.0, 0.0]), cfg)
+    # averages: .5 .8 .8 .4 .0 -> best .8, bound .4; .4 is not below it, .0 is (step 5);
+    # the first step in that window whose reward fell under the bound is step 4.
+    assert finding is not None and finding.onset == 4
+    assert finding.threshold == pytest.approx(0.4)
+
+
+def test_watcher_fires_once_per_streak_and_marks_suspect_steps(tmp_path):
+    config = HealthConfig.model_validate(
+        {"rules": {"entropy_collapse": {"fraction": 0.5, "baseline_steps": 1, "patience": 2}}}
+    )
+    watcher = HealthWatcher(config, tmp_path)
+    assert watcher.observe(0, {"entropy/mean": 1.0}) == []
+    assert watcher.observe(1, {"entropy/mean": 0.4}) == []  # the streak starts...
+    assert not watcher.healthy(1) and watcher.healthy(0)  # ...and is suspect already
+    assert not watcher.healthy(2)  # not watched yet
+    [event] = watcher.observe(2, {"entropy/mean": 0.3})
+    assert (event.rule, event.action, event.onset, event.step) == ("entropy_collapse", "warn", 1, 2)
+    assert watcher.observe(3, {"entropy/mean": 0.2}) == []  # said once
+    assert watcher.observe(4, {"entropy/mean": 0.9}) == []  # recovered
+    assert watcher.observe(5, {"entropy/mean": 0.1}) == []
+    assert [e.onset for e in watcher.observe(6, {"entropy/mean": 0.1})] == [5]
+    watcher.record(event)
+    assert read_events(tmp_path) == [event]
+    assert json.loads((tmp_path / "health.jsonl").read_text())["rule"] == "entropy_collapse"
+    watcher.rewind(1)
+    assert watcher.healthy(0) and not watcher.healthy(1)
+    assert [h.step for h in watcher.history] == [0]
+
+
+def test_health_metrics_and_the_strongest_action(tmp_path):
+    config = HealthConfig.model_validate(
+        {
+            "rules": {
+                "kl": {"max": 0.5, "patience": 1, "action": "rollback"},
+                "truncation": {"max_rate": 0.5, "patience": 1},
+            }
+        }
+    )
+    events = HealthWatcher(config, tmp_path).observe(
+        0, {"kl/mean": 1.0, "response_length/clip_ratio": 0.9}
+    )
+    assert health_metrics(events) == {
+        "health/truncation": 1.0,
+        "health/kl": 3.0,
+        "health/events": 2.0,
+    }
+    assert strongest(events).rule == "kl"
+    assert strongest([e for e in events if e.rule == "truncation"]) is None  # a warning
+
+
+def test_a_users_rule_that_raises_is_ignored_and_bad_paths_fail_early(tmp_path):
+    module = tmp_path / "my_rules.py"
+    module.write_text("def boom(history, params):\n    raise KeyError('x')\n")
+    config = HealthConfig.model_validate({"custom": [{"path": f"{module}:boom"}]})
+    assert HealthWatcher(config, tmp_path).observe(0, {"loss": 1.0}) == []
+    from agentscope_rft.api import WorkflowError
+
+    with pytest.raises(WorkflowError, match="has no 'nope'"):
+        HealthWatcher(
+            HealthConfig.model_validate({"custom": [{"path": f"{module}:nope"}]}), tmp_path
+        )
+
+
+def test_rollback_state_compounds_and_changes_the_algorithm():
+    from agentscope_rft.algorithms.config import AlgorithmConfig
+    from agentscope_rft.health.config import RollbackSettings
+
+    settings = RollbackSettings(lr_factor=0.5, kl_coef=0.01, entropy_coef=0.001)
+    state = RollbackState().after(settings).after(settings)
+    assert state.rollbacks == 2 and state.lr_scale == 0.25
+    algorithm = state.algorithm(AlgorithmConfig())
+    assert algorithm.kl is not None and algorithm.kl.coef == 0.01
+    assert algorithm.entropy_coef == 0.001
+    assert RollbackState.from_dict(state.to_dict()) == state
+
+
+def test_config_refuses_what_it_cannot_do(tmp_path):
+    base = ["workflow=app.py:run", "tasks.train=t.jsonl"]
+    with pytest.raises(ConfigError, match="must be a validation metric"):
+        load_config(None, [*base, "run.best_metric=reward/mean"])
+    with pytest.raises(ConfigError, match="torch trainer only"):
+        load_config(
+            None,
+            [*base, "trainer.type=verl", "health.rules.entropy_collapse.action=rollback"],
+        )
+    with pytest.raises(ConfigError, match="unknown EntropyCollapseRule key 'fractoin'"):
+        load_config(None, [*base, "health.rules.entropy_collapse.fractoin=0.1"])
+    with pytest.raises(ConfigError, match="name the same split"):
+        load_config(None, [*base, "tasks.test=a.jsonl", "tasks.eval=b.jsonl"])
+    config = load_config(None, [*base, "tasks.validation=v.jsonl", "tasks.test=x.jsonl"])
+    assert config.tasks.val.endswith("v.jsonl") and config.tasks.eval.endswith("x.jsonl")

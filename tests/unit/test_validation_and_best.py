@@ -1,0 +1,88 @@
+"""The validation split's slice, the best checkpoint and checkpoint names."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentscope_rft.explorer.tasks import TaskSetError, load_tasks, stratified_slice
+from agentscope_rft.runtime.best import (
+    BestCheckpoint,
+    CheckpointNotFoundError,
+    read_best,
+    resolve_checkpoint,
+)
+from agentscope_rft.runtime.components import prune_checkpoints
+
+
+def kinds(counts: dict[str, int]) -> list:
+    rows = [{"id": f"{k}{i}", "kind": k} for k, n in counts.items() for i in range(n)]
+    return load_tasks(rows)
+
+
+def test_a_stratified_slice_keeps_each_types_share():
+    tasks = kinds({"single": 30, "multi": 15, "compare": 5})
+    picked = stratified_slice(tasks, 10, "kind")
+    assert [t.data["kind"] for t in picked].count("single") == 6
+    assert [t.data["kind"] for t in picked].count("multi") == 3
+    assert [t.data["kind"] for t in picked].count("compare") == 1
+    # a rare type keeps one task while the limit allows; file order is kept
+    picked = stratified_slice(kinds({"a": 40, "b": 1}), 5, "kind")
+    assert [t.data["kind"] for t in picked] == ["a", "a", "a", "a", "b"]
+    assert [t.id for t in stratified_slice(tasks, 5, None)] == [
+        "single0",
+        "single10",
+        "single20",
+        "multi0",
+        "multi10",
+    ]
+    assert stratified_slice(tasks, None, "kind") == tasks
+    with pytest.raises(TaskSetError, match="has no such field"):
+        stratified_slice(tasks, 3, "type")
+
+
+def export_to(folder: Path) -> None:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+
+
+def test_the_best_checkpoint_follows_the_metric_and_survives_pruning(tmp_path):
+    best = BestCheckpoint(tmp_path, "val/success_rate", "max")
+    assert best.consider(0, {"success_rate": 0.2}, export_to)
+    assert not best.consider(4, {"success_rate": 0.1}, export_to)
+    assert not best.consider(5, {"reward/mean": 0.9}, export_to)  # metric not logged
+    assert best.consider(8, {"success_rate": 0.5}, export_to)
+    assert read_best(tmp_path) == {
+        "step": 8,
+        "metric": "val/success_rate",
+        "value": 0.5,
+        "mode": "max",
+    }
+    assert json.loads((tmp_path / "checkpoints" / "best" / "best.json").read_text())["step"] == 8
+    for step in (2, 4, 6):
+        export_to(tmp_path / "checkpoints" / f"step-{step:06d}" / "model")
+    prune_checkpoints(tmp_path, keep=1)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["best", "step-000006"]
+    # lower is better
+    low = BestCheckpoint(tmp_path / "low", "val/loss", "min")
+    assert low.consider(1, {"loss": 2.0}, export_to) and low.consider(2, {"loss": 1.0}, export_to)
+    assert not low.consider(3, {"loss": float("nan")}, export_to)
+
+
+def test_checkpoint_names_resolve_to_model_folders(tmp_path):
+    run = tmp_path / "run"
+    for step in (2, 4):
+        export_to(run / "checkpoints" / f"step-{step:06d}" / "model")
+    with pytest.raises(CheckpointNotFoundError, match="has no best checkpoint"):
+        resolve_checkpoint(f"{run}:best")
+    assert resolve_checkpoint(run) == run / "checkpoints" / "step-000004" / "model"
+    assert resolve_checkpoint("last", run) == run / "checkpoints" / "step-000004" / "model"
+    BestCheckpoint(run, "val/reward/mean", "max").consider(2, {"reward/mean": 1.0}, export_to)
+    assert resolve_checkpoint("best", run) == run / "checkpoints" / "best" / "model"
+    assert resolve_checkpoint(run) == run / "checkpoints" / "best" / "model"
+    assert resolve_checkpoint(f"{run}:last") == run / "checkpoints" / "step-000004" / "model"
+    step = run / "checkpoints" / "step-000002"
+    assert resolve_checkpoint(step) == step / "model"
+    assert resolve_checkpoint(step / "model") == step / "model"
+    with pytest.raises(CheckpointNotFoundError, match="not a run folder"):
+        resolve_checkpoint(tmp_path / "nothing")
