@@ -147,6 +147,9 @@ class ExploreResult:
         std = math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards)) if rewards else 0.0
         completion = [len(c.completion_ids) for r in ok for c in r.calls]
         clipped = sum(c.finish_reason == "length" for r in ok for c in r.calls)
+        # Mean surprisal of the sampled tokens: an estimate of the sampling policy's entropy
+        # that exists even for steps the trainer skips (every group's rewards equal).
+        sampled = [-lp for r in ok for c in r.calls if c.temperature > 0 for lp in c.logprobs]
         out = {
             "reward/mean": mean,
             "reward/std": std,
@@ -168,6 +171,7 @@ class ExploreResult:
             "response_length/mean": sum(completion) / len(completion) if completion else 0.0,
             "response_length/max": float(max(completion, default=0)),
             "response_length/clip_ratio": clipped / len(completion) if completion else 0.0,
+            "entropy/sampled": sum(sampled) / len(sampled) if sampled else 0.0,
             "time/explore": self.seconds,
         }
         out.update(self.trajectory.metrics())

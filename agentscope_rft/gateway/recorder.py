@@ -152,6 +152,11 @@ class CallRecorder:
         self.held_bytes -= self._bytes.pop(rollout_id, 0)
         return self._calls.pop(rollout_id, [])
 
+    def restart_call_numbers(self) -> None:
+        """Number every rollout's calls from 0 again (a run rolled back to a checkpoint replays
+        its rollout ids with the seeds a run resumed there would use)."""
+        self._started.clear()
+
     def started(self, rollout_id: str) -> int:
         """How many requests of `rollout_id` have begun (its calls' running numbers)."""
         return self._started.get(rollout_id, 0)

@@ -105,6 +105,10 @@ class Gateway:
         """Accept calls under `rollout_id` again (a new episode reusing a closed id)."""
         self.state.reopen_rollout(rollout_id)
 
+    def restart_call_numbers(self) -> None:
+        """Derive the seeds of replayed rollout ids as a fresh gateway would (a rollback)."""
+        self.state.recorder.restart_call_numbers()
+
     async def start(self) -> None:
         """Start serving on the running event loop (binds 127.0.0.1 by default)."""
         if self._server is not None:

@@ -92,6 +92,13 @@ def non_finite(history: Sequence[StepMetrics], cfg: NonFiniteRule) -> Finding | 
     )
 
 
+def _entropy(entry: StepMetrics) -> float | None:
+    """The trainer's `entropy/mean`, else (a step the trainer skipped) the explorer's
+    `entropy/sampled` (mean surprisal of the sampled tokens: the same entropy, estimated)."""
+    value = _value(entry, "entropy/mean")
+    return value if value is not None else _value(entry, "entropy/sampled")
+
+
 def entropy_collapse(history: Sequence[StepMetrics], cfg: EntropyCollapseRule) -> Finding | None:
     """`entropy/mean` below `fraction` x the mean of the run's first `baseline_steps` steps.
 
@@ -100,17 +107,17 @@ def entropy_collapse(history: Sequence[StepMetrics], cfg: EntropyCollapseRule) -
         >>> entropy_collapse(steps, EntropyCollapseRule()).onset
         2
     """
-    logged = [h for h in history if _value(h, "entropy/mean") is not None]
+    logged = [h for h in history if _entropy(h) is not None]
     if len(logged) <= cfg.baseline_steps:
         return None
-    baseline = sum(_value(h, "entropy/mean") or 0.0 for h in logged[: cfg.baseline_steps])
+    baseline = sum(_entropy(h) or 0.0 for h in logged[: cfg.baseline_steps])
     baseline /= cfg.baseline_steps
     bound = cfg.fraction * baseline
     later = logged[cfg.baseline_steps :]
-    onset = _streak(later, lambda h: (_value(h, "entropy/mean") or 0.0) < bound, cfg.patience)
+    onset = _streak(later, lambda h: (_entropy(h) or 0.0) < bound, cfg.patience)
     if onset is None:
         return None
-    value = _value(later[-1], "entropy/mean")
+    value = _entropy(later[-1])
     return Finding(
         "entropy/mean",
         value,

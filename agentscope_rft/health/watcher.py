@@ -65,12 +65,14 @@ class HealthWatcher:
         self.config = config
         self.path = run_dir / HEALTH_FILE
         self.rules: list[tuple[str, str, Callable[[Sequence[StepMetrics]], Any]]] = []
-        # The same rules without patience: a streak marks its steps unhealthy from its first
-        # step, before it has lasted long enough to fire.
+        # The acting rules again without patience: a streak marks its steps unhealthy from its
+        # first step, before it has lasted long enough to fire. (Rules that only warn do not
+        # judge checkpoints.)
         self.probes: list[tuple[str, Callable[[Sequence[StepMetrics]], Any]]] = []
         for name, settings in config.named_rules():
             self.rules.append((name, settings.action, rule_function(name, settings)))
-            if not isinstance(settings, CustomRule) and settings.patience > 1:
+            acts = settings.action in ("stop", "rollback")
+            if acts and not isinstance(settings, CustomRule) and settings.patience > 1:
                 eager = settings.model_copy(update={"patience": 1})
                 self.probes.append((name, rule_function(name, eager)))
         self.history: list[StepMetrics] = list(history)
@@ -94,7 +96,8 @@ class HealthWatcher:
             if finding is None:
                 self._firing.pop(name, None)
                 continue
-            self.suspect_steps.update(range(finding.onset, step + 1))
+            if action != "warn":
+                self.suspect_steps.update(range(finding.onset, step + 1))
             if self._firing.get(name) == finding.onset:
                 continue  # still broken since it fired: say it once
             self._firing[name] = finding.onset
@@ -145,7 +148,7 @@ class HealthWatcher:
 
     def healthy(self, step: int) -> bool:
         """Whether the policy of version `step` (the weights trained by `step` steps, which
-        played step `step`'s episodes) was watched and broke no rule."""
+        played step `step`'s episodes) was watched and broke no rule that stops or rolls back."""
         return step <= self.last_observed and step not in self.suspect_steps
 
 

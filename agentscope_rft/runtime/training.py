@@ -385,8 +385,13 @@ class TrainingRun:
             if event is not action or action.action != "rollback":
                 self.health.record(event)  # (a rollback's own event names where it went)
         if action is not None and action.action == "rollback":
-            self._log_step(step, metrics)
-            raise RollBack(action)
+            refusal = self._rollback_refusal(action)
+            if refusal is None:
+                self._log_step(step, metrics)
+                raise RollBack(action)
+            self.health.record(action)
+            logger.error("health: %s; stopping the run", refusal)
+            self.stop.request(f"health: {action.rule} ({refusal})")
         if action is not None and action.action == "stop":
             self.stop.request(f"health: {action.rule}")
         saved: dict[str, Any] | None = None
@@ -488,23 +493,7 @@ class TrainingRun:
         position, buffer) and apply `health.rollback`'s changes; or stop, saying why."""
         settings = self.config.health.rollback
         target = self._healthy_checkpoint(event.onset)
-        refusal = None
-        if self.rollback.rollbacks >= settings.max_rollbacks:
-            refusal = (
-                f"{event.rule} fired after {self.rollback.rollbacks} rollback(s), the most "
-                "health.rollback.max_rollbacks allows"
-            )
-        elif target is None:
-            refusal = (
-                f"no healthy checkpoint before step {event.onset} is left to roll back to "
-                "(raise run.keep_checkpoints or lower run.checkpoint_every)"
-            )
-        if refusal is not None:
-            self.health.record(event)
-            logger.error("health: %s; stopping the run", refusal)
-            self.stop.request(f"health: {event.rule} ({refusal})")
-            return
-        assert target is not None
+        assert target is not None  # (`_rollback_refusal` said there is one)
         self.health.record(_rolled_back(event, target))
         folder = checkpoint_dir(self.run_dir, target)
         saved = json.loads((folder / RUN_STATE_FILE).read_text())
@@ -518,6 +507,8 @@ class TrainingRun:
             self.sampler.load_state_dict(saved["sampler"])
         if self.engine is not None:
             await sync_weights(self.engine, self.trainer, version=target)
+        if self.gateway is not None:  # the redone steps sample as a run resumed here would
+            self.gateway.restart_call_numbers()
         if self.config.uses_offline_data():
             self.offline = offline_batches(self.config, target)
         self.health.rewind(target)
@@ -533,6 +524,20 @@ class TrainingRun:
             settings.max_rollbacks,
             self.rollback.describe(),
         )
+
+    def _rollback_refusal(self, event: HealthEvent) -> str | None:
+        """Why the run cannot roll back for `event` (then it stops), or None."""
+        if self.rollback.rollbacks >= self.config.health.rollback.max_rollbacks:
+            return (
+                f"{event.rule} fired after {self.rollback.rollbacks} rollback(s), the most "
+                "health.rollback.max_rollbacks allows"
+            )
+        if self._healthy_checkpoint(event.onset) is None:
+            return (
+                f"no healthy checkpoint before step {event.onset} is left to roll back to "
+                "(raise run.keep_checkpoints or lower run.checkpoint_every)"
+            )
+        return None
 
     async def _apply_rollback_changes(self) -> None:
         if self.rollback.rollbacks == 0:

@@ -5,7 +5,7 @@ guessing (two- and three-digit operands), but can get with the `calculate` tool.
 
     python examples/quickstart/task.py
 
-to (re)write `tasks_train.jsonl` and `tasks_test.jsonl` next to this file.
+to (re)write `tasks_train.jsonl`, `tasks_val.jsonl` and `tasks_test.jsonl` next to this file.
 """
 
 from __future__ import annotations
@@ -37,23 +37,30 @@ def make_task(rng: random.Random, index: int, split: str) -> dict:
     }
 
 
-def generate(n_train: int = 512, n_test: int = 128, seed: int = 0) -> tuple[list[dict], list[dict]]:
-    """Train and test tasks; no question appears in both splits.
+def generate(
+    n_train: int = 512, n_test: int = 128, seed: int = 0, n_val: int = 0
+) -> tuple[list[dict], ...]:
+    """Train and test tasks (and validation tasks when `n_val`); no question is in two splits.
+    The validation split is drawn last, so adding it leaves train and test as they were.
 
     Example:
         >>> train, test = generate(8, 4, seed=0)
         >>> len(train), len(test), {t["question"] for t in train} & {t["question"] for t in test}
         (8, 4, set())
+        >>> len(generate(8, 4, seed=0, n_val=3)[2])
+        3
     """
     rng = random.Random(seed)
     seen: set[str] = set()
-    splits: dict[str, list[dict]] = {"train": [], "test": []}
-    for split, count in (("train", n_train), ("test", n_test)):
+    splits: dict[str, list[dict]] = {"train": [], "test": [], "val": []}
+    for split, count in (("train", n_train), ("test", n_test), ("val", n_val)):
         while len(splits[split]) < count:
             task = make_task(rng, len(splits[split]), split)
             if task["question"] not in seen:
                 seen.add(task["question"])
                 splits[split].append(task)
+    if n_val:
+        return splits["train"], splits["test"], splits["val"]
     return splits["train"], splits["test"]
 
 
@@ -69,13 +76,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n-train", type=int, default=512)
     parser.add_argument("--n-test", type=int, default=128)
+    parser.add_argument("--n-val", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out-dir", type=Path, default=HERE)
     args = parser.parse_args()
-    train, test = generate(args.n_train, args.n_test, args.seed)
+    train, test, val = generate(args.n_train, args.n_test, args.seed, n_val=args.n_val)
     write_jsonl(args.out_dir / "tasks_train.jsonl", train)
     write_jsonl(args.out_dir / "tasks_test.jsonl", test)
-    print(f"wrote {len(train)} train and {len(test)} test tasks to {args.out_dir}")
+    write_jsonl(args.out_dir / "tasks_val.jsonl", val)
+    print(f"wrote {len(train)} train, {len(val)} validation and {len(test)} test tasks to {args.out_dir}")
 
 
 if __name__ == "__main__":

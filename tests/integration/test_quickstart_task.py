@@ -39,9 +39,12 @@ def test_splits_are_disjoint_and_answers_match_questions():
 
 
 def test_committed_task_files_are_the_generator_output():
-    train, test = task.generate()
+    train, test, val = task.generate(n_val=64)
     assert task.load_tasks(QUICKSTART / "tasks_train.jsonl") == train
     assert task.load_tasks(QUICKSTART / "tasks_test.jsonl") == test
+    assert task.load_tasks(QUICKSTART / "tasks_val.jsonl") == val
+    questions = [{t["question"] for t in split} for split in (train, test, val)]
+    assert not (questions[0] & questions[2]) and not (questions[1] & questions[2])
 
 
 @pytest.mark.parametrize(
@@ -156,3 +159,5 @@ def test_the_quickstart_config_is_valid_and_its_workflow_loads(monkeypatch):
     assert load_workflow(config.workflow).name == "run"
     tasks = load_tasks(config.tasks.train, id_field=config.tasks.id_field)
     assert len(tasks) == 512
+    assert len(load_tasks(config.tasks.val, id_field=config.tasks.id_field)) == 64
+    assert len(load_tasks(config.tasks.eval, id_field=config.tasks.id_field)) == 128

@@ -103,7 +103,16 @@ def test_reward_collapse_needs_something_learned_first():
 
 def test_watcher_fires_once_per_streak_and_marks_suspect_steps(tmp_path):
     config = HealthConfig.model_validate(
-        {"rules": {"entropy_collapse": {"fraction": 0.5, "baseline_steps": 1, "patience": 2}}}
+        {
+            "rules": {
+                "entropy_collapse": {
+                    "fraction": 0.5,
+                    "baseline_steps": 1,
+                    "patience": 2,
+                    "action": "stop",
+                }
+            }
+        }
     )
     watcher = HealthWatcher(config, tmp_path)
     assert watcher.observe(0, {"entropy/mean": 1.0}) == []
@@ -111,7 +120,7 @@ def test_watcher_fires_once_per_streak_and_marks_suspect_steps(tmp_path):
     assert not watcher.healthy(1) and watcher.healthy(0)  # ...and is suspect already
     assert not watcher.healthy(2)  # not watched yet
     [event] = watcher.observe(2, {"entropy/mean": 0.3})
-    assert (event.rule, event.action, event.onset, event.step) == ("entropy_collapse", "warn", 1, 2)
+    assert (event.rule, event.action, event.onset, event.step) == ("entropy_collapse", "stop", 1, 2)
     assert watcher.observe(3, {"entropy/mean": 0.2}) == []  # said once
     assert watcher.observe(4, {"entropy/mean": 0.9}) == []  # recovered
     assert watcher.observe(5, {"entropy/mean": 0.1}) == []

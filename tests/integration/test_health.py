@@ -1,0 +1,144 @@
+"""Run health end to end on a tiny model: rollbacks restore exactly, the cap stops the run, a
+forced entropy collapse is caught, and the best checkpoint is chosen on validation only."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentscope_rft.config import load_config
+from agentscope_rft.health import read_events
+from agentscope_rft.monitor.records import per_step, read_metrics, surviving_history
+from agentscope_rft.runtime.local import train
+from agentscope_rft.runtime.signals import RunStopped
+
+from .test_train_loop import final_weights, toy_config
+
+RULES = "tests/integration/health_rules.py"
+
+
+@pytest.fixture(scope="module")
+def toy_tasks(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("toy") / "tasks.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps({"id": f"t{i}", "prompt": f"Say something {i}"}) + "\n" for i in range(16)
+        )
+    )
+    return path
+
+
+def train_records(run_dir: Path) -> list:
+    return per_step(surviving_history(read_metrics(run_dir / "metrics.jsonl")), "train")
+
+
+def forced_rule(rule: str, step: int, onset: int, flag: Path) -> list[str]:
+    custom = [
+        {
+            "path": f"{RULES}:{rule}",
+            "action": "rollback",
+            "params": {"step": step, "onset": onset, "flag": str(flag)},
+        }
+    ]
+    return [f"health.custom={json.dumps(custom)}"]
+
+
+EXACT = (
+    "run.steps=4",
+    "run.checkpoint_every=1",
+    "trainer.lr=1e-2",
+    # engine log-probs depend (at 1e-7) on which requests shared a batch: the ratio uses the
+    # trainer's own, as the exact-resume test does
+    "trainer.old_logprobs=recompute",
+)
+
+
+async def test_a_rollback_restores_weights_optimizer_and_task_position_exactly(
+    tiny_model_path, toy_tasks, tmp_path
+):
+    straight, rolled = tmp_path / "straight", tmp_path / "rolled"
+    await train(toy_config(tiny_model_path, toy_tasks, straight, *EXACT), straight)
+    # The rule fires once after step 2, its streak starting at step 2: the run goes back to the
+    # checkpoint of step 1 (its policy was watched at step 1 and broke nothing), with no change.
+    extra = [*EXACT, "health.rollback.lr_factor=1", *forced_rule("once_at", 2, 2, tmp_path / "f")]
+    await train(toy_config(tiny_model_path, toy_tasks, rolled, *extra), rolled)
+
+    [event] = [e for e in read_events(rolled) if e.rule == "once_at"]
+    assert (event.rule, event.action, event.step, event.rolled_back_to) == (
+        "once_at",
+        "rollback",
+        2,
+        1,
+    )
+    a, b = final_weights(straight, 4), final_weights(rolled, 4)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0)  # optimizer and tasks too
+    kept = train_records(rolled)
+    assert [r.step for r in kept] == [0, 1, 2, 3]  # the redone steps supersede the first try
+    assert [r.metrics["reward/mean"] for r in kept] == pytest.approx(
+        [r.metrics["reward/mean"] for r in train_records(straight)]
+    )
+    lines = [json.loads(x) for x in (rolled / "metrics.jsonl").read_text().splitlines()]
+    assert {"step": 1, "phase": "resume"}.items() <= next(
+        x for x in lines if x["phase"] == "resume"
+    ).items()
+    assert json.loads((rolled / "state.json").read_text())["health"]["rollbacks"] == 1
+
+
+async def test_the_rollback_cap_stops_the_run_and_changes_hold(
+    tiny_model_path, toy_tasks, tmp_path
+):
+    run_dir = tmp_path / "run"
+    extra = [
+        "run.steps=5",
+        "run.checkpoint_every=1",
+        "trainer.lr=1e-2",
+        "health.rollback.max_rollbacks=1",
+        "health.rollback.lr_factor=0.5",
+        *forced_rule("always_at", 2, 2, tmp_path / "unused"),
+    ]
+    with pytest.raises(RunStopped, match=r"max_rollbacks") as stopped:
+        await train(toy_config(tiny_model_path, toy_tasks, run_dir, *extra), run_dir)
+    assert "health.jsonl" in str(stopped.value) and "--resume" in str(stopped.value)
+    events = [e for e in read_events(run_dir) if e.rule == "always_at"]
+    assert [(e.step, e.rolled_back_to) for e in events] == [(2, 1), (2, None)]
+    lrs = {r.step: r.metrics["lr"] for r in train_records(run_dir)}
+    # steps 1 and 2 were redone at half the learning rate (the schedule is constant)
+    assert lrs[0] == pytest.approx(1e-2) and lrs[1] == lrs[2] == pytest.approx(5e-3)
+    state = json.loads((run_dir / "state.json").read_text())
+    assert state["step"] == 3 and state["health"]["lr_scale"] == 0.5
+    # A resumed run keeps the halved learning rate
+    config = load_config(run_dir / "config.yaml", ["health.custom=[]"])
+    await train(config, run_dir, resume=True)
+    assert train_records(run_dir)[-1].metrics["lr"] == pytest.approx(5e-3)
+
+
+async def test_a_forced_entropy_collapse_is_caught_and_rolled_back(
+    tiny_model_path, toy_tasks, tmp_path
+):
+    # At lr 0.3 the tiny model's entropy falls from 10.8 to ~1 by step 2, after which every
+    # reply is the same (measured); the rule (baseline: step 0) catches it and the run goes on
+    # from the step-1 checkpoint at a tenth of the learning rate.
+    run_dir = tmp_path / "run"
+    extra = [
+        "run.steps=5",
+        "run.checkpoint_every=1",
+        "trainer.lr=0.3",
+        "health.rules.entropy_collapse.action=rollback",
+        "health.rules.entropy_collapse.baseline_steps=1",
+        "health.rules.entropy_collapse.fraction=0.2",
+        "health.rules.entropy_collapse.patience=1",
+        "health.rollback.lr_factor=0.1",
+        "health.rollback.max_rollbacks=3",
+    ]
+    await train(toy_config(tiny_model_path, toy_tasks, run_dir, *extra), run_dir)
+    events = [e for e in read_events(run_dir) if e.rule == "entropy_collapse"]
+    assert events and events[0].action == "rollback"
+    first = events[0]
+    assert first.value < first.threshold and first.rolled_back_to is not None
+    assert first.rolled_back_to < first.onset <= first.step
+    kept = train_records(run_dir)
+    assert [r.step for r in kept] == [0, 1, 2, 3, 4]
+    after = [r for r in kept if r.step >= first.rolled_back_to]
+    assert all(r.metrics["lr"] <= 0.03 + 1e-9 for r in after)
