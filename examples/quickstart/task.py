@@ -84,7 +84,10 @@ def main() -> None:
     write_jsonl(args.out_dir / "tasks_train.jsonl", train)
     write_jsonl(args.out_dir / "tasks_test.jsonl", test)
     write_jsonl(args.out_dir / "tasks_val.jsonl", val)
-    print(f"wrote {len(train)} train, {len(val)} validation and {len(test)} test tasks to {args.out_dir}")
+    print(
+        f"wrote {len(train)} train, {len(val)} validation and {len(test)} test tasks to "
+        f"{args.out_dir}"
+    )
 
 
 if __name__ == "__main__":
