@@ -142,3 +142,48 @@ async def test_a_forced_entropy_collapse_is_caught_and_rolled_back(
     assert [r.step for r in kept] == [0, 1, 2, 3, 4]
     after = [r for r in kept if r.step >= first.rolled_back_to]
     assert all(r.metrics["lr"] <= 0.03 + 1e-9 for r in after)
+
+
+async def test_the_best_checkpoint_is_chosen_on_validation_only(
+    tiny_model_path, toy_tasks, tmp_path
+):
+    from agentscope_rft.runtime.best import read_best, resolve_checkpoint
+    from agentscope_rft.runtime.explore import explore
+
+    val, test = tmp_path / "val.jsonl", tmp_path / "test.jsonl"
+    val.write_text(
+        "".join(json.dumps({"id": f"v{i}", "prompt": f"Say it {i}"}) + "\n" for i in range(6))
+    )
+    test.write_text(
+        "".join(json.dumps({"id": f"x{i}", "prompt": f"Tell {i}"}) + "\n" for i in range(4))
+    )
+    run_dir = tmp_path / "run"
+    extra = [
+        "run.steps=3",
+        "run.eval_every=1",
+        "run.keep_checkpoints=1",
+        "run.checkpoint_every=1",
+        f"tasks.val={val}",
+        "tasks.val_limit=4",
+        f"tasks.test={test}",
+        "run.best_metric=val/reward/mean",
+    ]
+    await train(toy_config(tiny_model_path, toy_tasks, run_dir, *extra), run_dir)
+    records = surviving_history(read_metrics(run_dir / "metrics.jsonl"))
+    val_rewards = {r.step: r.metrics["reward/mean"] for r in per_step(records, "val")}
+    assert sorted(val_rewards) == [0, 1, 2, 3]
+    best = read_best(run_dir)
+    assert best is not None and best["metric"] == "val/reward/mean"
+    assert best["value"] == max(val_rewards.values())
+    assert val_rewards[best["step"]] == best["value"]  # the first step that reached it
+    assert min(s for s, v in val_rewards.items() if v == best["value"]) == best["step"]
+    folders = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert folders == ["best", "step-000003"]  # keep_checkpoints: 1 never deletes best
+    rollouts = [json.loads(x) for x in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+    assert not any(r["task_id"].startswith("x") for r in rollouts)  # the test split: never
+    assert {r["task_id"] for r in rollouts if r["phase"] == "val"} == {"v0", "v1", "v3", "v4"}
+    # the best checkpoint is a model `explore` (and serve) can load
+    config = load_config(run_dir / "config.yaml")
+    config.model.name_or_path = str(resolve_checkpoint("best", run_dir))
+    summary = await explore(config, tmp_path / "on-test", split="test", limit=2)
+    assert summary["explore/rollouts"] == 2
