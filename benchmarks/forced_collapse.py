@@ -27,7 +27,15 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "quickstart" / "config.yaml"
 
 
-def overrides(variant: str, seed: int, lr: float, steps: int, eval_every: int, run_dir: Path):
+def overrides(
+    variant: str,
+    seed: int,
+    lr: float,
+    steps: int,
+    eval_every: int,
+    run_dir: Path,
+    val_limit: int,
+) -> list[str]:
     action = "rollback" if variant == "rollback" else "warn"
     return [
         f"run.dir={run_dir}",
@@ -38,6 +46,7 @@ def overrides(variant: str, seed: int, lr: float, steps: int, eval_every: int, r
         f"run.eval_every={eval_every}",
         "run.checkpoint_every=1",
         "run.keep_checkpoints=2",
+        f"tasks.val_limit={val_limit}",
         "monitor.console=false",
         f"health.rules.entropy_collapse.action={action}",
         "health.rollback.lr_factor=0.1",
@@ -47,7 +56,7 @@ def overrides(variant: str, seed: int, lr: float, steps: int, eval_every: int, r
 
 def run_one(variant: str, seed: int, args: argparse.Namespace) -> dict:
     run_dir = args.out / f"{variant}-seed{seed}"
-    sets = overrides(variant, seed, args.lr, args.steps, args.eval_every, run_dir)
+    sets = overrides(variant, seed, args.lr, args.steps, args.eval_every, run_dir, args.val_limit)
     command = [sys.executable, "-m", "agentscope_rft.cli", "train", "--config", str(CONFIG)]
     for item in sets:
         command += ["--set", item]
@@ -120,6 +129,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--eval-every", type=int, default=3)
     parser.add_argument("--variants", default="watch,rollback")
+    parser.add_argument("--val-limit", type=int, default=32)
     parser.add_argument("--out", type=Path, default=Path("/tmp/forced_collapse"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -57,8 +57,9 @@ class EntropyCollapseRule(RuleSettings):
 
     fraction: float = Field(default=0.2, gt=0, lt=1)
     """Fires below this share of the baseline entropy."""
-    baseline_steps: int = Field(default=2, ge=1)
-    """Steps at the start of the run whose mean entropy is the baseline."""
+    baseline_steps: int = Field(default=1, ge=1)
+    """Steps at the start of the run whose mean entropy is the baseline (the first alone by
+    default: at a high learning rate entropy collapses within the second step)."""
     patience: int = Field(default=2, ge=1)
     """Consecutive steps that must break the rule before it fires."""
 
