@@ -45,6 +45,7 @@ from agentscope_rft.runtime.components import (
 from agentscope_rft.runtime.memory import release_freed_memory
 from agentscope_rft.runtime.offline import offline_batches
 from agentscope_rft.runtime.preflight import Checked, preflight
+from agentscope_rft.runtime.sample_log import SampleLog
 from agentscope_rft.runtime.signals import RunStop, RunStopped, Stopping
 from agentscope_rft.trainers.base import Trainer
 from agentscope_rft.trainers.common import drop_zero_variance
@@ -196,6 +197,9 @@ async def _train(
     steps_done = start
     policy_version = start  # of the weights the engine serves
     rollout_log = RolloutLog(run_dir / "rollouts.jsonl", resume=resume)
+    sample_log = SampleLog(
+        run_dir, config.algorithm, limit=config.monitor.sample_log, resume=resume
+    )
     last: dict[str, float] = {}
     monitor = Monitor(
         run_dir,
@@ -234,6 +238,7 @@ async def _train(
                 explore_step(explorer, sampler, config, step, progress)
             )
             rollout_log.write(step, "train", result)
+            sample_log.write(step, result)
             for group in groups:
                 await buffer.put(group)
             metrics = result.metrics() | step_metrics | engine_metrics(engine)
