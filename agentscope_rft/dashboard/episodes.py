@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from agentscope_rft.dashboard.runs import RunRef, flat_config, read_jsonl
+from agentscope_rft.monitor.samples_file import SAMPLES_FILE, read_sample_lines
 from agentscope_rft.review.store import ReviewStore
-from agentscope_rft.runtime.sample_log import SAMPLES_FILE, read_sample_lines
 
 logger = logging.getLogger(__name__)
 

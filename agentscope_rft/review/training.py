@@ -19,8 +19,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Literal
 
+from agentscope_rft.monitor.samples_file import SAMPLES_FILE, read_sample_lines
 from agentscope_rft.review.store import Review, ReviewStore
-from agentscope_rft.runtime.sample_log import SAMPLES_FILE, read_sample_lines
 from agentscope_rft.types import Sample
 
 ReviewUse = Literal["sft", "dpo", "rewards"]

@@ -24,12 +24,11 @@ from agentscope_rft.algorithms.config import AlgorithmConfig
 from agentscope_rft.buffer.base import group_samples
 from agentscope_rft.explorer.explorer import ExploreResult
 from agentscope_rft.monitor.records import drop_partial_last_line
+from agentscope_rft.monitor.samples_file import SAMPLES_FILE
 from agentscope_rft.trainers.batch import build_batch, trained_runs
 from agentscope_rft.types import Sample
 
 logger = logging.getLogger(__name__)
-
-SAMPLES_FILE = "samples.jsonl"
 
 
 class SampleLog:
@@ -132,25 +131,3 @@ def break_reasons(samples: Sequence[Sample]) -> dict[str, str]:
                 "history_rewritten" if diff < last_completion else "completion_retokenized"
             )
     return reasons
-
-
-def read_sample_lines(path: Path, rollout_id: str | None = None) -> list[dict[str, Any]]:
-    """The records of a `samples.jsonl` (those of one rollout when given); a torn last line
-    (the run is writing it) and lines that are not JSON objects are skipped."""
-    if not path.is_file():
-        return []
-    needle = json.dumps(rollout_id) if rollout_id is not None else None
-    out: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as handle:
-        for line in handle:
-            if needle is not None and needle not in line:
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict) and (
-                rollout_id is None or record.get("rollout_id") == rollout_id
-            ):
-                out.append(record)
-    return out
