@@ -138,7 +138,7 @@ def _pair(
             num_calls=1,
         )
     elif review.kind == "preference":
-        first = {}
+        first: dict[str, dict[str, Any]] = {}
         for r in records:
             if r.get("phase") == "train":
                 first.setdefault(r["rollout_id"], r)

@@ -183,8 +183,8 @@ def test_sweeps_group_their_seed_runs_and_best_and_health_are_read(runs):
     (sweep / "sweep.json").write_text(
         json.dumps({"seeds": [0, 1], "runs": {"0": "seed-0", "1": "seed-1"}})
     )
-    event = {"step": 1, "time": 1.0, "rule": "entropy", "action": "warn", "metric": "entropy",
-             "value": 0.1, "threshold": 0.2, "message": "entropy low", "rolled_back_to": None}  # fmt: skip
+    event = dict(step=1, time=1.0, rule="entropy", action="warn", metric="entropy", value=0.1,
+                 threshold=0.2, message="entropy low", rolled_back_to=None)  # fmt: skip
     write_run(sweep / "seed-0", seed=0, health=[event])
     write_run(sweep / "seed-1", seed=1)
     (sweep / "seed-1" / "best.json").write_text(

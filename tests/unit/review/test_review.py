@@ -75,7 +75,7 @@ def test_a_correction_is_an_sft_sample_on_the_calls_exact_prompt(run):
             "sample_id": "s0.1:solver:0",
             "call": 0,
             "text": "OK",
-        }  # fmt: skip
+        }
     )
     (sample,) = load_review_samples(run, "sft", CharTokenizer())
     assert list(sample.token_ids) == [5, 6, 7, ord("O"), ord("K"), 2]
@@ -106,7 +106,7 @@ def test_reviews_that_give_no_data_of_the_kind_asked_say_what_would(run, tmp_pat
     with pytest.raises(ReviewDataError, match="gives sft data; it takes corrections"):
         load_review_samples(run, "sft", CharTokenizer())
     (run / "samples.jsonl").unlink()
-    with pytest.raises(ReviewDataError, match="monitor.sample_log: 0"):
+    with pytest.raises(ReviewDataError, match=r"monitor\.sample_log: 0"):
         load_review_samples(run, "rewards", CharTokenizer())
 
 
@@ -118,7 +118,7 @@ def test_a_correction_of_a_call_not_logged_is_an_error(run):
             "sample_id": "s0.0:solver:0",
             "call": 3,
             "text": "x",
-        }  # fmt: skip
+        }
     )
     with pytest.raises(ReviewDataError, match="call 3 is not in"):
         load_review_samples(run, "sft", CharTokenizer())
