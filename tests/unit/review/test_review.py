@@ -135,3 +135,29 @@ def test_the_review_file_is_plain_jsonl(run):
     ReviewStore(run).add({"kind": "rating", "rollout_id": "s0.0", "thumbs": "up", "comment": "x"})
     (line,) = (run / "reviews.jsonl").read_text().splitlines()
     assert json.loads(line)["score"] == 1.0
+
+
+def test_a_review_run_config_takes_sft_dpo_or_rl_and_needs_a_reviewed_folder(run):
+    from agentscope_rft.config import ConfigError, load_config
+    from agentscope_rft.explorer.tasks import TaskSetError
+    from agentscope_rft.runtime.preflight import _check_offline_path
+
+    def config(objective, path=run):
+        return load_config(
+            None,
+            [
+                "run.mode=offline",
+                "offline.format=review",
+                f"offline.path={path}",
+                f"algorithm.objective={objective}",
+            ],
+        )
+
+    for objective in ("sft", "dpo", "rl"):
+        assert config(objective).offline.format == "review"
+    with pytest.raises(ConfigError, match="sft .corrections., dpo .pairs. or rl"):
+        config("sft_rl_mix")
+    with pytest.raises(TaskSetError, match="has no reviews.jsonl"):
+        _check_offline_path(config("rl"))
+    ReviewStore(run).add({"kind": "rating", "rollout_id": "s0.0", "score": 1})
+    _check_offline_path(config("rl"))
