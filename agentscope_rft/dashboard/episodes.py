@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from agentscope_rft.dashboard.runs import RunRef, flat_config, read_jsonl
-from agentscope_rft.monitor.samples_file import SAMPLES_FILE, read_sample_lines
+from agentscope_rft.monitor.samples_file import SAMPLES_FILE, latest_per_key, read_sample_lines
 from agentscope_rft.review.store import ReviewStore
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def episode_summary(line: dict[str, Any]) -> dict[str, Any]:
 
 def list_episodes(ref: RunRef, step: int | None = None, phase: str | None = None) -> dict[str, Any]:
     """Summaries of the run's episodes (optionally of one step and phase), reviews marked."""
-    lines = read_jsonl(ref.path / "rollouts.jsonl")
+    lines = _rollouts(ref)
     picked = [
         line
         for line in lines
@@ -58,8 +58,12 @@ def list_episodes(ref: RunRef, step: int | None = None, phase: str | None = None
     return {"id": ref.id, "total": len(picked), "episodes": episodes}
 
 
+def _rollouts(ref: RunRef) -> list[dict[str, Any]]:
+    return latest_per_key(read_jsonl(ref.path / "rollouts.jsonl"), "rollout_id")
+
+
 def find_episode(ref: RunRef, rollout_id: str) -> dict[str, Any]:
-    for line in read_jsonl(ref.path / "rollouts.jsonl"):
+    for line in _rollouts(ref):
         if line.get("rollout_id") == rollout_id:
             return line
     raise EpisodeNotFound(f"no episode {rollout_id!r} in run {ref.id!r} (rollouts.jsonl)")
@@ -74,7 +78,7 @@ def episode_detail(ref: RunRef, rollout_id: str) -> dict[str, Any]:
         sample["tokens"] = decode(sample.get("token_ids") or [])
     siblings = [
         episode_summary(other)
-        for other in read_jsonl(ref.path / "rollouts.jsonl")
+        for other in _rollouts(ref)
         if other.get("task_id") == line.get("task_id")
         and other.get("step") == line.get("step")
         and other.get("phase") == line.get("phase")
@@ -118,7 +122,7 @@ def _tokenizer(model: str) -> Any:
 def export_reviews(ref: RunRef) -> list[dict[str, Any]]:
     """The run's reviews in force, each with its episode's context (step, phase, task, reward,
     and for a call review the call's sampled text)."""
-    episodes = {line.get("rollout_id"): line for line in read_jsonl(ref.path / "rollouts.jsonl")}
+    episodes = {line.get("rollout_id"): line for line in _rollouts(ref)}
     out: list[dict[str, Any]] = []
     for review in ReviewStore(ref.path).current():
         record: dict[str, Any] = {"run": ref.id, **review.model_dump()}

@@ -11,8 +11,9 @@ SAMPLES_FILE = "samples.jsonl"
 
 
 def read_sample_lines(path: Path, rollout_id: str | None = None) -> list[dict[str, Any]]:
-    """The records of a `samples.jsonl` (those of one rollout when given); a torn last line
-    (the run is writing it) and lines that are not JSON objects are skipped."""
+    """The records of a `samples.jsonl` (those of one rollout when given), the last of each
+    sample id; a torn last line (the run is writing it) and lines that are not JSON objects are
+    skipped."""
     if not path.is_file():
         return []
     needle = json.dumps(rollout_id) if rollout_id is not None else None
@@ -29,4 +30,13 @@ def read_sample_lines(path: Path, rollout_id: str | None = None) -> list[dict[st
                 rollout_id is None or record.get("rollout_id") == rollout_id
             ):
                 out.append(record)
-    return out
+    return latest_per_key(out, "sample_id")
+
+
+def latest_per_key(records: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    """One record per `key` value, the last written (a resumed run re-explores the steps it lost
+    under the same ids and appends them again), in the order of their first appearance."""
+    latest: dict[Any, dict[str, Any]] = {}
+    for record in records:
+        latest[record.get(key, id(record))] = record
+    return list(latest.values())

@@ -464,8 +464,11 @@ function live() {
   clearInterval(state.timer);
   if (!document.getElementById("live").checked) return;
   state.timer = setInterval(async () => {
-    if (!state.runs.some((r) => r.status === "running")) return;
-    try { await loadRuns(); await refreshMetrics(); } catch (err) { showMessage(err.message); }
+    try {
+      await loadRuns();  // a run started meanwhile appears
+      const running = state.runs.some((r) => r.status === "running" && state.selected.has(r.id));
+      if (running) await refreshMetrics();
+    } catch (err) { showMessage(err.message); }
   }, 3000);
 }
 

@@ -225,3 +225,18 @@ def test_the_export_carries_each_review_with_its_episode(runs):
     (line,) = [json.loads(x) for x in text.splitlines()]
     assert line["kind"] == "preference" and line["comment"] == "clearer"
     assert line["chosen_episode"]["reward"] == 1.0 and line["rejected_episode"]["task_id"] == "t0"
+
+
+def test_a_resumed_runs_re_explored_episodes_show_once_as_last_written(runs):
+    done = runs / "done"
+    for name, key in (("rollouts.jsonl", "rollout_id"), ("samples.jsonl", "sample_id")):
+        lines = (done / name).read_text().splitlines()
+        again = json.loads(lines[-1]) | {"reward": 0.25}
+        assert key in again
+        with (done / name).open("a") as handle:
+            handle.write(json.dumps(again) + "\n")
+    c = client(runs)
+    episodes = c.get("/api/run/episodes", params={"run_id": "done"}).json()["episodes"]
+    assert len(episodes) == 6 and episodes[-1]["reward"] == 0.25
+    detail = c.get("/api/run/episode", params={"run_id": "done", "rollout_id": "s2.1"}).json()
+    assert [s["reward"] for s in detail["samples"]] == [0.25]

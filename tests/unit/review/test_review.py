@@ -155,9 +155,9 @@ def test_a_review_run_config_takes_sft_dpo_or_rl_and_needs_a_reviewed_folder(run
 
     for objective in ("sft", "dpo", "rl"):
         assert config(objective).offline.format == "review"
-    with pytest.raises(ConfigError, match="sft .corrections., dpo .pairs. or rl"):
+    with pytest.raises(ConfigError, match=r"sft \(corrections\), dpo \(pairs\) or rl"):
         config("sft_rl_mix")
-    with pytest.raises(TaskSetError, match="has no reviews.jsonl"):
+    with pytest.raises(TaskSetError, match=r"has no reviews\.jsonl"):
         _check_offline_path(config("rl"))
     ReviewStore(run).add({"kind": "rating", "rollout_id": "s0.0", "score": 1})
     _check_offline_path(config("rl"))
