@@ -64,7 +64,8 @@ def main() -> None:
     runs = work / "runs"
     tasks = work / "tasks.jsonl"
     work.mkdir(parents=True, exist_ok=True)
-    tasks.write_text("".join(json.dumps({"id": f"t{i}", "prompt": f"Say {i}"}) + "\n" for i in range(16)))
+    lines = [json.dumps({"id": f"t{i}", "prompt": f"Say {i}"}) + "\n" for i in range(16)]
+    tasks.write_text("".join(lines))
     if not runs.exists():
         train_toy(runs / "toy-lr0.02", tasks, seed=0, lr=2e-2)
         for seed in (0, 1):
