@@ -63,7 +63,7 @@ def discover_runs(root: Path) -> list[RunRef]:
         ['quickstart', 'sweep/seed-0', 'sweep/seed-1']
     """
     root = root.resolve()
-    if is_run_folder(root):
+    if is_run_folder(root) and not (root / "sweep.json").is_file():
         return [RunRef(root.name, root)]
     if not root.is_dir():
         return []
@@ -71,7 +71,7 @@ def discover_runs(root: Path) -> list[RunRef]:
     for child in sorted(root.iterdir()):
         if not _inside(child, root) or not child.is_dir():
             continue
-        if is_run_folder(child):
+        if is_run_folder(child) and not (child / "sweep.json").is_file():
             found.append(RunRef(child.name, child))
             continue
         seeds = _sweep_seeds(child)

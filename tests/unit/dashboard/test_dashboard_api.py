@@ -183,6 +183,7 @@ def test_sweeps_group_their_seed_runs_and_best_and_health_are_read(runs):
     (sweep / "sweep.json").write_text(
         json.dumps({"seeds": [0, 1], "runs": {"0": "seed-0", "1": "seed-1"}})
     )
+    (sweep / "config.yaml").write_text("run: {steps: 3}\n")  # a sweep's own files: not a run
     event = dict(step=1, time=1.0, rule="entropy", action="warn", metric="entropy", value=0.1,
                  threshold=0.2, message="entropy low", rolled_back_to=None)  # fmt: skip
     write_run(sweep / "seed-0", seed=0, health=[event])
@@ -192,6 +193,7 @@ def test_sweeps_group_their_seed_runs_and_best_and_health_are_read(runs):
     )
     c = client(runs)
     listed = {r["id"]: r for r in c.get("/api/runs").json()["runs"]}
+    assert sorted(listed) == ["done", "sweep/seed-0", "sweep/seed-1"]
     assert listed["sweep/seed-0"]["group"] == "sweep" and listed["sweep/seed-1"]["seed"] == 1
     assert listed["sweep/seed-1"]["best"]["value"] == 0.9
     assert listed["sweep/seed-0"]["best"] == {
