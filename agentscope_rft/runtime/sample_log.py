@@ -92,8 +92,8 @@ def token_advantages(
     try:
         batch = build_batch(rl, pad_id=0)
         advantages, _ = batch_advantages(batch, batch.rollout_logprobs, None, None, algorithm, {})
-    except (ValueError, RuntimeError) as exc:  # e.g. GAE needs the critic's values
-        logger.debug("samples.jsonl: no advantages (%s)", exc)
+    except Exception as exc:  # e.g. GAE needs the critic's values; the log must not stop a run
+        logger.debug("samples.jsonl: no advantages (%s: %s)", type(exc).__name__, exc)
         return [None] * len(samples)
     rows = {id(s): i for i, s in enumerate(rl)}
     out: list[list[float] | None] = []

@@ -28,6 +28,16 @@ def test_grpo_advantages_are_the_group_normalized_rewards_on_trained_tokens():
     assert rows[1] == pytest.approx([0, 0, -0.70711, -0.70711], abs=1e-4)
 
 
+@pytest.mark.parametrize("advantage", ["rloo", "reinforce_plus_plus", "gae", "stepwise"])
+def test_every_estimator_gives_advantages_or_none_never_an_error(advantage):
+    config = AlgorithmConfig.model_validate({"advantage": advantage})
+    rows = token_advantages([sample("r1", 1.0), sample("r2", 0.0)], config)
+    if advantage == "gae":  # needs the critic's values: only the trainer has them
+        assert rows == [None, None]
+    else:
+        assert rows[0] is not None and rows[0][2] > rows[1][2]
+
+
 def test_no_advantages_for_an_sft_objective():
     rows = token_advantages(
         [sample("r1", 1.0)], AlgorithmConfig.model_validate({"objective": "sft"})
