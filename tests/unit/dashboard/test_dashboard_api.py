@@ -242,3 +242,24 @@ def test_a_resumed_runs_re_explored_episodes_show_once_as_last_written(runs):
     assert len(episodes) == 6 and episodes[-1]["reward"] == 0.25
     detail = c.get("/api/run/episode", params={"run_id": "done", "rollout_id": "s2.1"}).json()
     assert [s["reward"] for s in detail["samples"]] == [0.25]
+
+
+def test_the_command_refuses_an_open_bind_without_a_token_and_exports_reviews(runs, monkeypatch):
+    from typer.testing import CliRunner
+
+    from agentscope_rft.cli import app
+    from agentscope_rft.review.store import ReviewStore
+
+    monkeypatch.delenv("AGENTSCOPE_RFT_DASHBOARD_TOKEN", raising=False)
+    refused = CliRunner().invoke(app, ["dashboard", str(runs), "--host", "0.0.0.0"])
+    assert refused.exit_code == 2 and "give it a token" in refused.output
+    missing = CliRunner().invoke(app, ["dashboard", str(runs / "nope")])
+    assert missing.exit_code == 2 and "no runs folder" in missing.output
+    ReviewStore(runs / "done").add({"kind": "rating", "rollout_id": "s1.1", "thumbs": "up"})
+    out = runs.parent / "reviews.jsonl"
+    exported = CliRunner().invoke(
+        app, ["dashboard", str(runs / "done"), "--export-reviews", str(out)]
+    )
+    assert exported.exit_code == 0, exported.output
+    (line,) = [json.loads(x) for x in out.read_text().splitlines()]
+    assert line["score"] == 1.0 and line["rollout_id_episode"]["task_id"] == "t1"
