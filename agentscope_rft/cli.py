@@ -206,6 +206,7 @@ _USER_ERRORS = {
     "agentscope_rft.config": ("ConfigError",),
     "agentscope_rft.explorer.tasks": ("TaskSetError",),
     "agentscope_rft.models": ("ModelNotFoundError",),
+    "agentscope_rft.review.training": ("ReviewDataError",),
     "agentscope_rft.runtime.components": ("RunFolderError",),
 }
 """Errors that are the user's input (shown as one line, exit 2), by the module defining them."""
@@ -422,9 +423,11 @@ def doctor(
 
 def _mount_subcommands() -> None:
     from agentscope_rft.buffer.cli import buffer_app
+    from agentscope_rft.dashboard.server import dashboard_command
     from agentscope_rft.monitor import plot_command
 
     app.command("plot")(plot_command)
+    app.command("dashboard")(dashboard_command)
     app.add_typer(buffer_app, name="buffer")
 
 

@@ -418,9 +418,13 @@ class OfflineConfig(Section):
     exploring run (`warmup_steps`, `algorithm.objective: sft_rl_mix`)."""
 
     path: str | None = None
-    """Chat JSONL (`{"messages": [...]}`) for SFT, or `{"prompt", "chosen", "rejected"}` for DPO."""
-    format: Literal["sft", "dpo"] = "sft"
-    """`sft`: chat JSONL; `dpo`: prompt/chosen/rejected JSONL."""
+    """Chat JSONL (`{"messages": [...]}`) for SFT, `{"prompt", "chosen", "rejected"}` for DPO,
+    or a run folder whose dashboard reviews to train on (format `review`)."""
+    format: Literal["sft", "dpo", "review"] = "sft"
+    """`sft`: chat JSONL; `dpo`: prompt/chosen/rejected JSONL; `review`: the human reviews of
+    the run folder at `path` (docs/dashboard.md): objective `sft` trains its corrections, `dpo`
+    its preferences and corrections as pairs, `rl` its rated groups with the reviewers'
+    rewards; an exploring run's demonstrations are its corrections."""
     batch_size: int = Field(default=8, ge=1)
     """Samples (SFT) or pairs (DPO) per step."""
     warmup_steps: int = Field(default=0, ge=0)
@@ -543,7 +547,15 @@ class RunConfig(Section):
             if self.offline.path is None:
                 raise ValueError("run.mode 'offline' trains from files: set `offline.path`")
             wanted = "dpo" if self.offline.format == "dpo" else "sft"
-            if self.algorithm.objective != wanted:
+            review_objectives = ("sft", "dpo", "rl")
+            if self.offline.format == "review":
+                if self.algorithm.objective not in review_objectives:
+                    raise ValueError(
+                        "offline.format 'review' trains with algorithm.objective sft "
+                        f"(corrections), dpo (pairs) or rl (rewards), not "
+                        f"{self.algorithm.objective!r}"
+                    )
+            elif self.algorithm.objective != wanted:
                 raise ValueError(
                     f"offline.format {self.offline.format!r} needs algorithm.objective "
                     f"{wanted!r} (it is {self.algorithm.objective!r})"
@@ -576,8 +588,11 @@ class RunConfig(Section):
                     f"{why} trains on demonstrations: set `offline.path` to a chat JSONL file "
                     '(one {"messages": [...]} per line)'
                 )
-            if self.offline.format != "sft":
-                raise ValueError(f"{why} trains on SFT demonstrations: set offline.format 'sft'")
+            if self.offline.format not in ("sft", "review"):
+                raise ValueError(
+                    f"{why} trains on SFT demonstrations: set offline.format 'sft' (or 'review': "
+                    "a reviewed run's corrections)"
+                )
         if self.explorer.dynamic_sampling is not None:
             if not exploring:
                 raise ValueError(

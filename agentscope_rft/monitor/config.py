@@ -94,6 +94,10 @@ class MonitorConfig(MonitorSection):
     """Weights & Biases (off by default; offline mode when on)."""
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
     """MLflow tracking (off by default)."""
+    sample_log: int = Field(default=64, ge=0)
+    """Training samples per step written to `<run_dir>/samples.jsonl` (token ids, loss mask,
+    log-probs, per-token advantages, merge breaks; whole groups first) for the dashboard's
+    trajectory viewer and for reviews that become training data; 0: no file."""
     plot_every: int = Field(default=10, ge=0)
     """Redraw `<run_dir>/reward_curve.png` every this many steps (0: only at the end of the run,
     when it is always drawn)."""

@@ -26,6 +26,7 @@ from agentscope_rft.monitor.records import (
     MetricsWriter,
     normalize_metrics,
 )
+from agentscope_rft.monitor.status import run_ended, run_started
 from agentscope_rft.monitor.step_line import format_step_line
 from agentscope_rft.monitor.wandb_sink import WandbSink
 
@@ -101,6 +102,10 @@ class Monitor:
             raise
         self._resume_pending = resume
         self._closed = False
+        self._error: str | None = None
+        run_section = resolved_config.get("run")
+        steps = run_section.get("steps") if isinstance(run_section, Mapping) else None
+        self._status = run_started(run_dir, steps if isinstance(steps, int) else None)
 
     def log(self, step: int, metrics: Mapping[str, float], *, phase: str = "train") -> None:
         """Record the metrics of one step everywhere and print the step line.
@@ -180,6 +185,7 @@ class Monitor:
             return
         self._closed = True
         self._writer.close()
+        run_ended(self.run_dir, self._status, (self._error or "failed") if failed else None)
         try:
             path = self.plot()
             if path is not None:
@@ -200,6 +206,8 @@ class Monitor:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        if exc is not None:
+            self._error = f"{type(exc).__name__}: {exc}"[-1000:]
         self.close(failed=exc is not None)
 
 

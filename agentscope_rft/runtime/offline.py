@@ -7,7 +7,7 @@ import random
 from collections.abc import Iterator
 
 from agentscope_rft.chat.template import ChatRenderer
-from agentscope_rft.config import RunConfig
+from agentscope_rft.config import EXPLORING_MODES, RunConfig
 from agentscope_rft.models import load_tokenizer, resolve_model
 from agentscope_rft.types import Sample
 
@@ -25,20 +25,25 @@ def offline_batches(config: RunConfig, start: int = 0) -> Iterator[list[Sample]]
         >>> batch = next(offline_batches(config))  # doctest: +SKIP
     """
     from agentscope_rft.buffer.offline import load_dpo_samples, load_sft_samples
+    from agentscope_rft.review.training import load_review_samples, review_use
 
     assert config.offline.path is not None
     renderer = ChatRenderer(load_tokenizer(resolve_model(config.model.name_or_path)))
-    load = load_dpo_samples if config.offline.format == "dpo" else load_sft_samples
-    samples = load(config.offline.path, renderer)
+    if config.offline.format == "review":
+        exploring = config.run.mode in EXPLORING_MODES
+        use = review_use(config.algorithm.objective, exploring)
+        samples = load_review_samples(config.offline.path, use, renderer.tokenizer)
+        what = {"sft": "reviewed corrections", "dpo": "reviewed pairs", "rewards": "groups"}[use]
+    else:
+        load = load_dpo_samples if config.offline.format == "dpo" else load_sft_samples
+        samples = load(config.offline.path, renderer)
+        what = "pairs" if config.offline.format == "dpo" else "samples"
     units: dict[str, list[Sample]] = {}
     for sample in samples:
-        units.setdefault(sample.pair_id or sample.sample_id or str(len(units)), []).append(sample)
-    logger.info(
-        "offline data: %d %s from %s",
-        len(units),
-        "pairs" if config.offline.format == "dpo" else "samples",
-        config.offline.path,
-    )
+        # A unit stays whole in a batch: a DPO pair, an advantage group, or one sample.
+        key = sample.pair_id or (sample.group if sample.kind == "rl" else sample.sample_id)
+        units.setdefault(key or str(len(units)), []).append(sample)
+    logger.info("offline data: %d %s from %s", len(units), what, config.offline.path)
     return _batches(units, config.offline.batch_size, random.Random(config.run.seed), start)
 
 

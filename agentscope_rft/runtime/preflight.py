@@ -128,8 +128,8 @@ def preflight(config: RunConfig) -> Checked:
                 len(train),
                 config.explorer.tasks_per_step,
             )
-    if config.uses_offline_data() and not Path(config.offline.path or "").is_file():
-        raise TaskSetError(f"offline.path {config.offline.path} does not exist")
+    if config.uses_offline_data():
+        _check_offline_path(config)
     if config.model.chat_template is not None:
         from agentscope_rft.engines.factory import read_chat_template
 
@@ -171,3 +171,15 @@ def _warn_overlap(train: list[Task], vals: list[Task], tests: list[Task], id_fie
                 shared,
                 name,
             )
+
+
+def _check_offline_path(config: RunConfig) -> None:
+    path = Path(config.offline.path or "")
+    if config.offline.format == "review":
+        if not (path / "reviews.jsonl").is_file():
+            raise TaskSetError(
+                f"offline.path {path} has no reviews.jsonl: with offline.format 'review' it is "
+                "a run folder reviewed in `agentscope-rft dashboard`"
+            )
+    elif not path.is_file():
+        raise TaskSetError(f"offline.path {path} does not exist")

@@ -53,6 +53,7 @@ from agentscope_rft.runtime.components import (
 from agentscope_rft.runtime.memory import release_freed_memory
 from agentscope_rft.runtime.offline import offline_batches
 from agentscope_rft.runtime.preflight import Checked
+from agentscope_rft.runtime.sample_log import SampleLog
 from agentscope_rft.runtime.signals import RunStop, RunStopped, Stopping
 from agentscope_rft.trainers.base import Trainer
 from agentscope_rft.trainers.factory import build_trainer
@@ -198,6 +199,9 @@ class TrainingRun:
         if self.mode in EXPLORING_MODES:
             await self._open_exploring(state)
         self.rollout_log = RolloutLog(run_dir / "rollouts.jsonl", resume=self.resume)
+        self.sample_log = SampleLog(
+            run_dir, config.algorithm, limit=config.monitor.sample_log, resume=self.resume
+        )
         self.monitor = Monitor(
             run_dir,
             config.monitor,
@@ -303,6 +307,7 @@ class TrainingRun:
                 explore_step(explorer, sampler, self.config, step, progress)
             )
             self.rollout_log.write(step, "train", result)
+            self.sample_log.write(step, result)
             for group in groups:
                 await self.buffer.put(group)
             metrics = result.metrics() | step_metrics | engine_metrics(engine)

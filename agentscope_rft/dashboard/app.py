@@ -1,0 +1,166 @@
+"""The dashboard's HTTP app: a JSON API over a runs folder, and the page that draws it.
+
+Reading is open on loopback; writing (reviews) always needs the token, and so does everything
+under `/api` when the server listens beyond loopback. Run ids are paths relative to the runs
+folder: anything that would leave it is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, Response
+
+from agentscope_rft.dashboard.episodes import (
+    EpisodeNotFound,
+    episode_detail,
+    export_reviews,
+    list_episodes,
+)
+from agentscope_rft.dashboard.runs import (
+    RunNotFound,
+    RunRef,
+    discover_runs,
+    find_run,
+    metrics_payload,
+    summarize,
+)
+from agentscope_rft.monitor.records import MetricsFileError
+from agentscope_rft.review.store import ReviewError, ReviewStore
+
+STATIC_FILES = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
+
+
+def create_app(root: Path, *, token: str, open_reads: bool = True) -> FastAPI:
+    """The dashboard app over the runs folder `root`.
+
+    Args:
+        root: The runs folder (or one run folder).
+        token: The secret a write (and, without `open_reads`, any API read) must carry, as
+            `Authorization: Bearer <token>`, header `X-Dashboard-Token`, or `?token=`.
+        open_reads: Serve the read API without the token (loopback binds).
+
+    Example:
+        >>> app = create_app(Path("runs"), token="s3cret")  # doctest: +SKIP
+        >>> uvicorn.run(app, host="127.0.0.1", port=8765)  # doctest: +SKIP
+    """
+    if not token:
+        raise ValueError("the dashboard needs a token for writes")
+    root = root.resolve()
+    app = FastAPI(title="agentscope-rft dashboard", docs_url=None, redoc_url=None)
+    static = resources.files("agentscope_rft.dashboard") / "static"
+
+    def authorized(request: Request) -> bool:
+        given = request.headers.get("x-dashboard-token") or request.query_params.get("token")
+        bearer = request.headers.get("authorization", "")
+        if bearer.lower().startswith("bearer "):
+            given = bearer[7:].strip()
+        return bool(given) and secrets.compare_digest(str(given), token)
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Any) -> Response:
+        path = request.url.path
+        if path.startswith("/api/"):
+            writing = request.method not in ("GET", "HEAD")
+            if (writing or not open_reads) and not authorized(request):
+                what = "writing" if writing else "reading (the dashboard listens beyond loopback)"
+                return JSONResponse(
+                    {
+                        "error": f"{what} needs the dashboard token: open the URL the "
+                        "dashboard printed (it carries ?token=...) or send the header "
+                        "'Authorization: Bearer <token>'"
+                    },
+                    status_code=401,
+                )
+        response: Response = await call_next(request)
+        return response
+
+    def run(run_id: str) -> RunRef:
+        try:
+            return find_run(root, run_id)
+        except PermissionError as exc:
+            raise HTTPException(403, str(exc)) from None
+        except RunNotFound as exc:
+            raise HTTPException(404, str(exc)) from None
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
+
+    @app.get("/")
+    async def index() -> Response:
+        return Response((static / "index.html").read_bytes(), media_type="text/html")
+
+    @app.get("/static/{name}")
+    async def asset(name: str) -> Response:
+        if name not in STATIC_FILES:
+            raise HTTPException(404, f"no asset {name!r}")
+        return Response((static / name).read_bytes(), media_type=STATIC_FILES[name])
+
+    @app.get("/api/runs")
+    async def runs() -> dict[str, Any]:
+        return {"root": str(root), "runs": [summarize(ref) for ref in discover_runs(root)]}
+
+    @app.get("/api/run/metrics")
+    async def metrics(run_id: str) -> dict[str, Any]:
+        ref = run(run_id)
+        try:
+            return metrics_payload(ref)
+        except MetricsFileError as exc:
+            raise HTTPException(422, str(exc)) from None
+
+    @app.get("/api/run/episodes")
+    async def episodes(
+        run_id: str, step: int | None = None, phase: str | None = None
+    ) -> dict[str, Any]:
+        return list_episodes(run(run_id), step, phase)
+
+    @app.get("/api/run/episode")
+    async def episode(run_id: str, rollout_id: str) -> dict[str, Any]:
+        ref = run(run_id)
+        try:
+            return episode_detail(ref, rollout_id)
+        except EpisodeNotFound as exc:
+            raise HTTPException(404, str(exc)) from None
+
+    @app.get("/api/run/reviews")
+    async def reviews(run_id: str) -> dict[str, Any]:
+        store = ReviewStore(run(run_id).path)
+        return {"id": run_id, "reviews": [r.model_dump() for r in store.current()]}
+
+    @app.post("/api/run/reviews")
+    async def add_review(run_id: str, request: Request) -> JSONResponse:
+        ref = run(run_id)
+        try:
+            body = await request.json()
+        except ValueError:
+            raise HTTPException(400, "the review must be a JSON object") from None
+        if not isinstance(body, dict):
+            raise HTTPException(400, "the review must be a JSON object")
+        try:
+            review = ReviewStore(ref.path).add(body)
+        except ReviewError as exc:
+            raise HTTPException(422, str(exc)) from None
+        return JSONResponse(review.model_dump(), status_code=201)
+
+    @app.get("/api/run/reviews.jsonl")
+    async def reviews_export(run_id: str) -> Response:
+        ref = run(run_id)
+        text = "".join(json.dumps(r) + "\n" for r in export_reviews(ref))
+        name = ref.id.replace("/", "_")
+        return Response(
+            text,
+            media_type="application/x-ndjson",
+            headers={"Content-Disposition": f'attachment; filename="{name}-reviews.jsonl"'},
+        )
+
+    @app.get("/favicon.ico")
+    async def favicon() -> Response:
+        return Response(status_code=204)
+
+    return app

@@ -1,0 +1,144 @@
+"""A run's episodes (`rollouts.jsonl`) and one episode in full: its calls, and its training
+samples (`samples.jsonl`) token by token, decoded with the run's tokenizer."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+from typing import Any
+
+from agentscope_rft.dashboard.runs import RunRef, flat_config, read_jsonl
+from agentscope_rft.monitor.samples_file import SAMPLES_FILE, latest_per_key, read_sample_lines
+from agentscope_rft.review.store import ReviewStore
+
+logger = logging.getLogger(__name__)
+
+MAX_EPISODES = 5000
+"""Episodes listed per request (the latest ones); filter by step or phase to see others."""
+
+
+class EpisodeNotFound(LookupError):
+    """A rollout id that is not in the run's `rollouts.jsonl`."""
+
+
+def episode_summary(line: dict[str, Any]) -> dict[str, Any]:
+    calls = line.get("calls") or []
+    agents = sorted({str(c.get("agent") or "-") for c in calls})
+    return {
+        "step": line.get("step"),
+        "phase": line.get("phase"),
+        "rollout_id": line.get("rollout_id"),
+        "task_id": line.get("task_id"),
+        "reward": line.get("reward"),
+        "success": line.get("success"),
+        "status": line.get("status"),
+        "error": (line.get("error") or "")[-300:] or None,
+        "agents": agents,
+        "calls": len(calls),
+        "length": sum(int(c.get("completion_tokens") or 0) for c in calls),
+    }
+
+
+def list_episodes(ref: RunRef, step: int | None = None, phase: str | None = None) -> dict[str, Any]:
+    """Summaries of the run's episodes (optionally of one step and phase), reviews marked."""
+    lines = _rollouts(ref)
+    picked = [
+        line
+        for line in lines
+        if (step is None or line.get("step") == step)
+        and (phase is None or line.get("phase") == phase)
+    ]
+    reviewed = {r.rollout_id for r in ReviewStore(ref.path).current()} | {
+        rid for r in ReviewStore(ref.path).current() for rid in (r.chosen, r.rejected) if rid
+    }
+    episodes = [episode_summary(line) for line in picked[-MAX_EPISODES:]]
+    for episode in episodes:
+        episode["reviewed"] = episode["rollout_id"] in reviewed
+    return {"id": ref.id, "total": len(picked), "episodes": episodes}
+
+
+def _rollouts(ref: RunRef) -> list[dict[str, Any]]:
+    return latest_per_key(read_jsonl(ref.path / "rollouts.jsonl"), "rollout_id")
+
+
+def find_episode(ref: RunRef, rollout_id: str) -> dict[str, Any]:
+    for line in _rollouts(ref):
+        if line.get("rollout_id") == rollout_id:
+            return line
+    raise EpisodeNotFound(f"no episode {rollout_id!r} in run {ref.id!r} (rollouts.jsonl)")
+
+
+def episode_detail(ref: RunRef, rollout_id: str) -> dict[str, Any]:
+    """One episode: its calls in order and its training samples with decoded tokens."""
+    line = find_episode(ref, rollout_id)
+    samples = read_sample_lines(ref.path / SAMPLES_FILE, rollout_id)
+    decode = _decoder(ref.path)
+    for sample in samples:
+        sample["tokens"] = decode(sample.get("token_ids") or [])
+    siblings = [
+        episode_summary(other)
+        for other in _rollouts(ref)
+        if other.get("task_id") == line.get("task_id")
+        and other.get("step") == line.get("step")
+        and other.get("phase") == line.get("phase")
+        and other.get("rollout_id") != rollout_id
+    ]
+    reviews = [
+        r.model_dump()
+        for r in ReviewStore(ref.path).current()
+        if rollout_id in (r.rollout_id, r.chosen, r.rejected)
+    ]
+    return {
+        "id": ref.id,
+        "episode": line,
+        "samples": samples,
+        "samples_logged": (ref.path / SAMPLES_FILE).is_file(),
+        "same_task": siblings,
+        "reviews": reviews,
+    }
+
+
+def _decoder(run_dir: Path) -> Any:
+    model = flat_config(run_dir).get("model.name_or_path")
+    tokenizer = _tokenizer(str(model)) if model else None
+    if tokenizer is None:
+        return lambda ids: [f"<{i}>" for i in ids]
+    return lambda ids: [tokenizer.decode([i]) for i in ids]
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer(model: str) -> Any:
+    """The run's tokenizer, or None when it cannot be loaded here (ids are shown instead)."""
+    try:
+        from agentscope_rft.models import load_tokenizer, resolve_model
+
+        return load_tokenizer(resolve_model(model))
+    except Exception as exc:  # any failure only costs the token text
+        logger.warning("cannot load the tokenizer of %s (%s): showing token ids", model, exc)
+        return None
+
+
+def export_reviews(ref: RunRef) -> list[dict[str, Any]]:
+    """The run's reviews in force, each with its episode's context (step, phase, task, reward,
+    and for a call review the call's sampled text)."""
+    episodes = {line.get("rollout_id"): line for line in _rollouts(ref)}
+    out: list[dict[str, Any]] = []
+    for review in ReviewStore(ref.path).current():
+        record: dict[str, Any] = {"run": ref.id, **review.model_dump()}
+        for key in ("rollout_id", "chosen", "rejected"):
+            episode = episodes.get(getattr(review, key))
+            if episode is not None:
+                record[f"{key}_episode"] = {
+                    k: episode.get(k) for k in ("step", "phase", "task_id", "reward", "status")
+                }
+        if review.sample_id is not None and review.call is not None:
+            samples = read_sample_lines(ref.path / SAMPLES_FILE, review.rollout_id)
+            for sample in samples:
+                spans = sample.get("call_spans") or []
+                if sample.get("sample_id") == review.sample_id and review.call < len(spans):
+                    start, end = spans[review.call]
+                    record["original"] = _decoder(ref.path)(sample["token_ids"][start:end])
+                    record["original"] = "".join(record["original"])
+        out.append(record)
+    return out

@@ -1,0 +1,195 @@
+"""Reviews as training data: `offline.format: review` with `offline.path: runs/<name>`.
+
+What a run takes from the reviewed run folder depends on its `algorithm.objective`:
+
+- `sft` (and an exploring run's demonstrations: `offline.warmup_steps`, `sft_rl_mix`): each
+  correction becomes an SFT sample: the call's prompt tokens exactly as the policy saw them
+  (from `samples.jsonl`), then the corrected text and the end-of-turn token, trained;
+- `dpo`: each preference becomes a pair (the chosen and the rejected episode's first sample,
+  each trained on its sampled tokens), and each correction a pair of the corrected answer over
+  the answer the policy gave;
+- an RL objective (`rl`): every advantage group holding a rated episode is trained again with
+  the reviewer's scores as rewards: an episode rating replaces the episode's reward, a call
+  rating adds a reward at the end of that call; the group's unrated episodes keep theirs.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Literal
+
+from agentscope_rft.monitor.samples_file import SAMPLES_FILE, read_sample_lines
+from agentscope_rft.review.store import Review, ReviewStore
+from agentscope_rft.types import Sample
+
+ReviewUse = Literal["sft", "dpo", "rewards"]
+SAMPLE_FIELDS = frozenset(Sample.__dataclass_fields__)
+
+
+class ReviewDataError(ValueError):
+    """A reviewed run folder that gives no training data of the kind asked for."""
+
+
+def review_use(objective: str, exploring: bool) -> ReviewUse:
+    """What a run with `objective` takes from reviews (exploring runs: demonstrations)."""
+    if exploring or objective == "sft":
+        return "sft"
+    return "dpo" if objective == "dpo" else "rewards"
+
+
+def load_review_samples(run_dir: str | Path, use: ReviewUse, tokenizer: Any) -> list[Sample]:
+    """Training samples from the reviews of `run_dir` (see the module docstring).
+
+    Raises:
+        ReviewDataError: no reviews or no sample log in `run_dir`, or none of its reviews gives
+            `use` data (the message says which kinds would).
+
+    Example:
+        >>> samples = load_review_samples("runs/quickstart", "rewards", tokenizer)  # doctest: +SKIP
+    """
+    run_dir = Path(run_dir)
+    reviews = ReviewStore(run_dir).current()
+    if not reviews:
+        raise ReviewDataError(
+            f"{run_dir} has no reviews ({run_dir / 'reviews.jsonl'}): review episodes in "
+            f"`agentscope-rft dashboard {run_dir.parent}` first"
+        )
+    records = read_sample_lines(run_dir / SAMPLES_FILE)
+    if not records:
+        raise ReviewDataError(
+            f"{run_dir} has no {SAMPLES_FILE}: the run was made with monitor.sample_log: 0 "
+            "or before the sample log existed, so its episodes' tokens are not on disk"
+        )
+    by_id = {r["sample_id"]: r for r in records if r.get("phase") == "train"}
+    if use == "sft":
+        samples = [_corrected(r, by_id, tokenizer) for r in reviews if r.kind == "correction"]
+        wanted = "corrections (a corrected answer for a call)"
+    elif use == "dpo":
+        samples = [s for r in reviews for s in _pair(r, by_id, records, tokenizer)]
+        wanted = "preferences (the better of two episodes) or corrections"
+    else:
+        samples = _rated_groups([r for r in reviews if r.kind == "rating"], by_id, records)
+        wanted = "ratings (a score or thumbs for an episode or call)"
+    found = [s for s in samples if s is not None]
+    if not found:
+        raise ReviewDataError(
+            f"{run_dir}: none of its {len(reviews)} reviews gives {use} data; it takes "
+            f"{wanted} of episodes logged in {SAMPLES_FILE}"
+        )
+    return found
+
+
+def _sample(record: dict[str, Any], **changes: Any) -> Sample:
+    fields = {k: v for k, v in record.items() if k in SAMPLE_FIELDS}
+    return Sample(**{**fields, **changes})
+
+
+def _call_span(review: Review, by_id: dict[str, dict[str, Any]]) -> tuple[dict[str, Any], int, int]:
+    record = by_id.get(review.sample_id or "")
+    spans = record.get("call_spans") if record else None
+    if record is None or not spans or review.call is None or review.call >= len(spans):
+        raise ReviewDataError(
+            f"review {review.id}: sample {review.sample_id!r} call {review.call} is not in the "
+            f"run's {SAMPLES_FILE}"
+        )
+    start, end = spans[review.call]
+    return record, int(start), int(end)
+
+
+def _corrected(review: Review, by_id: dict[str, dict[str, Any]], tokenizer: Any) -> Sample:
+    record, start, _ = _call_span(review, by_id)
+    prompt = list(record["token_ids"][:start])
+    answer = list(tokenizer(review.text, add_special_tokens=False)["input_ids"])
+    eos = tokenizer.eos_token_id
+    completion = [*answer, *([eos] if isinstance(eos, int) else [])]
+    sample_id = f"review:{review.id}"
+    return Sample(
+        token_ids=prompt + completion,
+        loss_mask=[0] * len(prompt) + [1] * len(completion),
+        logprobs=[0.0] * (len(prompt) + len(completion)),
+        reward=0.0,
+        rollout_id=sample_id,
+        task_id=str(record.get("task_id", "")),
+        sample_id=sample_id,
+        agent_name=record.get("agent_name"),
+        kind="sft",
+    )
+
+
+def _pair(
+    review: Review,
+    by_id: dict[str, dict[str, Any]],
+    records: list[dict[str, Any]],
+    tokenizer: Any,
+) -> list[Sample]:
+    pair_id = f"review:{review.id}"
+    if review.kind == "correction":
+        chosen = _corrected(review, by_id, tokenizer)
+        record, start, end = _call_span(review, by_id)
+        length = end + (1 if end < len(record["token_ids"]) else 0)  # the end-of-turn token
+        rejected = _sample(
+            record,
+            token_ids=record["token_ids"][:length],
+            loss_mask=[0] * start + [1] * (length - start),
+            logprobs=[0.0] * length,
+            token_rewards=None,
+            step_states=None,
+            num_calls=1,
+        )
+    elif review.kind == "preference":
+        first: dict[str, dict[str, Any]] = {}
+        for r in records:
+            if r.get("phase") == "train":
+                first.setdefault(r["rollout_id"], r)
+        if review.chosen not in first or review.rejected not in first:
+            return []
+        chosen, rejected = (_sample(first[rid]) for rid in (review.chosen, review.rejected))
+    else:
+        return []
+    return [
+        Sample(**{**_fields(s), "kind": kind, "pair_id": pair_id, "sample_id": f"{pair_id}:{side}"})
+        for s, kind, side in ((chosen, "dpo_chosen", "chosen"), (rejected, "dpo_rejected", "rej"))
+    ]
+
+
+def _fields(sample: Sample) -> dict[str, Any]:
+    return {name: getattr(sample, name) for name in SAMPLE_FIELDS}
+
+
+def _rated_groups(
+    ratings: list[Review], by_id: dict[str, dict[str, Any]], records: list[dict[str, Any]]
+) -> list[Sample]:
+    episode_score = {r.rollout_id: r.score for r in ratings if r.sample_id is None}
+    call_scores: dict[str, dict[int, float]] = defaultdict(dict)
+    for r in ratings:
+        if r.sample_id is not None and r.call is not None and r.score is not None:
+            call_scores[r.sample_id][r.call] = r.score
+    rated = set(episode_score) | {by_id[sid]["rollout_id"] for sid in call_scores if sid in by_id}
+    groups = {
+        (r["step"], r.get("group_id") or r["task_id"])
+        for r in records
+        if r.get("phase") == "train" and r["rollout_id"] in rated
+    }
+    out: list[Sample] = []
+    for record in records:
+        key = (record["step"], record.get("group_id") or record["task_id"])
+        if record.get("phase") != "train" or key not in groups:
+            continue
+        reward = episode_score.get(record["rollout_id"], record["reward"])
+        token_rewards = record.get("token_rewards")
+        scores = call_scores.get(record["sample_id"], {})
+        if scores:
+            token_rewards = list(token_rewards or [0.0] * len(record["token_ids"]))
+            for call, score in scores.items():
+                if call < len(record["call_spans"]):
+                    token_rewards[record["call_spans"][call][1] - 1] += score
+        out.append(
+            _sample(
+                record,
+                reward=float(reward if reward is not None else 0.0),
+                token_rewards=token_rewards,
+                group_id=f"review:{key[0]}:{key[1]}",
+            )
+        )
+    return out

@@ -1,0 +1,163 @@
+"""Reviews: validation, durable storage, and the training data `train` takes from them."""
+
+import json
+
+import pytest
+
+from agentscope_rft.review.store import Review, ReviewError, ReviewStore
+from agentscope_rft.review.training import ReviewDataError, load_review_samples, review_use
+
+from ..dashboard.runs_on_disk import write_run
+
+
+class CharTokenizer:
+    """One token per character; end of turn is id 2."""
+
+    eos_token_id = 2
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) for c in text]}
+
+
+@pytest.fixture
+def run(tmp_path):
+    return write_run(tmp_path / "run")
+
+
+def test_thumbs_are_scores_and_incomplete_reviews_are_refused():
+    assert Review(kind="rating", rollout_id="r", thumbs="down").score == 0.0
+    with pytest.raises(ValueError, match="finite `score`"):
+        Review(kind="rating", rollout_id="r", score=float("nan"))
+    with pytest.raises(ValueError, match="both `sample_id` and `call`"):
+        Review(kind="rating", rollout_id="r", score=1, call=0)
+    with pytest.raises(ValueError, match="needs `text`"):
+        Review(kind="correction", rollout_id="r", sample_id="s", call=0, text="  ")
+    with pytest.raises(ValueError, match="two different episodes"):
+        Review(kind="preference", chosen="a", rejected="a")
+
+
+def test_the_store_keeps_the_latest_review_per_target_and_skips_a_torn_line(run):
+    store = ReviewStore(run)
+    first = store.add({"kind": "rating", "rollout_id": "s0.0", "score": 0.2})
+    store.add({"kind": "preference", "chosen": "s0.0", "rejected": "s0.1"})
+    second = store.add({"kind": "rating", "rollout_id": "s0.0", "score": 0.9, "id": "forged"})
+    with store.path.open("a") as handle:
+        handle.write('{"kind": "rating", "rollout_')
+    assert second.id != "forged" and len(store.all()) == 3
+    current = store.current()
+    assert [r.kind for r in current] == ["rating", "preference"]
+    assert current[0].id == second.id and current[0].score == 0.9 and first.id != second.id
+    with pytest.raises(ReviewError, match="rollout_id"):
+        store.add({"kind": "rating", "score": 1})
+
+
+def test_ratings_retrain_their_groups_with_the_reviewers_rewards(run):
+    store = ReviewStore(run)
+    store.add({"kind": "rating", "rollout_id": "s1.1", "score": 5.0})
+    store.add({"kind": "rating", "rollout_id": "s2.0", "sample_id": "s2.0:solver:0",
+               "call": 0, "score": -1.0})  # fmt: skip
+    samples = load_review_samples(run, "rewards", CharTokenizer())
+    by_rollout = {s.rollout_id: s for s in samples}
+    assert sorted(by_rollout) == ["s1.0", "s1.1", "s2.0", "s2.1"]  # step 0 has no review
+    assert by_rollout["s1.1"].reward == 5.0 and by_rollout["s1.0"].reward == 1.0
+    assert by_rollout["s1.0"].group == by_rollout["s1.1"].group
+    # a call rating lands on the call's last completion token (span [3, 5) -> index 4)
+    assert list(by_rollout["s2.0"].token_rewards) == [0, 0, 0, 0, -1.0, 0]
+    assert by_rollout["s2.0"].reward == 1.0 and by_rollout["s2.1"].token_rewards is None
+    assert all(s.kind == "rl" for s in samples)
+
+
+def test_a_correction_is_an_sft_sample_on_the_calls_exact_prompt(run):
+    ReviewStore(run).add(
+        {
+            "kind": "correction",
+            "rollout_id": "s0.1",
+            "sample_id": "s0.1:solver:0",
+            "call": 0,
+            "text": "OK",
+        }
+    )
+    (sample,) = load_review_samples(run, "sft", CharTokenizer())
+    assert list(sample.token_ids) == [5, 6, 7, ord("O"), ord("K"), 2]
+    assert list(sample.loss_mask) == [0, 0, 0, 1, 1, 1]
+    assert sample.kind == "sft" and sample.task_id == "t0"
+
+
+def test_preferences_and_corrections_are_dpo_pairs(run):
+    store = ReviewStore(run)
+    store.add({"kind": "preference", "chosen": "s0.1", "rejected": "s0.0"})
+    store.add({"kind": "correction", "rollout_id": "s1.0", "sample_id": "s1.0:solver:0",
+               "call": 0, "text": "Z"})  # fmt: skip
+    samples = load_review_samples(run, "dpo", CharTokenizer())
+    assert [s.kind for s in samples] == ["dpo_chosen", "dpo_rejected"] * 2
+    pick, fix = samples[:2], samples[2:]
+    assert [s.rollout_id for s in pick] == ["s0.1", "s0.0"]
+    assert pick[0].pair_id == pick[1].pair_id != fix[0].pair_id
+    assert list(fix[0].token_ids) == [5, 6, 7, ord("Z"), 2]
+    # the rejected side: the answer the policy gave, with its end-of-turn token
+    assert list(fix[1].token_ids) == [5, 6, 7, 8, 9, 2]
+    assert list(fix[1].loss_mask) == [0, 0, 0, 1, 1, 1]
+
+
+def test_reviews_that_give_no_data_of_the_kind_asked_say_what_would(run, tmp_path):
+    with pytest.raises(ReviewDataError, match="has no reviews"):
+        load_review_samples(run, "rewards", CharTokenizer())
+    ReviewStore(run).add({"kind": "rating", "rollout_id": "s0.0", "score": 1})
+    with pytest.raises(ReviewDataError, match="gives sft data; it takes corrections"):
+        load_review_samples(run, "sft", CharTokenizer())
+    (run / "samples.jsonl").unlink()
+    with pytest.raises(ReviewDataError, match=r"monitor\.sample_log: 0"):
+        load_review_samples(run, "rewards", CharTokenizer())
+
+
+def test_a_correction_of_a_call_not_logged_is_an_error(run):
+    ReviewStore(run).add(
+        {
+            "kind": "correction",
+            "rollout_id": "s0.0",
+            "sample_id": "s0.0:solver:0",
+            "call": 3,
+            "text": "x",
+        }
+    )
+    with pytest.raises(ReviewDataError, match="call 3 is not in"):
+        load_review_samples(run, "sft", CharTokenizer())
+
+
+def test_what_a_run_takes_follows_its_objective():
+    assert review_use("sft", exploring=False) == "sft"
+    assert review_use("dpo", exploring=False) == "dpo"
+    assert review_use("rl", exploring=False) == "rewards"
+    assert review_use("sft_rl_mix", exploring=True) == "sft"
+
+
+def test_the_review_file_is_plain_jsonl(run):
+    ReviewStore(run).add({"kind": "rating", "rollout_id": "s0.0", "thumbs": "up", "comment": "x"})
+    (line,) = (run / "reviews.jsonl").read_text().splitlines()
+    assert json.loads(line)["score"] == 1.0
+
+
+def test_a_review_run_config_takes_sft_dpo_or_rl_and_needs_a_reviewed_folder(run):
+    from agentscope_rft.config import ConfigError, load_config
+    from agentscope_rft.explorer.tasks import TaskSetError
+    from agentscope_rft.runtime.preflight import _check_offline_path
+
+    def config(objective, path=run):
+        return load_config(
+            None,
+            [
+                "run.mode=offline",
+                "offline.format=review",
+                f"offline.path={path}",
+                f"algorithm.objective={objective}",
+            ],
+        )
+
+    for objective in ("sft", "dpo", "rl"):
+        assert config(objective).offline.format == "review"
+    with pytest.raises(ConfigError, match=r"sft \(corrections\), dpo \(pairs\) or rl"):
+        config("sft_rl_mix")
+    with pytest.raises(TaskSetError, match=r"has no reviews\.jsonl"):
+        _check_offline_path(config("rl"))
+    ReviewStore(run).add({"kind": "rating", "rollout_id": "s0.0", "score": 1})
+    _check_offline_path(config("rl"))
