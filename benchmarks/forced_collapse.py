@@ -133,10 +133,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/forced_collapse"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    results = args.out / "results.json"
+    done = json.loads(results.read_text()) if results.is_file() else []
     rows = []
     for seed in [int(s) for s in args.seeds.split(",")]:
         for variant in args.variants.split(","):
-            rows.append(run_one(variant, seed, args))
+            kept = [
+                r for r in done if (r["variant"], r["seed"], r["returncode"]) == (variant, seed, 0)
+            ]
+            rows.append(kept[0] if kept else run_one(variant, seed, args))  # a re-run resumes
             (args.out / "results.json").write_text(json.dumps(rows, indent=1))
             print(json.dumps(rows[-1]), flush=True)
     text = table(rows)

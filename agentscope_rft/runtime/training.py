@@ -505,8 +505,9 @@ class TrainingRun:
         await in_own_thread(self.trainer.load, folder)
         self.rollback = self.rollback.after(settings)
         await self._apply_rollback_changes()
-        await self.buffer.requeue_after(target - 1)
-        if self.mode != "train_only":
+        if self.mode == "train_only":  # the groups trained since go back (a durable buffer)
+            await self.buffer.requeue_after(target - 1)
+        else:  # what was explored since is re-explored from the restored task position
             await self.buffer.discard_pending()
         if self.sampler is not None and "sampler" in saved:
             self.sampler.load_state_dict(saved["sampler"])
