@@ -319,6 +319,7 @@ class SweepRun:
                 child.process.send_signal(signal.SIGTERM)
 
     def _start(self, data: dict[str, Any], seed: int) -> None:
+        _wait_for_earlier(data, seed)
         command = seed_command(self.sweep_dir, data, seed, self.log_level)
         resumed = "--resume" in command
         position = data["seeds"].index(seed) + 1
@@ -340,9 +341,11 @@ class SweepRun:
             stderr=subprocess.STDOUT if log else None,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
             start_new_session=True,  # a terminal's Ctrl-C reaches the sweep, which stops them
+            preexec_fn=_stop_with_parent,
         )
         self.children.append(_Child(seed, process, time.perf_counter(), log))
         data["status"][str(seed)] = "running"
+        data.setdefault("pids", {})[str(seed)] = process.pid
         write_sweep(self.sweep_dir, data)
 
     def _reap(self, data: dict[str, Any]) -> None:
@@ -378,6 +381,35 @@ class SweepRun:
         while self.children:
             self._reap(data)
             time.sleep(0.2)
+
+
+def _stop_with_parent() -> None:
+    """In the child, before exec: a SIGTERM when the sweep dies (even by SIGKILL), so the seed
+    stops cleanly at a checkpoint instead of running on unseen (Linux; elsewhere a no-op)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def _wait_for_earlier(data: dict[str, Any], seed: int) -> None:
+    """A seed of a killed sweep may still be saving its checkpoint: wait until it has exited."""
+    pid = data.get("pids", {}).get(str(seed))
+    if pid is None or not _is_seed_process(int(pid)):
+        return
+    logger.info("sweep: seed %d: waiting for its earlier process (pid %d) to stop", seed, pid)
+    while _is_seed_process(int(pid)):
+        time.sleep(0.2)
+
+
+def _is_seed_process(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return b"agentscope_rft" in cmdline and stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 class SweepStopped(RuntimeError):
