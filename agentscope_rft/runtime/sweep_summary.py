@@ -157,6 +157,8 @@ def evaluate_best(run_dir: Path, best_model: str | None) -> dict[str, float]:
 
     config = load_config(run_dir / "config.yaml", [f"model.name_or_path={best_model}"])
     split = "test" if "test" in type(config.tasks).model_fields else "eval"
+    if getattr(config.tasks, split) is None:
+        raise SweepError(f"--test: tasks.{split} is not set in {run_dir / 'config.yaml'}")
     out = run_dir / "test-best"
     metrics = asyncio.run(explore(config, out, split=split))
     (out / "summary.json").write_text(json.dumps(metrics, indent=1))

@@ -100,14 +100,57 @@ def test_a_killed_sweep_continues_with_the_seeds_not_done(tiny_model_path, tmp_p
     assert "mean ± std" in (sweep / "summary.md").read_text()
     assert (sweep / "seeds.png").stat().st_size > 10_000
 
-    # the summary is re-made by its own command
+    # the summary is re-made by its own command, here with each seed's best on the test split
     (sweep / "summary.json").unlink()
     remade = subprocess.run(
-        [sys.executable, "-m", "agentscope_rft.cli", "sweep-summary", str(sweep)],
+        [sys.executable, "-m", "agentscope_rft.cli", "sweep-summary", str(sweep), "--test"],
         capture_output=True,
         text=True,
         env=env,
         timeout=300,
     )
     assert remade.returncode == 0, remade.stderr[-2000:]
-    assert json.loads((sweep / "summary.json").read_text())["best"] == summary["best"]
+    tested = json.loads((sweep / "summary.json").read_text())
+    assert tested["best"] == summary["best"]
+    assert tested["test"]["reward/mean"]["n"] == 2
+    for seed in (0, 1):
+        results = (sweep / f"seed-{seed}" / "test-best" / "results.jsonl").read_text()
+        assert len(results.splitlines()) == 4  # every test task, once
+        test_config = (sweep / f"seed-{seed}" / "test-best" / "config.yaml").read_text()
+        assert f"seed-{seed}/checkpoints/step-{STEPS:06d}/model" in test_config  # its best model
+    assert "test reward/mean (best ckpt)" in (sweep / "summary.md").read_text()
+
+
+def test_failed_seeds_are_reported_and_the_sweep_fails_at_the_end(tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "a", "prompt": "hi"}\n')
+    sets = [f"run.dir={tmp_path / 'sweep'}", "workflow=missing_app.py:run", f"tasks.train={tasks}"]
+    out = subprocess.run(
+        [
+            *(
+                sys.executable,
+                "-m",
+                "agentscope_rft.cli",
+                "train",
+                "--seeds",
+                "0,1",
+                "--parallel",
+                "2",
+            ),
+            *(x for s in sets for x in ("--set", s)),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    said = " ".join(out.stderr.split())  # the console wraps long lines
+    assert "sweep: seed 0 failed with exit code 2" in said
+    assert "sweep: seed 1 failed with exit code 2" in said  # both ran (in parallel, with logs)
+    assert "seed(s) [0, 1] failed" in said
+    for seed in (0, 1):
+        assert "missing_app.py" in (tmp_path / "sweep" / "logs" / f"seed-{seed}.log").read_text()
+    assert status(tmp_path / "sweep") == {"0": "failed", "1": "failed"}
+    summary = json.loads((tmp_path / "sweep" / "summary.json").read_text())
+    assert summary["failed"] == [0, 1] and summary["best"]["n"] == 0
