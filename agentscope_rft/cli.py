@@ -271,14 +271,32 @@ def train(
         str | None, typer.Option(help="Continue the run in this folder from its checkpoint.")
     ] = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
+    seeds: Annotated[
+        str | None,
+        typer.Option(help="Run the config once per seed (0,1,2 or 0-4): a sweep, see seeds.md."),
+    ] = None,
+    parallel: Annotated[
+        str, typer.Option(help="Sweep: seeds run at once (a number, or auto from the cluster).")
+    ] = "auto",
+    test: Annotated[
+        bool, typer.Option(help="Sweep: evaluate each seed's best checkpoint on the test split.")
+    ] = False,
 ) -> None:
     """Train an AgentScope app with reinforcement fine-tuning (or SFT/DPO offline).
 
     Ctrl-C or SIGTERM stops it cleanly: a checkpoint is saved and it exits with code 75;
     `--resume <run folder>` continues. A second signal exits at once, without saving.
+    `--seeds` runs one config per seed in `runs/<name>/seed-<k>/` and summarizes them;
+    `--resume runs/<name>` continues a sweep.
     """
     setup_logging(log_level)
     from pathlib import Path
+
+    from agentscope_rft.runtime.sweep import is_sweep
+
+    if seeds is not None or (resume is not None and is_sweep(Path(resume))):
+        _train_sweep(config, set_ or [], resume, seeds, parallel, test, log_level)
+        return
 
     from agentscope_rft.config import load_config
     from agentscope_rft.runtime.preflight import preflight
@@ -308,6 +326,87 @@ def train(
         if k in ("reward/mean", "success_rate", "loss", "time/step")
     }
     console.print(f"[bold green]done[/] {run_dir}: {shown}; curve: {run_dir / 'reward_curve.png'}")
+
+
+def _train_sweep(
+    config: str | None,
+    overrides: list[str],
+    resume: str | None,
+    seeds: str | None,
+    parallel: str,
+    test: bool,
+    log_level: str,
+) -> None:
+    from pathlib import Path
+
+    from agentscope_rft.config import load_config
+    from agentscope_rft.runtime.sweep import (
+        SWEEP_CONFIG,
+        SweepError,
+        SweepStopped,
+        parse_seeds,
+        read_sweep,
+        run_sweep,
+    )
+    from agentscope_rft.runtime.sweep_summary import SUMMARY_MD
+
+    try:
+        wanted = parse_seeds(seeds) if seeds is not None else []
+        if resume is not None:
+            sweep_dir = Path(resume)
+            cfg = load_config(sweep_dir / SWEEP_CONFIG, overrides)
+            wanted = read_sweep(sweep_dir)["seeds"] + wanted
+            wanted = list(dict.fromkeys(wanted))
+        else:
+            cfg = load_config(config, overrides)
+            sweep_dir = _run_dir(cfg)
+        summary = run_sweep(
+            cfg, sweep_dir, wanted, parallel=parallel, log_level=log_level, test=test
+        )
+    except SweepStopped as exc:
+        raise _stopped(exc) from exc
+    except _user_errors(SweepError) as exc:
+        raise fail(str(exc)) from exc
+    finally:
+        _end_leftovers()
+    console.print((sweep_dir / SUMMARY_MD).read_text(), markup=False, highlight=False)
+    if summary["failed"]:
+        raise fail(
+            f"sweep {sweep_dir}: seed(s) {summary['failed']} failed (see above); rerun the "
+            "command to retry them"
+        )
+    console.print(
+        f"[bold green]done[/] sweep {sweep_dir}: {sweep_dir / 'summary.md'}, "
+        f"{sweep_dir / 'seeds.png'}"
+    )
+
+
+@app.command("sweep-summary")
+def sweep_summary(
+    sweep_dir: Annotated[str, typer.Argument(help="The sweep folder (runs/<name>).")],
+    test: Annotated[
+        bool, typer.Option(help="Evaluate each seed's best checkpoint on the test split.")
+    ] = False,
+    log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
+) -> None:
+    """(Re)write a seed sweep's summary.json, summary.md and seeds.png."""
+    setup_logging(log_level)
+    from pathlib import Path
+
+    from agentscope_rft.runtime.sweep import SweepError, is_sweep
+    from agentscope_rft.runtime.sweep_summary import markdown_table, summarize
+
+    folder = Path(sweep_dir)
+    if not is_sweep(folder):
+        raise fail(
+            f"{folder} is not a sweep folder (no sweep.json): run `agentscope-rft train "
+            "--config <config> --seeds 0,1,2` first"
+        )
+    try:
+        summary = summarize(folder, test=test)
+    except _user_errors(SweepError) as exc:
+        raise fail(str(exc)) from exc
+    console.print(markdown_table(summary, folder.name), markup=False, highlight=False)
 
 
 @app.command()

@@ -55,7 +55,7 @@ class EmbeddedEngineConfig(Section):
     """Reuse the exact sampled tokens of a rollout's earlier calls in later prompts (no
     re-tokenization drift; consecutive calls then merge into one training sample)."""
     seed: int = 0
-    """Seed for requests that do not set one."""
+    """Seed for requests that do not set one (follows the sweep seed of `--seeds` unless set)."""
     prefix_caching: bool = True
     """Reuse the KV of token blocks computed by earlier requests (shared system prompts, an
     episode's earlier calls): a request prefills only what is not cached. Cleared on every
@@ -133,7 +133,7 @@ class VLLMEngineConfig(Section):
     weight_transfer: Literal["nccl"] | None = None
     """GPU only: stream weights from the trainer over NCCL instead of a checkpoint reload."""
     seed: int = 0
-    """Seed of the vLLM servers."""
+    """Seed of the vLLM servers (follows the sweep seed of `--seeds` unless set)."""
 
 
 EngineConfig = Annotated[EmbeddedEngineConfig | VLLMEngineConfig, Field(discriminator="type")]
@@ -398,7 +398,8 @@ class ExplorerConfig(Section):
     `truncated` and its calls are trained with this reward (not failed, not retried)."""
     seed: int | None = 0
     """Each training call without a seed gets one derived from this, its rollout and call
-    number, so exploration is reproducible (null: unseeded)."""
+    number, so exploration is reproducible (null: unseeded). Follows the sweep seed of
+    `--seeds` unless set."""
     dynamic_sampling: DynamicSamplingConfig | None = None
     """Refill each step with groups whose rewards differ (DAPO's dynamic sampling), e.g.
     `{max_batches: 3}`; null: off (one batch per step; its equal-reward groups are dropped by
@@ -449,7 +450,8 @@ class RunSettings(Section):
     max_staleness: int = Field(default=2, ge=0)
     """async: drop samples from policies older than this many versions."""
     seed: int = 0
-    """Seed of task order, trainer initialization and mini-batch order."""
+    """Seed of task order, trainer initialization and mini-batch order (`--seeds` sets it per
+    seed: see seeds.md)."""
     checkpoint_every: int = Field(default=0, ge=0)
     """Save a checkpoint every N steps (0: only at the end)."""
     keep_checkpoints: int = Field(default=2, ge=1)

@@ -54,22 +54,25 @@ EXACT = (
 )
 
 
+@pytest.mark.parametrize(("fires_at", "target"), [(2, 1), (1, 0)])
 async def test_a_rollback_restores_weights_optimizer_and_task_position_exactly(
-    tiny_model_path, toy_tasks, tmp_path
+    tiny_model_path, toy_tasks, tmp_path, fires_at, target
 ):
     straight, rolled = tmp_path / "straight", tmp_path / "rolled"
     await train(toy_config(tiny_model_path, toy_tasks, straight, *EXACT), straight)
-    # The rule fires once after step 2, its streak starting at step 2: the run goes back to the
-    # checkpoint of step 1 (its policy was watched at step 1 and broke nothing), with no change.
-    extra = [*EXACT, "health.rollback.lr_factor=1", *forced_rule("once_at", 2, 2, tmp_path / "f")]
+    # The rule fires once after step `fires_at`, its streak starting there: the run goes back to
+    # the checkpoint before (its policy was watched and broke nothing; step 0: the starting
+    # weights), with no change.
+    rule = forced_rule("once_at", fires_at, fires_at, tmp_path / "f")
+    extra = [*EXACT, "health.rollback.lr_factor=1", *rule]
     await train(toy_config(tiny_model_path, toy_tasks, rolled, *extra), rolled)
 
     [event] = [e for e in read_events(rolled) if e.rule == "once_at"]
     assert (event.rule, event.action, event.step, event.rolled_back_to) == (
         "once_at",
         "rollback",
-        2,
-        1,
+        fires_at,
+        target,
     )
     a, b = final_weights(straight, 4), final_weights(rolled, 4)
     for name in a:
@@ -80,7 +83,7 @@ async def test_a_rollback_restores_weights_optimizer_and_task_position_exactly(
         [r.metrics["reward/mean"] for r in train_records(straight)]
     )
     lines = [json.loads(x) for x in (rolled / "metrics.jsonl").read_text().splitlines()]
-    assert {"step": 1, "phase": "resume"}.items() <= next(
+    assert {"step": target, "phase": "resume"}.items() <= next(
         x for x in lines if x["phase"] == "resume"
     ).items()
     assert json.loads((rolled / "state.json").read_text())["health"]["rollbacks"] == 1

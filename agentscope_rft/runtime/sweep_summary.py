@@ -1,0 +1,235 @@
+"""A sweep's summary: per seed the validation metric at its best and last checkpoint, mean ± std.
+
+Writes `summary.json`, `summary.md` (a markdown table a README can paste) and `seeds.png` (every
+seed's validation curve and their mean) into the sweep folder. `agentscope-rft sweep-summary
+runs/<name>` re-makes them; `--test` also evaluates each seed's best checkpoint on the test split.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agentscope_rft.monitor.records import METRICS_FILE, per_step, read_metrics, surviving_history
+from agentscope_rft.runtime.components import CHECKPOINTS, STATE_FILE, checkpoint_dir, read_state
+from agentscope_rft.runtime.sweep import SweepError, read_sweep
+
+SUMMARY_JSON, SUMMARY_MD, SEEDS_PLOT = "summary.json", "summary.md", "seeds.png"
+BEST_FILE = "best.json"
+DEFAULT_METRIC, DEFAULT_MODE = "val/reward/mean", "max"
+TEST_METRICS = ("reward/mean", "success_rate")
+"""Test metrics shown in the table (summary.json keeps every metric explore returns)."""
+
+
+def split_metric(metric: str) -> tuple[str, str]:
+    """`val/reward/mean` -> (`val`, `reward/mean`); a name without a phase is a train metric.
+
+    Example:
+        >>> split_metric("val/success_rate"), split_metric("loss")
+        (('val', 'success_rate'), ('train', 'loss'))
+    """
+    phase, slash, name = metric.partition("/")
+    if slash and phase in ("val", "eval", "train"):
+        return phase, name
+    return "train", metric
+
+
+def spread(values: Sequence[float]) -> dict[str, float | int | None]:
+    """Mean, sample standard deviation (n - 1; null below 2 values) and n of finite values.
+
+    Example:
+        >>> spread([0.2, 0.4, 0.9])
+        {'mean': 0.5, 'std': 0.36055512754639896, 'n': 3}
+    """
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return {"mean": None, "std": None, "n": 0}
+    std = statistics.stdev(finite) if len(finite) > 1 else None
+    return {"mean": statistics.fmean(finite), "std": std, "n": len(finite)}
+
+
+def seed_result(run_dir: Path, metric: str, mode: str) -> dict[str, Any]:
+    """One seed's curve of `metric`, its best point and its value at the last checkpoint.
+
+    The best point is `best.json` when the run kept a best checkpoint, else the best validation
+    record (and the model is the last checkpoint's). Phase `val` falls back to `eval` (older runs).
+    """
+    phase, name = split_metric(metric)
+    records = surviving_history(read_metrics(run_dir / METRICS_FILE))
+    if phase == "val" and not any(r.phase == "val" for r in records):
+        phase = "eval"
+    curve = [
+        (r.step, float(r.metrics[name]))
+        for r in per_step(records, phase)
+        if name in r.metrics and math.isfinite(r.metrics[name])
+    ]
+    last_step = int(read_state(run_dir)["step"]) if (run_dir / STATE_FILE).is_file() else None
+    last_model = checkpoint_dir(run_dir, last_step) / "model" if last_step is not None else None
+    best_file = run_dir / BEST_FILE
+    best_point: dict[str, Any]
+    best_model: Path | None
+    if best_file.is_file():
+        best = json.loads(best_file.read_text())
+        best_point = {"step": int(best["step"]), "value": float(best["value"])}
+        best_model = run_dir / CHECKPOINTS / "best" / "model"
+    elif curve:
+        pick = max if mode == "max" else min
+        step, value = pick(curve, key=lambda point: point[1])
+        best_point, best_model = {"step": step, "value": value}, last_model
+    else:
+        best_point, best_model = {"step": None, "value": None}, last_model
+    at_last = [v for s, v in curve if s == last_step] or [v for _, v in curve[-1:]]
+    last_point = {
+        "step": last_step if last_step is not None else (curve[-1][0] if curve else None),
+        "value": at_last[-1] if at_last else None,
+    }
+    return {
+        "run": run_dir.name,
+        "phase": phase,
+        "best": best_point,
+        "last": last_point,
+        "best_model": str(best_model) if best_model is not None else None,
+        "curve": [[s, v] for s, v in curve],
+    }
+
+
+def summarize(sweep_dir: Path, *, test: bool = False) -> dict[str, Any]:
+    """Write `summary.json`, `summary.md` and `seeds.png` for the sweep; returns the summary.
+
+    Seeds not done are listed with their status and left out of mean ± std. `test`: evaluate
+    each done seed's best checkpoint on the test split first (`explore`, in this process).
+
+    Example:
+        >>> summary = summarize(Path("runs/quickstart"))  # doctest: +SKIP
+        >>> summary["best"]["mean"], summary["best"]["n"]  # doctest: +SKIP
+    """
+    data = read_sweep(sweep_dir)
+    run = data["config"].get("run", {})
+    metric = run.get("best_metric") or DEFAULT_METRIC
+    mode = run.get("best_mode") or DEFAULT_MODE
+    seeds: dict[str, dict[str, Any]] = {}
+    for seed in data["seeds"]:
+        key, run_dir = str(seed), sweep_dir / data["runs"][str(seed)]
+        status = data["status"].get(key, "pending")
+        result: dict[str, Any] = {"status": status, "run": run_dir.name}
+        if status == "done" and (run_dir / METRICS_FILE).is_file():
+            result.update(seed_result(run_dir, metric, mode))
+            if test:
+                result["test"] = evaluate_best(run_dir, result["best_model"])
+            elif (run_dir / "test-best" / "summary.json").is_file():
+                result["test"] = json.loads((run_dir / "test-best" / "summary.json").read_text())
+        seeds[key] = result
+    done = [r for r in seeds.values() if "best" in r]
+    summary: dict[str, Any] = {
+        "metric": metric,
+        "mode": mode,
+        "seeds": seeds,
+        "best": spread([r["best"]["value"] for r in done]),
+        "last": spread([r["last"]["value"] for r in done]),
+        "failed": [s for s in data["seeds"] if data["status"].get(str(s)) == "failed"],
+        "not_done": [s for s in data["seeds"] if data["status"].get(str(s)) != "done"],
+        "commit": data.get("commit"),
+    }
+    tested = [r["test"] for r in done if "test" in r]
+    if tested:
+        names = sorted({k for t in tested for k in t if isinstance(t[k], (int, float))})
+        summary["test"] = {k: spread([t[k] for t in tested if k in t]) for k in names}
+    tmp = sweep_dir / (SUMMARY_JSON + ".tmp")
+    tmp.write_text(json.dumps(summary, indent=1))
+    tmp.replace(sweep_dir / SUMMARY_JSON)
+    (sweep_dir / SUMMARY_MD).write_text(markdown_table(summary, sweep_dir.name))
+    plot_seeds(summary, sweep_dir / SEEDS_PLOT)
+    return summary
+
+
+def evaluate_best(run_dir: Path, best_model: str | None) -> dict[str, float]:
+    """Explore the test split with the seed's best checkpoint; writes `test-best/` in its folder."""
+    if best_model is None or not Path(best_model).is_dir():
+        raise SweepError(f"{run_dir}: no checkpoint to test ({best_model or 'state.json missing'})")
+    from agentscope_rft.config import load_config
+    from agentscope_rft.runtime.explore import explore
+
+    config = load_config(run_dir / "config.yaml", [f"model.name_or_path={best_model}"])
+    split = "test" if "test" in type(config.tasks).model_fields else "eval"
+    if getattr(config.tasks, split) is None:
+        raise SweepError(f"--test: tasks.{split} is not set in {run_dir / 'config.yaml'}")
+    out = run_dir / "test-best"
+    metrics = asyncio.run(explore(config, out, split=split))
+    (out / "summary.json").write_text(json.dumps(metrics, indent=1))
+    return metrics
+
+
+def _cell(value: float | None) -> str:
+    return "–" if value is None else f"{value:.4g}"
+
+
+def _mean_std(stats: dict[str, Any]) -> str:
+    if stats["mean"] is None:
+        return "–"
+    std = "n/a" if stats["std"] is None else f"{stats['std']:.3g}"
+    return f"{stats['mean']:.4g} ± {std} (n={stats['n']})"
+
+
+def markdown_table(summary: dict[str, Any], name: str) -> str:
+    """The summary as a markdown table: one row per seed, then mean ± sample std (n)."""
+    metric = summary["metric"]
+    test_names = [k for k in TEST_METRICS if k in summary.get("test", {})]
+    head = ["seed", "status", "best step", f"best {metric}", "last step", f"last {metric}"]
+    head += [f"test {k} (best ckpt)" for k in test_names]
+    lines = [
+        f"Seeds of `{name}`: {metric} ({summary['mode']}), mean ± sample std across seeds.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---" for _ in head) + "|",
+    ]
+    for seed, result in summary["seeds"].items():
+        best, last = result.get("best", {}), result.get("last", {})
+        row = [seed, result["status"], str(best.get("step", "–")), _cell(best.get("value"))]
+        row += [str(last.get("step", "–")), _cell(last.get("value"))]
+        row += [_cell(result.get("test", {}).get(k)) for k in test_names]
+        lines.append("| " + " | ".join(row) + " |")
+    row = ["mean ± std", "", "", _mean_std(summary["best"]), "", _mean_std(summary["last"])]
+    row += [_mean_std(summary["test"][k]) for k in test_names]
+    lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_seeds(summary: dict[str, Any], path: Path) -> Path | None:
+    """One plot: every seed's validation curve, and their mean at the steps all seeds share."""
+    curves = {seed: r["curve"] for seed, r in summary["seeds"].items() if r.get("curve")}
+    if not curves:
+        return None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(8, 4.5), dpi=110, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    for seed, curve in curves.items():
+        steps, values = zip(*curve, strict=True)
+        axes.plot(
+            steps, values, marker="o", markersize=3, linewidth=1, alpha=0.6, label=f"seed {seed}"
+        )
+    by_step: dict[int, list[float]] = {}
+    for curve in curves.values():
+        for step, value in curve:
+            by_step.setdefault(step, []).append(value)
+    shared = sorted(s for s, v in by_step.items() if len(v) == len(curves))
+    if shared:
+        means = [statistics.fmean(by_step[s]) for s in shared]
+        axes.plot(shared, means, color="black", linewidth=2.2, label=f"mean of {len(curves)}")
+    axes.set_xlabel("step")
+    axes.set_ylabel(summary["metric"])
+    axes.set_title(f"{summary['metric']} by seed")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize="small")
+    partial = path.with_name(path.name + f".{os.getpid()}.partial")
+    figure.savefig(partial, format="png")
+    partial.replace(path)
+    return path

@@ -1,0 +1,181 @@
+"""Seed sweeps: `--seeds` parsing, the sweep folder's record, and the summary maths."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentscope_rft.config import load_config
+from agentscope_rft.runtime.sweep import (
+    SweepError,
+    choose_parallel,
+    open_sweep,
+    parse_seeds,
+    read_sweep,
+    seed_command,
+)
+from agentscope_rft.runtime.sweep_summary import SEEDS_PLOT, spread, summarize
+
+
+@pytest.mark.parametrize(
+    ("text", "seeds"),
+    [("0,1,2", [0, 1, 2]), ("0-4", [0, 1, 2, 3, 4]), ("3", [3]), (" 5 , 0-1", [5, 0, 1])],
+)
+def test_seeds_parse(text, seeds):
+    assert parse_seeds(text) == seeds
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "is not a seed"),
+        ("a,b", "'a' is not a seed"),
+        ("1,,2", "'' is not a seed"),
+        ("-1", "is not a seed"),
+        ("4-2", "runs backwards; use 2-4"),
+        ("0-2,1", r"seed\(s\) \[1\] given more than once"),
+        ("0-5000", "more than 1000 seeds"),
+    ],
+)
+def test_bad_seeds_are_refused_with_the_fix(text, message):
+    with pytest.raises(SweepError, match=message):
+        parse_seeds(text)
+
+
+def test_bad_seeds_on_the_command_line_exit_2_naming_the_option(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "agentscope_rft.cli", "train", "--seeds", "2-0"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 2
+    assert "--seeds '2-0'" in out.stderr and "runs backwards" in out.stderr
+
+
+def config(tmp_path: Path, *extra: str):
+    base = [
+        f"run.dir={tmp_path / 'sweep'}",
+        "run.name=toy",
+        "workflow=app:run",
+        "tasks.train=t.jsonl",
+    ]
+    return load_config(None, [*base, *extra])
+
+
+def test_a_sweep_follows_the_seed_except_where_the_config_sets_it(tmp_path):
+    cfg = config(tmp_path, "explorer.seed=7")
+    data = open_sweep(cfg, tmp_path / "sweep", [0, 3])
+    assert data["follow"] == ["run.seed", "engine.seed"]
+    assert data["runs"] == {"0": "seed-0", "3": "seed-3"}
+    assert data["status"] == {"0": "pending", "3": "pending"}
+    command = seed_command(tmp_path / "sweep", data, 3, "INFO")
+    sets = [command[i + 1] for i, arg in enumerate(command) if arg == "--set"]
+    assert f"run.dir={tmp_path / 'sweep' / 'seed-3'}" in sets
+    assert {"run.seed=3", "engine.seed=3", "run.name=toy-seed-3"} <= set(sets)
+    assert not any(s.startswith("explorer.seed") for s in sets)
+    # a seed with a checkpoint resumes from it
+    (tmp_path / "sweep" / "seed-3").mkdir()
+    (tmp_path / "sweep" / "seed-3" / "state.json").write_text('{"step": 1}')
+    assert seed_command(tmp_path / "sweep", data, 3, "INFO")[-2:] == [
+        "--resume",
+        str(tmp_path / "sweep" / "seed-3"),
+    ]
+
+
+def test_an_existing_sweep_continues_with_its_config_and_refuses_another(tmp_path):
+    open_sweep(config(tmp_path), tmp_path / "sweep", [0, 1])
+    # the same config (another run.seed does not count) continues and adds new seeds
+    again = open_sweep(config(tmp_path, "run.seed=5"), tmp_path / "sweep", [1, 2])
+    assert again["seeds"] == [0, 1, 2] and again["status"]["2"] == "pending"
+    with pytest.raises(SweepError, match=r"another config \(trainer.lr: 1e-06 -> 0.001\)"):
+        open_sweep(config(tmp_path, "trainer.lr=1e-3"), tmp_path / "sweep", [0])
+    replaced = open_sweep(
+        config(tmp_path, "trainer.lr=1e-3", "run.overwrite=true"), tmp_path / "sweep", [4]
+    )
+    assert replaced["seeds"] == [4]
+    assert read_sweep(tmp_path / "sweep")["config"]["trainer"]["lr"] == 1e-3
+
+
+def test_a_run_folder_is_not_taken_for_a_sweep(tmp_path):
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "state.json").write_text("{}")
+    with pytest.raises(SweepError, match="is a run folder, not a sweep"):
+        open_sweep(config(tmp_path), tmp_path / "sweep", [0])
+
+
+def test_parallel(tmp_path):
+    assert choose_parallel(config(tmp_path), "auto", 5) == 1
+    assert choose_parallel(config(tmp_path), "3", 2) == 2
+    with pytest.raises(SweepError, match="--parallel 'many'"):
+        choose_parallel(config(tmp_path), "many", 2)
+    ray = config(tmp_path, "runtime.type=ray", "runtime.runners=2", "runtime.runner_cpus=0.5")
+    # one run: 2 x 0.5 runner CPUs + 1 for its own process = 2 CPUs
+    import os
+
+    expected = max(1, min(4, (os.cpu_count() or 1) // 2))
+    assert choose_parallel(ray, "auto", 4) == expected
+
+
+def test_spread_is_the_sample_std():
+    stats = spread([0.5, 0.6, 0.9, float("nan")])
+    assert stats["n"] == 3
+    assert stats["mean"] == pytest.approx(2.0 / 3)
+    assert stats["std"] == pytest.approx(math.sqrt(0.0866667 / 2), rel=1e-5)
+    assert spread([0.4]) == {"mean": 0.4, "std": None, "n": 1}
+
+
+def write_run(folder: Path, lines: list[dict], step: int, best: dict | None = None) -> None:
+    folder.mkdir(parents=True)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (folder / "state.json").write_text(json.dumps({"step": step}))
+    if best is not None:
+        (folder / "best.json").write_text(json.dumps(best))
+
+
+def val(step: int, value: float, phase: str = "val") -> dict:
+    return {"step": step, "time": 1.0, "phase": phase, "reward/mean": value, "success_rate": 0.0}
+
+
+def test_summary_of_fixture_seeds(tmp_path):
+    sweep = tmp_path / "sweep"
+    open_sweep(config(tmp_path), sweep, [0, 1, 2, 3])
+    train = {"step": 0, "time": 1.0, "phase": "train", "reward/mean": 5.0}
+    # seed 0: no best.json -> best val record (0.5 at step 2); last checkpoint step 4 -> 0.3
+    write_run(sweep / "seed-0", [val(0, 0.1), train, val(2, 0.5), val(4, 0.3)], 4)
+    # seed 1: an older run with phase eval only
+    write_run(sweep / "seed-1", [val(s, v, "eval") for s, v in ((0, 0.2), (2, 0.4), (4, 0.6))], 4)
+    # seed 2: best.json; its step-4 record was superseded by a resume
+    lines = [val(0, 0.0), val(2, 0.9), val(4, 0.1), {"step": 4, "time": 1.0, "phase": "resume"}]
+    best = {"step": 2, "metric": "val/reward/mean", "value": 0.9, "mode": "max"}
+    write_run(sweep / "seed-2", [*lines, val(4, 0.6)], 4, best)
+    data = read_sweep(sweep)
+    data["status"] = {"0": "done", "1": "done", "2": "done", "3": "failed"}
+    (sweep / "sweep.json").write_text(json.dumps(data))
+
+    summary = summarize(sweep)
+    seeds = summary["seeds"]
+    assert [seeds[k]["best"] for k in "012"] == [
+        {"step": 2, "value": 0.5},
+        {"step": 4, "value": 0.6},
+        {"step": 2, "value": 0.9},
+    ]
+    assert [seeds[k]["last"]["value"] for k in "012"] == [0.3, 0.6, 0.6]
+    assert seeds["1"]["phase"] == "eval"
+    assert seeds["2"]["best_model"].endswith("seed-2/checkpoints/best/model")
+    assert seeds["0"]["best_model"].endswith("seed-0/checkpoints/step-000004/model")
+    assert seeds["3"] == {"status": "failed", "run": "seed-3"}
+    assert summary["best"]["n"] == 3 and summary["failed"] == [3]
+    assert summary["best"]["mean"] == pytest.approx(0.666667, abs=1e-6)
+    assert summary["best"]["std"] == pytest.approx(0.208167, abs=1e-6)
+    assert summary["last"]["mean"] == pytest.approx(0.5)
+    assert summary["last"]["std"] == pytest.approx(0.173205, abs=1e-6)
+    table = (sweep / "summary.md").read_text()
+    assert "| 2 | done | 2 | 0.9 | 4 | 0.6 |" in table
+    assert "| 3 | failed |" in table
+    assert "0.6667 ± 0.208 (n=3)" in table and "0.5 ± 0.173 (n=3)" in table
+    assert json.loads((sweep / "summary.json").read_text())["best"]["n"] == 3
+    assert (sweep / SEEDS_PLOT).stat().st_size > 10_000
