@@ -215,6 +215,12 @@ class TorchTrainerConfig(TrainerSettings):
     few-shot turns) through the model once, not once per sample. Exact: gradients flow through
     it. Off with `gradient_checkpointing`, for models with sliding-window layers, and when the
     shared prefix is shorter than 32 tokens."""
+    memory_budget_gib: float | None = Field(default=None, gt=0)
+    """Memory the trainer may use (GiB; CPU RAM, or the GPU's memory on CUDA): fixed weights,
+    gradients and AdamW state, plus one pass's activations. Each step splits its micro-batches
+    below `micro_batch_tokens` as needed to stay within it, and turns on gradient checkpointing
+    for that step only when one sample would not fit otherwise (both logged). A budget below the
+    fixed part is an error naming it. null: no budget (`micro_batch_tokens` as given)."""
 
 
 class VerlRayConfig(Section):
