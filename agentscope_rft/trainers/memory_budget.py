@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from agentscope_rft.trainers.logprobs import CHUNK_BYTES
+from agentscope_rft.trainers.logprobs import CHUNK_BYTES, KEEP_BYTES
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -63,8 +63,8 @@ class ModelFootprint:
 
     def workspace_bytes(self) -> int:
         """The output projection's pass: its weight cast to the compute dtype and its gradient,
-        and the chunked log-prob blocks (a few [chunk, vocab] fp32 temporaries)."""
-        return 2 * self.vocab * self.hidden * self.compute_bytes + 4 * CHUNK_BYTES
+        the log-probs a small pass keeps for backward and the chunks' [chunk, vocab] temporaries."""
+        return 2 * self.vocab * self.hidden * self.compute_bytes + KEEP_BYTES + 3 * CHUNK_BYTES
 
     def layer_bytes_per_token(self) -> int:
         """Tensors one decoder layer keeps for backward, per token: the fp32 residual stream and
@@ -109,8 +109,8 @@ def plan_step(
 
     Example:
         >>> fp = ModelFootprint(135_000_000, 135_000_000, False, 30, 576, 1536, 192, 49152, 2)
-        >>> plan_step(fp, budget_gib=3.0, configured_tokens=2048, longest_row=200)
-        StepPlan(micro_batch_tokens=384, checkpointing=False)
+        >>> plan_step(fp, budget_gib=3.5, configured_tokens=2048, longest_row=200)
+        StepPlan(micro_batch_tokens=512, checkpointing=False)
     """
     fixed = footprint.fixed_bytes() + footprint.workspace_bytes()
     left = budget_gib * GIB - fixed

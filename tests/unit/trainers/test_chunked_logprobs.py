@@ -29,9 +29,12 @@ def _inputs(seed: int, bias: bool):
     return hidden.requires_grad_(), weight, b, targets, temperature
 
 
+@pytest.mark.parametrize("keep_bytes", [0, 2**30])  # recompute in backward / keep log-probs
 @pytest.mark.parametrize("chunk", [1, 5, 37, 1000])
 @pytest.mark.parametrize("bias", [False, True])
-def test_chunked_equals_unchunked_values_and_gradients(chunk: int, bias: bool) -> None:
+def test_chunked_equals_unchunked_values_and_gradients(
+    chunk: int, bias: bool, keep_bytes: int
+) -> None:
     hidden, weight, b, targets, temperature = _inputs(0, bias)
     gen = torch.Generator().manual_seed(1)
     g_lp, g_ent = torch.randn(37, generator=gen), torch.randn(37, generator=gen)
@@ -46,7 +49,9 @@ def test_chunked_equals_unchunked_values_and_gradients(chunk: int, bias: bool) -
         (ref_lp * g_lp.double()).sum() + (ref_ent * g_ent.double()).sum(), wide
     )
 
-    lp, ent = token_logprobs_entropy(hidden, weight, b, targets, temperature, chunk_tokens=chunk)
+    lp, ent = token_logprobs_entropy(
+        hidden, weight, b, targets, temperature, chunk_tokens=chunk, keep_bytes=keep_bytes
+    )
     grads = torch.autograd.grad((lp * g_lp).sum() + (ent * g_ent).sum(), params)
 
     assert lp.dtype == ent.dtype == torch.float32
@@ -71,7 +76,9 @@ def test_logprob_gradient_alone_and_entropy_gradient_alone() -> None:
     hidden, weight, _, targets, temperature = _inputs(3, False)
     wide = [hidden.detach().double().requires_grad_(), weight.detach().double().requires_grad_()]
     ref_lp, ref_ent = _reference(*wide, None, targets, temperature.double())
-    lp, ent = token_logprobs_entropy(hidden, weight, None, targets, temperature, chunk_tokens=8)
+    lp, ent = token_logprobs_entropy(
+        hidden, weight, None, targets, temperature, chunk_tokens=8, keep_bytes=0
+    )
     for got, want in ((lp, ref_lp), (ent, ref_ent)):
         g_got = torch.autograd.grad(got.sum(), [hidden, weight], retain_graph=True)
         g_want = torch.autograd.grad(want.sum(), wide, retain_graph=True)
