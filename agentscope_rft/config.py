@@ -23,6 +23,7 @@ from agentscope_rft.buffer.config import BufferConfig
 from agentscope_rft.config_base import Section
 from agentscope_rft.monitor.config import MonitorConfig
 from agentscope_rft.runtime.config import RuntimeConfig
+from agentscope_rft.runtime.gpus import GpuPlacement
 
 logger = logging.getLogger(__name__)
 
@@ -477,6 +478,10 @@ class RunConfig(Section):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     """Where episodes run: `local` (default, in this process) or `ray` (isolated runner processes
     on a Ray cluster, one or many machines)."""
+    gpus: GpuPlacement | None = None
+    """Which GPUs serve vLLM and which train, on one node: `split` or `colocated` (vLLM sleeps
+    while the trainer steps); required when a vLLM engine started here and a GPU trainer share
+    a machine with GPUs (docs/verl.md). null: none (CPU, embedded engine, `engine.urls`)."""
     run: RunSettings = Field(default_factory=RunSettings)
 
     @model_validator(mode="before")

@@ -151,9 +151,8 @@ def child_trainer(args: argparse.Namespace) -> dict:
 def child_logprobs(args: argparse.Namespace) -> dict:
     import torch
 
-    from agentscope_rft.trainers.logprobs import token_logprobs_entropy
-
     from agentscope_rft.engines.embedded import pick_dtype
+    from agentscope_rft.trainers.logprobs import token_logprobs_entropy
 
     _imports()
     auto = pick_dtype("auto", torch.device("cpu"))

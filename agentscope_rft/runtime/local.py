@@ -42,6 +42,7 @@ from agentscope_rft.runtime.components import (
     sampling_rules,
     write_state,
 )
+from agentscope_rft.runtime.gpus import engine_asleep
 from agentscope_rft.runtime.memory import release_freed_memory
 from agentscope_rft.runtime.offline import offline_batches
 from agentscope_rft.runtime.preflight import Checked, preflight
@@ -160,7 +161,7 @@ async def _train(
     if mode in ("offline", "train_only"):
         engine, gateway, explorer, sampler, eval_tasks = None, None, None, None, []
     else:
-        engine = build_engine(config.model, config.engine, log_dir=run_dir / "logs")
+        engine = build_engine(config.model, config.engine, run_dir / "logs", config.gpus)
         if ray_runtime is not None:
             ray_runtime.host_engine(engine)  # vLLM replicas under actors on the cluster's nodes
         await engine.start()
@@ -285,7 +286,8 @@ async def _train(
                 if mix_demos and offline is not None:  # CHORD: demonstrations beside rollouts
                     samples = [*samples, *next(offline)]
             progress.reset("train", total=1)  # a step once begun finishes, even on a stop
-            metrics.update(await in_own_thread(trainer.step, samples, step))
+            async with engine_asleep(engine, config.gpus):  # colocated GPUs: vLLM sleeps
+                metrics.update(await in_own_thread(trainer.step, samples, step))
             progress.advance("train")
             done = step + 1
             if engine is not None and not stop.requested:
