@@ -12,11 +12,12 @@ SmolLM2-135M-Instruct on CPU, trainer dtype `auto` (the quickstart's setting):
 - `trainer`: the torch trainer on quickstart-shaped GRPO batches (32 samples: a 376-token shared
   prefix, a 12-token question, 20-90 trained tokens; `micro_batch_tokens: 2048`): RSS after
   loading (weights), after the first step (+ gradients and AdamW moments), and the step's peak;
-  once with the old dense log-probs (the full [tokens, vocab] fp32 softmax kept for backward) and
-  once chunked, and with `memory_budget_gib`.
+  before (dense log-probs: the full [tokens, vocab] fp32 softmax kept for backward; transformers'
+  `sdpa`, which copies K/V per query head under a padding mask), with chunked log-probs, after
+  (chunked + grouped-head attention), and after with `--budget` as `memory_budget_gib`.
 - `logprobs`: the log-prob + entropy pass alone over 1,500 trained tokens, dense vs chunked.
-- `seq`: one sample of N tokens (all trained): the step's peak RSS above the trainer's fixed
-  memory, for each N (linear growth = no quadratic attention buffer).
+- `seq`: two samples of N tokens (all trained): the step's peak RSS above the trainer's fixed
+  memory, for each N, with either attention (linear growth = no quadratic attention buffer).
 
 Prints Markdown tables for docs/benchmarks.md.
 """
@@ -112,6 +113,10 @@ def _trainer(args: argparse.Namespace, **settings: object):  # type: ignore[no-u
 
     if args.logprobs == "dense":
         TorchTrainer._token_logprobs = _dense_logprobs  # type: ignore[method-assign]
+    if args.attention == "sdpa":  # transformers' sdpa: K/V copied per query head (before)
+        import agentscope_rft.trainers.torch_trainer as module
+
+        module.use_training_attention = lambda model, device: False  # type: ignore[assignment]
     config = TorchTrainerConfig.model_validate(
         {"lr": 1e-5, "device": "cpu", "dtype": args.dtype, **settings}
     )
@@ -242,6 +247,7 @@ def main() -> None:
     parser.add_argument("--child", choices=list(CHILDREN))
     parser.add_argument("--logprobs", choices=["dense", "chunked"], default="chunked")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--attention", choices=["sdpa", "gqa"], default="gqa")
     parser.add_argument("--micro-batch-tokens", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--length", type=int, default=1024)
@@ -263,8 +269,9 @@ def main() -> None:
             print(f"logprobs {kind}", results[f"logprobs_{kind}"], flush=True)
     if "trainer" in parts:
         variants = {
-            "dense": ["--logprobs", "dense"],
-            "chunked": ["--logprobs", "chunked"],
+            "before": ["--logprobs", "dense", "--attention", "sdpa"],
+            "chunked": ["--logprobs", "chunked", "--attention", "sdpa"],
+            "after": ["--logprobs", "chunked", "--attention", "gqa"],
         }
         if args.budget:
             variants["budget"] = ["--logprobs", "chunked", "--budget", str(args.budget)]
@@ -273,8 +280,10 @@ def main() -> None:
             print(f"trainer {name}", results[f"trainer_{name}"], flush=True)
     if "seq" in parts:
         for length in args.seq_lengths.split(","):
-            results[f"seq_{length}"] = spawn(args, "seq", "--length", length)
-            print(f"seq {length}", results[f"seq_{length}"], flush=True)
+            for attention in ("sdpa", "gqa"):
+                name = f"seq_{length}_{attention}"
+                results[name] = spawn(args, "seq", "--length", length, "--attention", attention)
+                print(f"seq {length} {attention}", results[name], flush=True)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(results, handle, indent=1)

@@ -347,6 +347,25 @@ class EmbeddedEngine:
         self.prompts.remember(request, prompt_ids, choices)
 
     # ------------------------------------------------------------------ weights
+    async def release_caches(self) -> None:
+        """Free the prefix cache and the idle batch cache.
+
+        Before a synchronous training step: the cached KV belongs to the weights the step is about
+        to replace (the weight swap would drop it anyway), and the step needs the memory. Waits
+        for running requests to finish, like a weight swap.
+        """
+        batcher = self._running()
+        loop = asyncio.get_running_loop()
+        release = _WeightSwap(
+            apply=batcher.drop_idle_cache,  # the swap then clears the prefix cache
+            version=batcher.policy_version,
+            loop=loop,
+            done=loop.create_future(),
+            requested_at=time.perf_counter(),
+        )
+        batcher.request_swap(release)
+        await release.done
+
     async def load_weights(self, weights: Mapping[str, torch.Tensor] | Path, version: int) -> float:
         batcher = self._running()
         state = load_weights_dir(weights) if isinstance(weights, Path) else weights

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, cast
 from pydantic import Field, model_validator
 
 from agentscope_rft.config_base import Section
+from agentscope_rft.runtime.memory import release_freed_memory
 
 if TYPE_CHECKING:
     from agentscope_rft.config import RunConfig
@@ -206,15 +207,26 @@ class Sleeper(Protocol):
 
 
 @asynccontextmanager
-async def engine_asleep(engine: object, placement: GpuPlacement | None) -> AsyncIterator[None]:
-    """Around a trainer step: with colocated placement, vLLM sleeps inside and wakes after (the
-    weight sync that follows loads the new weights into the woken servers)."""
-    if placement is None or placement.mode != "colocated":
-        yield
+async def room_for_training(engine: object, config: RunConfig) -> AsyncIterator[None]:
+    """Around a trainer step, the engine gives its memory to the trainer where it can.
+
+    Colocated GPUs: vLLM sleeps inside and wakes after (the weight sync that follows loads the
+    new weights into the woken servers). A synchronous run on the embedded engine: its prefix and
+    batch caches are freed first (their KV belongs to the weights the step replaces; the swap
+    would drop them anyway) and the memory goes back to the OS, so the trainer's peak does not
+    stack on the explorer's.
+    """
+    placement = config.gpus
+    if placement is not None and placement.mode == "colocated":
+        sleeper = cast(Sleeper, engine)  # colocated placement is only accepted with vLLM
+        await sleeper.sleep()
+        try:
+            yield
+        finally:
+            await sleeper.wake_up()
         return
-    sleeper = cast(Sleeper, engine)  # colocated placement is only accepted with vLLM
-    await sleeper.sleep()
-    try:
-        yield
-    finally:
-        await sleeper.wake_up()
+    release = getattr(engine, "release_caches", None)
+    if release is not None and config.run.mode == "sync":
+        await release()
+        release_freed_memory()
+    yield

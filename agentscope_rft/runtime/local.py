@@ -42,7 +42,7 @@ from agentscope_rft.runtime.components import (
     sampling_rules,
     write_state,
 )
-from agentscope_rft.runtime.gpus import engine_asleep
+from agentscope_rft.runtime.gpus import room_for_training
 from agentscope_rft.runtime.memory import release_freed_memory
 from agentscope_rft.runtime.offline import offline_batches
 from agentscope_rft.runtime.preflight import Checked, preflight
@@ -286,7 +286,7 @@ async def _train(
                 if mix_demos and offline is not None:  # CHORD: demonstrations beside rollouts
                     samples = [*samples, *next(offline)]
             progress.reset("train", total=1)  # a step once begun finishes, even on a stop
-            async with engine_asleep(engine, config.gpus):  # colocated GPUs: vLLM sleeps
+            async with room_for_training(engine, config):  # engine caches freed / vLLM asleep
                 metrics.update(await in_own_thread(trainer.step, samples, step))
             progress.advance("train")
             done = step + 1

@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-CHUNK_BYTES = 128 * 2**20
+CHUNK_BYTES = 64 * 2**20
 """Size of the fp32 [chunk, vocab] block computed at a time (a few such temporaries coexist)."""
-KEEP_BYTES = 512 * 2**20
+KEEP_BYTES = 256 * 2**20
 """A pass whose [tokens, vocab] fp32 log-probs fit in this keeps them (once) for backward instead
 of recomputing the projection: small passes stay as fast as the unchunked computation."""
 
@@ -33,7 +33,7 @@ def chunk_tokens_for(vocab_size: int, chunk_bytes: int = CHUNK_BYTES) -> int:
 
     Example:
         >>> chunk_tokens_for(49152)
-        682
+        341
     """
     return max(16, chunk_bytes // (4 * vocab_size))
 
@@ -147,7 +147,7 @@ def token_logprobs_entropy(
     """Log-prob of each target token and the entropy of each position's distribution.
 
     `softmax((hidden @ weight.T + bias) / temperature)` per row, computed `chunk_tokens` rows at a
-    time (default: a 128 MiB fp32 block); the matmul runs in `hidden`'s dtype, the softmax in
+    time (default: a 64 MiB fp32 block); the matmul runs in `hidden`'s dtype, the softmax in
     fp32. Differentiable in `hidden`, `weight` and `bias`. When grad is on, backward reuses the
     chunks' log-probs if all of them take at most `keep_bytes` (held once, fp32), else recomputes
     each chunk's logits.

@@ -34,6 +34,7 @@ from agentscope_rft.algorithms import (
 from agentscope_rft.config import TorchTrainerConfig
 from agentscope_rft.engines.embedded import pick_device, pick_dtype
 from agentscope_rft.models import load_causal_lm, load_tokenizer
+from agentscope_rft.trainers.attention import use_training_attention
 from agentscope_rft.trainers.batch import (
     TrainBatch,
     build_batch,
@@ -157,6 +158,7 @@ class TorchTrainer:
         self.pad_id = int(load_tokenizer(model_path).pad_token_id or 0)
         # A PreTrainedModel, or a peft wrapper around one: attributes mypy cannot see.
         model: Any = load_causal_lm(model_path, dtype=torch.float32, device=str(self.device))
+        use_training_attention(model, self.device)  # CPU: no per-head K/V copies
         if config.gradient_checkpointing:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}

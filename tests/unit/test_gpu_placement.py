@@ -15,7 +15,7 @@ from agentscope_rft.runtime.gpus import (
     GpuPlacement,
     PlacementError,
     check_placement,
-    engine_asleep,
+    room_for_training,
 )
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -64,7 +64,9 @@ def test_colocated_placement_is_accepted_with_verl_offloading() -> None:
     placed = config(shared, trainer=trainer)
     check_placement(placed, visible_gpus=8)
     assert placed.gpus is not None and placed.gpus.memory_fraction() == 0.5
-    with pytest.raises(PlacementError, match=r"trainer.param_offload and trainer.optimizer_offload"):
+    with pytest.raises(
+        PlacementError, match=r"trainer.param_offload and trainer.optimizer_offload"
+    ):
         check_placement(config(shared), visible_gpus=8)
 
 
@@ -134,15 +136,36 @@ class FakeEngine:
 
 
 def test_colocated_engine_sleeps_around_the_trainer_step_and_split_does_not() -> None:
-    async def step(placement: GpuPlacement) -> list[str]:
+    async def step(gpus: dict[str, Any]) -> list[str]:
         engine = FakeEngine()
-        async with engine_asleep(engine, placement):
+        async with room_for_training(engine, config(gpus)):
             engine.calls.append("train")
         return engine.calls
 
-    colocated = GpuPlacement(mode="colocated", engine=[0], trainer=[0])
+    colocated = {"mode": "colocated", "engine": [0, 1], "trainer": [0, 1, 2, 3, 4, 5]}
     assert asyncio.run(step(colocated)) == ["sleep", "train", "wake"]
-    assert asyncio.run(step(GpuPlacement(mode="split", engine=[0], trainer=[1]))) == ["train"]
+    assert asyncio.run(step(SPLIT)) == ["train"]
+
+
+def test_a_sync_run_frees_the_embedded_engines_caches_before_the_step() -> None:
+    class Embedded:
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        async def release_caches(self) -> None:
+            self.calls.append("release")
+
+    async def step(mode: str) -> list[str]:
+        engine = Embedded()
+        run = RunConfig.model_validate(
+            {"workflow": "app.py:run", "tasks": {"train": "t.jsonl"}, "run": {"mode": mode}}
+        )
+        async with room_for_training(engine, run):
+            engine.calls.append("train")
+        return engine.calls
+
+    assert asyncio.run(step("sync")) == ["release", "train"]
+    assert asyncio.run(step("one_step_off")) == ["train"]  # it explores during the step
 
 
 @pytest.mark.parametrize("name", ["web_search", "alfworld"])

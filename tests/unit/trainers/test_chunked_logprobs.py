@@ -101,5 +101,5 @@ def test_no_grad_pass_and_bf16_matmul() -> None:
 
 
 def test_chunk_tokens_for_vocabulary() -> None:
-    assert chunk_tokens_for(49152) * 49152 * 4 <= 128 * 2**20
+    assert chunk_tokens_for(49152) * 49152 * 4 <= 64 * 2**20
     assert chunk_tokens_for(10**9) == 16
