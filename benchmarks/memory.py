@@ -16,8 +16,8 @@ SmolLM2-135M-Instruct on CPU, trainer dtype `auto` (the quickstart's setting):
   `sdpa`, which copies K/V per query head under a padding mask), with chunked log-probs, after
   (chunked + grouped-head attention), and after with `--budget` as `memory_budget_gib`.
 - `logprobs`: the log-prob + entropy pass alone over 1,500 trained tokens, dense vs chunked.
-- `seq`: two samples of N tokens (all trained): the step's peak RSS above the trainer's fixed
-  memory, for each N, with either attention (linear growth = no quadratic attention buffer).
+- `seq`: one sample of N tokens (all trained; beside a 64-token one): the step's peak RSS above
+  the fixed memory, for each N (linear growth = no quadratic attention buffer).
 
 Prints Markdown tables for docs/benchmarks.md.
 """
@@ -195,17 +195,18 @@ def child_seq(args: argparse.Namespace) -> dict:
 
         rng = random.Random(seed)
         ids = [rng.randrange(100, 40000) for _ in range(n)]
+        # The long row and a 64-token one with another reward: a group that trains.
         return [
             Sample(
-                token_ids=ids,
-                loss_mask=[0] + [1] * (n - 1),
-                logprobs=[0.0] + [-1.0] * (n - 1),
+                token_ids=ids[:size],
+                loss_mask=[0] + [1] * (size - 1),
+                logprobs=[0.0] + [-1.0] * (size - 1),
                 reward=float(r),
                 rollout_id=f"r{seed}{r}",
                 task_id="t",
                 group_id="g",
             )
-            for r in range(2)  # two rows: a group with reward variance
+            for r, size in enumerate((n, min(n, 64)))
         ]
 
     trainer.step(row(64, 0), 0)  # gradients and AdamW state exist from here on
@@ -242,6 +243,7 @@ def main() -> None:
     parser.add_argument("--parts", default="imports,engine,logprobs,trainer,seq")
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--seq-lengths", default="1024,2048,4096,8192")
+    parser.add_argument("--seq-attention", default="gqa", help="sdpa,gqa: both")
     parser.add_argument("--budget", type=float, default=None)
     parser.add_argument("--json", default=None)
     parser.add_argument("--child", choices=list(CHILDREN))
@@ -280,7 +282,7 @@ def main() -> None:
             print(f"trainer {name}", results[f"trainer_{name}"], flush=True)
     if "seq" in parts:
         for length in args.seq_lengths.split(","):
-            for attention in ("sdpa", "gqa"):
+            for attention in args.seq_attention.split(","):
                 name = f"seq_{length}_{attention}"
                 results[name] = spawn(args, "seq", "--length", length, "--attention", attention)
                 print(f"seq {length} {attention}", results[name], flush=True)

@@ -110,7 +110,7 @@ def plan_step(
     Example:
         >>> fp = ModelFootprint(135_000_000, 135_000_000, False, 30, 576, 1536, 192, 49152, 2)
         >>> plan_step(fp, budget_gib=3.5, configured_tokens=2048, longest_row=200)
-        StepPlan(micro_batch_tokens=512, checkpointing=False)
+        StepPlan(micro_batch_tokens=960, checkpointing=False)
     """
     fixed = footprint.fixed_bytes() + footprint.workspace_bytes()
     left = budget_gib * GIB - fixed
