@@ -60,9 +60,11 @@ class EmbeddedEngineConfig(Section):
     """Reuse the KV of token blocks computed by earlier requests (shared system prompts, an
     episode's earlier calls): a request prefills only what is not cached. Cleared on every
     weight swap. Off for models with sliding-window or linear-attention layers."""
-    prefix_cache_gib: float = Field(default=1.0, ge=0)
+    prefix_cache_gib: float | None = Field(default=None, ge=0)
     """Memory for cached KV blocks (GiB, on the engine's device); least recently used blocks
-    are evicted beyond it. SmolLM2-135M: ~46 KB per token in fp32, so 1 GiB holds ~23k tokens."""
+    are evicted beyond it. SmolLM2-135M: ~46 KB per token in fp32, so 1 GiB holds ~23k tokens.
+    null: sized from the device's free memory when the engine starts, 1/8 of it, at most 1 GiB
+    (logged); the trainer in the same process needs the rest."""
     prefix_block_tokens: int = Field(default=16, ge=1, le=1024)
     """Tokens per cached block: a request reuses whole blocks of its prompt."""
     prefill_chunk_tokens: int | None = Field(default=512, ge=16)

@@ -501,6 +501,7 @@ class TorchTrainer:
         if not torch.isfinite(grad_norm):
             raise FloatingPointError(f"non-finite gradient norm ({grad_norm}); lower trainer.lr")
         self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)  # gradients are not kept between steps
         self.scheduler.step()
         self.optimizer_steps += 1
         sums["grad_norm"] += float(grad_norm)
