@@ -289,6 +289,49 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(results, handle, indent=1)
+    report(results)
+
+
+def report(results: dict) -> None:
+    """Markdown tables for docs/benchmarks.md."""
+    rows: list[tuple[str, float, float]] = []
+    if "imports" in results:
+        rows.append(
+            ("imports (Python, torch, transformers, runtime)", results["imports"]["peak_gb"], 0)
+        )
+    if "engine" in results:
+        e = results["engine"]
+        rows.append(("engine: weights loaded", e["loaded_gb"], e["loaded_gb"] - e["floor_gb"]))
+        rows.append(("engine: 32 concurrent chats", e["peak_gb"], e["peak_gb"] - e["loaded_gb"]))
+    for kind in ("dense", "chunked"):
+        r = results.get(f"logprobs_{kind}")
+        if r:
+            label = f"log-probs + entropy, 1,500 tokens, {kind} ({r['s']:.1f} s)"
+            rows.append((label, r["peak_gb"], r["peak_gb"] - r["floor_gb"]))
+    for name in ("before", "chunked", "after", "budget"):
+        r = results.get(f"trainer_{name}")
+        if r:
+            fixed = r["fixed_gb"] - r["floor_gb"]
+            rows.append((f"trainer {name}: weights + grads + AdamW", r["fixed_gb"], fixed))
+            label = (
+                f"trainer {name}: step (micro-batch {r['micro_batch_tokens']} tokens, "
+                f"{r['step_s']:.1f} s, loss {r['loss']:.6f})"
+            )
+            rows.append((label, r["peak_gb"], r["peak_gb"] - r["fixed_gb"]))
+    print("\n| component | peak RSS (GB) | above its floor (GB) |\n|---|---:|---:|")
+    for label, peak, above in rows:
+        print(f"| {label} | {peak:.2f} | {above:.2f} |")
+    seq = {k: v for k, v in results.items() if k.startswith("seq_")}
+    if seq:
+        print("\n| tokens | attention | step peak above fixed (GB) | GB per 1k tokens | s |")
+        print("|---:|---|---:|---:|---:|")
+        for name, r in seq.items():
+            above = r["peak_gb"] - r["fixed_gb"]
+            per_k = above / r["length"] * 1000
+            attention = name.rsplit("_", 1)[1]
+            print(
+                f"| {r['length']} | {attention} | {above:.2f} | {per_k:.2f} | {r['step_s']:.0f} |"
+            )
 
 
 if __name__ == "__main__":
