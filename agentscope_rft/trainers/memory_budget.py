@@ -74,6 +74,11 @@ class ModelFootprint:
         compute = c * (5 * h + 2 * self.kv_width + 4 * self.intermediate)
         return fp32 + compute
 
+    def prefix_kv_bytes(self, prefix_tokens: int) -> int:
+        """Keys and values of a shared prefix that one row of a pass holds (the prefix's cache is
+        concatenated with the row's own keys and values in every layer, and kept for backward)."""
+        return 2 * self.kv_width * prefix_tokens * self.compute_bytes * self.layers
+
     def activation_bytes_per_token(self, checkpointing: bool) -> float:
         """Activations of one trained token for the whole model (checkpointing: each layer's
         input only, plus one layer recomputed at a time, counted per token)."""
@@ -98,10 +103,12 @@ def plan_step(
     configured_tokens: int,
     longest_row: int,
     reserved_tokens: int = 0,
+    extra_bytes_per_token: float = 0.0,
 ) -> StepPlan:
     """The micro-batch size (padded tokens, at most `configured_tokens`) and checkpointing choice
     that keep a step within `budget_gib`, given the step's longest row (tokens per pass) and
-    `reserved_tokens` whose activations stay alive across the passes (a shared prefix).
+    `reserved_tokens` whose activations stay alive across the passes (a shared prefix), plus
+    `extra_bytes_per_token` (the prefix's keys and values each row holds, spread over its tokens).
 
     Raises:
         MemoryBudgetError: the fixed part alone exceeds the budget, or one row does not fit even
@@ -122,7 +129,8 @@ def plan_step(
             "workspace); raise the budget, or train LoRA adapters (trainer.lora)"
         )
     for checkpointing in (False, True):
-        tokens = int(left // footprint.activation_bytes_per_token(checkpointing)) - reserved_tokens
+        per_token = footprint.activation_bytes_per_token(checkpointing) + extra_bytes_per_token
+        tokens = int(left // per_token) - reserved_tokens
         tokens -= tokens % 64 if tokens > 64 else 0
         if tokens >= longest_row:
             return StepPlan(min(configured_tokens, tokens), checkpointing)

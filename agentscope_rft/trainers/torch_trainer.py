@@ -400,7 +400,9 @@ class TorchTrainer:
         budget, configured = self.config.memory_budget_gib, self.config.micro_batch_tokens
         longest = int(batch.lengths.max())
         shared = shared_prefix_length(batch) if self.share_prefix else 0
-        plan = plan_step(self.footprint, budget, configured, longest - shared, shared)
+        suffix = float((batch.lengths - shared).float().mean())
+        per_row = self.footprint.prefix_kv_bytes(shared) / max(suffix, 1.0)
+        plan = plan_step(self.footprint, budget, configured, longest - shared, shared, per_row)
         if plan.checkpointing and not self.config.gradient_checkpointing and shared:
             plan = plan_step(self.footprint, budget, configured, longest)  # no prefix pass then
         if self.config.gradient_checkpointing:
