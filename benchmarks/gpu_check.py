@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -176,6 +177,8 @@ def main() -> None:
     print(f"MFU: {100 * mfu:.1f}%")
     print(f"loss finite: {all(abs(r['loss']) < float('inf') for r in steps)}")
     print(f"wall: {time.perf_counter() - started:.0f} s")
+    if args.work is None:
+        shutil.rmtree(work, ignore_errors=True)  # the model and run folder were scratch
 
 
 if __name__ == "__main__":
