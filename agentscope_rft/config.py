@@ -24,6 +24,7 @@ from agentscope_rft.config_base import Section
 from agentscope_rft.health.config import HealthConfig
 from agentscope_rft.monitor.config import MonitorConfig
 from agentscope_rft.runtime.config import RuntimeConfig
+from agentscope_rft.runtime.gpus import GpuPlacement
 
 logger = logging.getLogger(__name__)
 
@@ -60,9 +61,11 @@ class EmbeddedEngineConfig(Section):
     """Reuse the KV of token blocks computed by earlier requests (shared system prompts, an
     episode's earlier calls): a request prefills only what is not cached. Cleared on every
     weight swap. Off for models with sliding-window or linear-attention layers."""
-    prefix_cache_gib: float = Field(default=1.0, ge=0)
+    prefix_cache_gib: float | None = Field(default=None, ge=0)
     """Memory for cached KV blocks (GiB, on the engine's device); least recently used blocks
-    are evicted beyond it. SmolLM2-135M: ~46 KB per token in fp32, so 1 GiB holds ~23k tokens."""
+    are evicted beyond it. SmolLM2-135M: ~46 KB per token in fp32, so 1 GiB holds ~23k tokens.
+    null: sized from the device's free memory when the engine starts, 1/8 of it, at most 1 GiB
+    (logged); the trainer in the same process needs the rest."""
     prefix_block_tokens: int = Field(default=16, ge=1, le=1024)
     """Tokens per cached block: a request reuses whole blocks of its prompt."""
     prefill_chunk_tokens: int | None = Field(default=512, ge=16)
@@ -216,6 +219,12 @@ class TorchTrainerConfig(TrainerSettings):
     few-shot turns) through the model once, not once per sample. Exact: gradients flow through
     it. Off with `gradient_checkpointing`, for models with sliding-window layers, and when the
     shared prefix is shorter than 32 tokens."""
+    memory_budget_gib: float | None = Field(default=None, gt=0)
+    """Memory the trainer may use (GiB; CPU RAM, or the GPU's memory on CUDA): fixed weights,
+    gradients and AdamW state, plus one pass's activations. Each step splits its micro-batches
+    below `micro_batch_tokens` as needed to stay within it, and turns on gradient checkpointing
+    for that step only when one sample would not fit otherwise (both logged). A budget below the
+    fixed part is an error naming it. null: no budget (`micro_batch_tokens` as given)."""
 
 
 class VerlRayConfig(Section):
@@ -512,6 +521,10 @@ class RunConfig(Section):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     """Where episodes run: `local` (default, in this process) or `ray` (isolated runner processes
     on a Ray cluster, one or many machines)."""
+    gpus: GpuPlacement | None = None
+    """Which GPUs serve vLLM and which train, on one node: `split` or `colocated` (vLLM sleeps
+    while the trainer steps); required when a vLLM engine started here and a GPU trainer share
+    a machine with GPUs (docs/verl.md). null: none (CPU, embedded engine, `engine.urls`)."""
     run: RunSettings = Field(default_factory=RunSettings)
 
     @model_validator(mode="before")

@@ -276,6 +276,10 @@ class ContinuousBatcher:
                 logger.exception("engine step failed; failing the running requests")
                 self._fail_all(exc)
 
+    def drop_idle_cache(self) -> None:
+        """Free the batch cache's buffers (engine thread, no rows running: inside a swap)."""
+        self._cache = BatchCache(self._num_layers, self.max_batch_size)
+
     def _maybe_swap(self) -> None:
         with self._lock:
             if not self._swaps or self._rows or self._chunking is not None:

@@ -109,6 +109,40 @@ def prefix_cache_unsupported(model: PreTrainedModel) -> str | None:
     return None
 
 
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for new allocations on `device` (None when it cannot be told)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def prefix_cache_budget(device: torch.device, share: float = 1 / 8, most: int = 2**30) -> int:
+    """The prefix cache's size when not configured: `share` of the free memory, at most `most`.
+
+    Example:
+        >>> 0 < prefix_cache_budget(torch.device("cpu")) <= 2**30
+        True
+    """
+    free = available_memory(device)
+    size = most if free is None else min(most, int(free * share))
+    logger.info(
+        "engine.prefix_cache_gib: %.2f GiB (1/8 of %s free, at most 1 GiB)",
+        size / 2**30,
+        f"{free / 2**30:.1f} GiB" if free is not None else "unknown",
+    )
+    return size
+
+
 def load_weights_dir(path: Path) -> dict[str, torch.Tensor]:
     """All tensors of the safetensors files in an HF checkpoint folder."""
     from safetensors.torch import load_file
@@ -145,7 +179,7 @@ class EmbeddedEngine:
         reuse_prompt_tokens: bool = True,
         seed: int = 0,
         prefix_caching: bool = True,
-        prefix_cache_gib: float = 1.0,
+        prefix_cache_gib: float | None = None,
         prefix_block_tokens: int = 16,
         prefill_chunk_tokens: int | None = 512,
         num_threads: int | None = None,
@@ -160,7 +194,9 @@ class EmbeddedEngine:
         self._max_model_len_override = max_model_len
         self._seed = seed
         self._prefix_caching = prefix_caching
-        self._prefix_cache_bytes = int(prefix_cache_gib * 2**30)
+        self._prefix_cache_bytes = (
+            int(prefix_cache_gib * 2**30) if prefix_cache_gib is not None else None
+        )
         self._prefix_block_tokens = prefix_block_tokens
         self._prefill_chunk_tokens = prefill_chunk_tokens
         self._num_threads = num_threads
@@ -230,6 +266,8 @@ class EmbeddedEngine:
             if reason:
                 logger.info("engine prefix caching off: %s", reason)
             else:
+                if self._prefix_cache_bytes is None:
+                    self._prefix_cache_bytes = prefix_cache_budget(self._device)
                 prefix_cache = PrefixCache(self._prefix_block_tokens, self._prefix_cache_bytes)
         self._batcher = ContinuousBatcher(
             model,
@@ -252,7 +290,9 @@ class EmbeddedEngine:
             str(self.dtype).removeprefix("torch."),
             max_len,
             self._max_batch_size,
-            f"{self._prefix_cache_bytes / 2**30:g} GiB" if prefix_cache is not None else "off",
+            f"{(self._prefix_cache_bytes or 0) / 2**30:.2g} GiB"
+            if prefix_cache is not None
+            else "off",
             self.packed_layers,
             "on" if self.fused_decode else "off",
         )
@@ -347,6 +387,25 @@ class EmbeddedEngine:
         self.prompts.remember(request, prompt_ids, choices)
 
     # ------------------------------------------------------------------ weights
+    async def release_caches(self) -> None:
+        """Free the prefix cache and the idle batch cache.
+
+        Before a synchronous training step: the cached KV belongs to the weights the step is about
+        to replace (the weight swap would drop it anyway), and the step needs the memory. Waits
+        for running requests to finish, like a weight swap.
+        """
+        batcher = self._running()
+        loop = asyncio.get_running_loop()
+        release = _WeightSwap(
+            apply=batcher.drop_idle_cache,  # the swap then clears the prefix cache
+            version=batcher.policy_version,
+            loop=loop,
+            done=loop.create_future(),
+            requested_at=time.perf_counter(),
+        )
+        batcher.request_swap(release)
+        await release.done
+
     async def load_weights(self, weights: Mapping[str, torch.Tensor] | Path, version: int) -> float:
         batcher = self._running()
         state = load_weights_dir(weights) if isinstance(weights, Path) else weights

@@ -7,6 +7,7 @@ from pathlib import Path
 from agentscope_rft.config import EngineConfig, ModelConfig, VLLMEngineConfig
 from agentscope_rft.engines.base import Engine
 from agentscope_rft.engines.embedded import EmbeddedEngine
+from agentscope_rft.runtime.gpus import GpuPlacement
 
 
 def read_chat_template(value: str | None) -> str | None:
@@ -21,7 +22,12 @@ def read_chat_template(value: str | None) -> str | None:
     return value
 
 
-def build_engine(model: ModelConfig, engine: EngineConfig, log_dir: Path | None = None) -> Engine:
+def build_engine(
+    model: ModelConfig,
+    engine: EngineConfig,
+    log_dir: Path | None = None,
+    gpus: GpuPlacement | None = None,
+) -> Engine:
     """Create (not start) the engine for `model`.
 
     Example:
@@ -57,6 +63,9 @@ def build_engine(model: ModelConfig, engine: EngineConfig, log_dir: Path | None 
             max_loras=engine.max_loras,
             weight_transfer=engine.weight_transfer,
             log_dir=log_dir,
+            replica_gpus=gpus.replica_devices(engine.replicas) if gpus else None,
+            gpu_memory_fraction=gpus.memory_fraction() if gpus else None,
+            sleep_mode=gpus is not None and gpus.mode == "colocated",
         )
     return EmbeddedEngine(
         model.name_or_path,

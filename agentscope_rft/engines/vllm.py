@@ -159,6 +159,9 @@ class VLLMEngine:
         max_loras: int = 2,
         weight_transfer: Literal["nccl"] | None = None,
         log_dir: str | Path | None = None,
+        replica_gpus: Sequence[Sequence[int]] | None = None,
+        gpu_memory_fraction: float | None = None,
+        sleep_mode: bool = False,
     ) -> None:
         if sync_mode not in ("wait", "keep"):
             raise ValueError(f"sync_mode must be 'wait' or 'keep', got {sync_mode!r}")
@@ -169,6 +172,9 @@ class VLLMEngine:
         self.model_path = resolve_model(model)
         self._model_name = served_model_name or str(model)
         self._python = python
+        self._replica_gpus = [list(g) for g in replica_gpus] if replica_gpus else None
+        self._gpu_memory_fraction = gpu_memory_fraction
+        self._sleep_mode = sleep_mode
         self._urls = list(urls)
         self._num_replicas = len(self._urls) or replicas
         self._host = host
@@ -301,6 +307,8 @@ class VLLMEngine:
             kv_cache_space_gib=self._kv_cache_space_gib,
             extra_args=tuple(self._extra_args),
             env=dict(self._env),
+            gpu_memory_fraction=self._gpu_memory_fraction,
+            sleep_mode=self._sleep_mode,
         )
 
     def server_command(self, python: Path, port: int) -> list[str]:
@@ -308,8 +316,24 @@ class VLLMEngine:
         workdir = self._tmp or Path(tempfile.gettempdir())  # the chat template file goes here
         return self.launch.command(python, self._host, port, workdir)
 
-    def server_env(self) -> dict[str, str]:
-        return self.launch.environment()
+    def server_env(self, replica: int = 0) -> dict[str, str]:
+        """Replica `replica`'s environment (its GPUs only, under a `gpus:` placement)."""
+        env = self.launch.environment()
+        if self._replica_gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self._replica_gpus[replica])
+        return env
+
+    async def sleep(self) -> None:
+        """Free the servers' GPU memory (weights to CPU, KV cache dropped) for a colocated
+        trainer step; in-flight requests are drained first (none run during a step)."""
+        await self._on_all("/sleep", params={"level": "1"})
+        logger.info(
+            "vLLM asleep on %d replica(s): GPU memory freed for the trainer", len(self.replicas)
+        )
+
+    async def wake_up(self) -> None:
+        """Take the GPU memory back after a colocated trainer step (before the weight sync)."""
+        await self._on_all("/wake_up")
 
     async def start(self) -> None:
         if self.replicas:
@@ -332,9 +356,9 @@ class VLLMEngine:
             )
         else:
             python = find_vllm_python(self._python)
-            env = self.server_env()
             for i in range(self._num_replicas):
                 port = self._port + i if self._port else free_port(self._host)
+                env = self.server_env(i)
                 servers.append(
                     VLLMServer(
                         f"replica-{i}",

@@ -61,6 +61,10 @@ class VLLMLaunch:
     kv_cache_space_gib: float = 2.0
     extra_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    gpu_memory_fraction: float | None = None
+    """`--gpu-memory-utilization`, from the run's GPU placement (None: vLLM's default)."""
+    sleep_mode: bool = False
+    """`--enable-sleep-mode` (colocated placement: the server sleeps during trainer steps)."""
 
     def command(self, python: str | Path, host: str, port: int, workdir: Path) -> list[str]:
         """The command line of one replica serving on `host:port` (files it needs in `workdir`)."""
@@ -103,6 +107,10 @@ class VLLMLaunch:
             ]  # fmt: skip
         if self.weight_transfer:
             command += ["--weight-transfer-config", f'{{"backend": "{self.weight_transfer}"}}']
+        if self.gpu_memory_fraction is not None:
+            command += ["--gpu-memory-utilization", f"{self.gpu_memory_fraction:g}"]
+        if self.sleep_mode:
+            command.append("--enable-sleep-mode")
         return command + list(self.extra_args)
 
     def environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:

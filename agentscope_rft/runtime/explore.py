@@ -133,7 +133,7 @@ async def _explore(
         )
         buffer_config = BufferConfig(type="sql")
     buffer = build_buffer(buffer_config, out_dir)
-    engine = build_engine(config.model, config.engine, log_dir=out_dir / "logs")
+    engine = build_engine(config.model, config.engine, out_dir / "logs", config.gpus)
     if ray_runtime is not None:
         ray_runtime.host_engine(engine)  # vLLM replicas under actors on the cluster's nodes
     await engine.start()

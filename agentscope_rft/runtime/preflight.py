@@ -3,7 +3,8 @@
 A run that would fail on a bad workflow path, an unreadable task file or a missing model must
 fail in seconds, not after the engine has loaded and the gateway has started. `preflight` checks,
 cheapest first: the workflow and judge (import and signature), the task files (parsed), offline
-data, the model path, the engine (a vLLM interpreter, a CUDA device) and the trainer's device;
+data, the model path, the engine (a vLLM interpreter, a CUDA device), the GPU placement (which
+also limits this process to the trainer's GPUs) and the trainer's device;
 what it loads (workflow, tasks) is handed to the run so nothing is read twice.
 """
 
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 from agentscope_rft.api import Workflow, load_workflow
 from agentscope_rft.config import EXPLORING_MODES, ConfigError, RunConfig
 from agentscope_rft.explorer.tasks import Task, TaskSetError, load_tasks, stratified_slice
+from agentscope_rft.runtime.gpus import PlacementError, check_placement, restrict_trainer_gpus
 
 if TYPE_CHECKING:
     from agentscope_rft.config import EngineConfig, TrainerConfig
@@ -139,6 +141,11 @@ def preflight(config: RunConfig) -> Checked:
             raise ConfigError(str(exc)) from exc
     if mode not in ("offline", "train_only"):
         _check_engine(config.engine, on_ray=config.runtime.type == "ray")
+    try:
+        check_placement(config)
+    except PlacementError as exc:
+        raise ConfigError(str(exc)) from exc
+    restrict_trainer_gpus(config.gpus)  # before anything initialises CUDA
     _check_trainer(config.trainer)
     from agentscope_rft.models import resolve_model  # imports transformers: after the cheap checks
 

@@ -50,6 +50,7 @@ from agentscope_rft.runtime.components import (
     sampling_rules,
     write_state,
 )
+from agentscope_rft.runtime.gpus import room_for_training
 from agentscope_rft.runtime.memory import release_freed_memory
 from agentscope_rft.runtime.offline import offline_batches
 from agentscope_rft.runtime.preflight import Checked
@@ -220,7 +221,7 @@ class TrainingRun:
         from agentscope_rft.runtime.local import episode_runner
 
         config = self.config
-        engine = build_engine(config.model, config.engine, log_dir=self.run_dir / "logs")
+        engine = build_engine(config.model, config.engine, self.run_dir / "logs", config.gpus)
         if self.ray_runtime is not None:
             self.ray_runtime.host_engine(engine)  # vLLM replicas under actors on the cluster
         await engine.start()
@@ -422,7 +423,8 @@ class TrainingRun:
     async def _trainer_step(self, samples: list[Sample], step: int) -> dict[str, float]:
         """`trainer.step`; a non-finite gradient is a health event when the rule watches it."""
         try:
-            return await in_own_thread(self.trainer.step, samples, step)
+            async with room_for_training(self.engine, self.config):  # caches freed / vLLM asleep
+                return await in_own_thread(self.trainer.step, samples, step)
         except FloatingPointError as exc:
             health = self.config.health
             if health.rules.non_finite.action == "off" or not health.enabled:

@@ -34,6 +34,7 @@ from agentscope_rft.algorithms import (
 from agentscope_rft.config import TorchTrainerConfig
 from agentscope_rft.engines.embedded import pick_device, pick_dtype
 from agentscope_rft.models import load_causal_lm, load_tokenizer
+from agentscope_rft.trainers.attention import use_training_attention
 from agentscope_rft.trainers.batch import (
     TrainBatch,
     build_batch,
@@ -54,6 +55,13 @@ from agentscope_rft.trainers.common import (
     mini_batch_rows,
     step_metrics,
     total_optimizer_steps,
+)
+from agentscope_rft.trainers.logprobs import token_logprobs_entropy
+from agentscope_rft.trainers.memory_budget import (
+    ModelFootprint,
+    StepPlan,
+    footprint_of,
+    plan_step,
 )
 from agentscope_rft.types import Sample
 
@@ -150,6 +158,7 @@ class TorchTrainer:
         self.pad_id = int(load_tokenizer(model_path).pad_token_id or 0)
         # A PreTrainedModel, or a peft wrapper around one: attributes mypy cannot see.
         model: Any = load_causal_lm(model_path, dtype=torch.float32, device=str(self.device))
+        use_training_attention(model, self.device)  # CPU: no per-head K/V copies
         if config.gradient_checkpointing:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
@@ -197,6 +206,13 @@ class TorchTrainer:
         self._configured_lrs = [float(group["lr"]) for group in self.optimizer.param_groups]
         self.optimizer_steps = 0
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        self.footprint: ModelFootprint | None = None
+        if config.memory_budget_gib is not None:
+            compute_bytes = 4 if self.autocast_dtype is None else 2
+            self.footprint = footprint_of(
+                self._base(), trainable, self.reference is not None, compute_bytes
+            )
+        self.plan = StepPlan(config.micro_batch_tokens, config.gradient_checkpointing)
         logger.info(
             "torch trainer: %s on %s, compute %s, %.1fM trainable parameters%s",
             Path(model_path).name,
@@ -255,10 +271,10 @@ class TorchTrainer:
                 past_key_values=cache,
                 use_cache=cache is not None,
             ).last_hidden_state  # [b, t-skip, H]
-            selected = hidden[:, :-1][trained]  # [M, H]
-            logits = base.get_output_embeddings()(selected)  # [M, V]
+        selected = hidden[:, :-1][trained]  # [M, H]
         temperature = mb.temperature.to(self.device).unsqueeze(1).expand_as(trained)[trained]
-        logp_all = (logits.float() / temperature.unsqueeze(-1)).log_softmax(dim=-1)
+        targets = ids[:, skip + 1 :][trained]
+        token_logprobs, token_entropy = self._token_logprobs(base, selected, targets, temperature)
 
         def place(per_token: Tensor) -> Tensor:
             """[M] values of the trained positions -> [b, t], 0 elsewhere."""
@@ -266,21 +282,38 @@ class TorchTrainer:
             full[:, skip + 1 :][trained] = per_token
             return full
 
-        targets = ids[:, skip + 1 :][trained]
-        token_logprobs = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [M]
-        with nullcontext() if entropy else torch.no_grad():
-            token_entropy = -(logp_all.exp() * logp_all).sum(-1)  # [M]
+        if not entropy:
+            token_entropy = token_entropy.detach()
         value_out = None
         if values:
             assert self.value_head is not None
             value_out = place(self.value_head(selected.float()).squeeze(-1))
         return place(token_logprobs), place(token_entropy), value_out
 
+    def _token_logprobs(
+        self, base: PreTrainedModel, selected: Tensor, targets: Tensor, temperature: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Log-probs and entropy [M] of `targets` through the output projection, in chunks (the
+        [M, vocab] fp32 logits are never held whole, nor kept for backward)."""
+        head = base.get_output_embeddings()
+        dtype = self.autocast_dtype or torch.float32
+        if type(head) is not nn.Linear:  # e.g. a LoRA-wrapped head: its own forward, unchunked
+            with self._autocast():
+                logits = head(selected)  # [M, V]
+            logp = (logits.float() / temperature.unsqueeze(-1)).log_softmax(dim=-1)
+            token = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+            return token, -(logp.exp() * logp).sum(-1)
+        bias = head.bias.to(dtype) if head.bias is not None else None
+        return token_logprobs_entropy(
+            selected.to(dtype), head.weight.to(dtype), bias, targets, temperature
+        )
+
     def _shared_prefix(
         self, model: nn.Module, batch: TrainBatch, *, grad: bool
     ) -> SharedPrefix | None:
         """The prefix all rows of `batch` share, run once (None when sharing does not apply)."""
-        length = shared_prefix_length(batch) if self.share_prefix else 0
+        sharing = self.share_prefix and not self.plan.checkpointing
+        length = shared_prefix_length(batch) if sharing else 0
         if not length:
             return None
         ids = batch.input_ids[:1, :length].to(self.device)
@@ -300,7 +333,7 @@ class TorchTrainer:
         with torch.no_grad(), context:
             prefix = self._shared_prefix(model, batch, grad=False)
             skip = prefix.length if prefix is not None else 0
-            for rows in micro_batches(batch, self.config.micro_batch_tokens, skip):
+            for rows in micro_batches(batch, self.plan.micro_batch_tokens, skip):
                 mb = batch.select(rows)
                 lp, _, vals = self._forward(
                     model, mb, entropy=False, values=values is not None, prefix=prefix
@@ -335,6 +368,7 @@ class TorchTrainer:
         if not samples:
             return {**metrics, "time/train": time.perf_counter() - started}
         batch = build_batch(samples, self.pad_id, self.config.max_seq_len)
+        self._keep_budget(batch, step)
         algo = self.algorithm
         ref = self._no_grad_pass(batch, reference=True)[0] if algo.needs_reference() else None
         old_values = None
@@ -365,6 +399,40 @@ class TorchTrainer:
         metrics["lr"] = float(self.scheduler.get_last_lr()[0])
         return metrics
 
+    def _keep_budget(self, batch: TrainBatch, step: int) -> None:
+        """Pick this step's micro-batch size and checkpointing under `memory_budget_gib`."""
+        if self.footprint is None or self.config.memory_budget_gib is None:
+            return
+        budget, configured = self.config.memory_budget_gib, self.config.micro_batch_tokens
+        longest = int(batch.lengths.max())
+        shared = shared_prefix_length(batch) if self.share_prefix else 0
+        suffix = float((batch.lengths - shared).float().mean())
+        per_row = self.footprint.prefix_kv_bytes(shared) / max(suffix, 1.0)
+        plan = plan_step(self.footprint, budget, configured, longest - shared, shared, per_row)
+        if plan.checkpointing and not self.config.gradient_checkpointing and shared:
+            plan = plan_step(self.footprint, budget, configured, longest)  # no prefix pass then
+        if self.config.gradient_checkpointing:
+            plan = StepPlan(plan.micro_batch_tokens, True)
+        elif plan.checkpointing != self.plan.checkpointing:
+            base = self._base()
+            if plan.checkpointing:
+                base.gradient_checkpointing_enable(
+                    gradient_checkpointing_kwargs={"use_reentrant": False}
+                )
+            else:
+                base.gradient_checkpointing_disable()
+        if plan != self.plan:
+            logger.info(
+                "step %d: trainer.memory_budget_gib=%g -> micro-batches of %d tokens%s "
+                "(longest sample %d tokens)",
+                step,
+                budget,
+                plan.micro_batch_tokens,
+                ", gradient checkpointing on" if plan.checkpointing else "",
+                longest,
+            )
+        self.plan = plan
+
     def _update(
         self,
         batch: TrainBatch,
@@ -388,7 +456,7 @@ class TorchTrainer:
         prefix = self._shared_prefix(self.model, part, grad=True)
         skip = prefix.length if prefix is not None else 0
         sums["train/shared_prefix_tokens"] += float(skip)
-        for local in micro_batches(part, self.config.micro_batch_tokens, skip):
+        for local in micro_batches(part, self.plan.micro_batch_tokens, skip):
             mb = part.select(local)
             rows = [mini[i] for i in local]
             width = mb.input_ids.shape[1]
@@ -448,6 +516,7 @@ class TorchTrainer:
         if not torch.isfinite(grad_norm):
             raise FloatingPointError(f"non-finite gradient norm ({grad_norm}); lower trainer.lr")
         self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)  # gradients are not kept between steps
         self.scheduler.step()
         self.optimizer_steps += 1
         sums["grad_norm"] += float(grad_norm)

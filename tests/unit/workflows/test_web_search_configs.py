@@ -33,4 +33,8 @@ def test_gpu_recipe_validates_with_search_r1_settings(monkeypatch: pytest.Monkey
     with pytest.raises(Exception, match=r"wiki-18.jsonl does not exist"):
         load_workflow(config.workflow or "")
     monkeypatch.delenv("SEARCH_CORPUS")
-    assert load_workflow(config.workflow or "").name == "search_agent"
+    with pytest.raises(Exception, match=r"set SEARCH_CORPUS to a wiki-18"):
+        load_workflow(config.workflow or "")
+    # The tasks are Search-R1's parquet files, not the generated ones: preflight names them.
+    assert config.tasks.train is not None and config.tasks.train.endswith(".parquet")
+    assert not Path(config.tasks.train).exists()

@@ -1,0 +1,164 @@
+"""Keep the torch trainer within a memory budget: micro-batch size and gradient checkpointing.
+
+The trainer's memory is a fixed part (fp32 weights, gradients and AdamW's two moments of the
+trained parameters, a frozen reference copy when the algorithm needs one) plus a part that grows
+with the tokens of one forward/backward pass (the activations each decoder layer keeps for
+backward). With `trainer.memory_budget_gib` set, every step picks the largest micro-batch whose
+activations fit what the fixed part leaves, and turns gradient checkpointing on for that step only
+when a single row would not fit otherwise. The per-token figure is derived from the model's
+shapes (what a Llama/Qwen-style layer saves for backward) and checked against measured peaks in
+`benchmarks/memory.py`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from agentscope_rft.trainers.logprobs import CHUNK_BYTES, KEEP_BYTES
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+logger = logging.getLogger(__name__)
+
+GIB = 2**30
+_SAFETY = 1.25
+"""Allocator slack and short-lived temporaries on top of what a layer keeps for backward."""
+
+
+class MemoryBudgetError(ValueError):
+    """`trainer.memory_budget_gib` cannot hold even the smallest pass."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFootprint:
+    """What the budget needs to know about the trained model.
+
+    Example:
+        >>> fp = ModelFootprint(parameters=135_000_000, trainable=135_000_000, reference=False,
+        ...     layers=30, hidden=576, intermediate=1536, kv_width=192, vocab=49152,
+        ...     compute_bytes=2)
+        >>> round(fp.fixed_bytes() / GIB, 2)
+        2.01
+    """
+
+    parameters: int
+    trainable: int
+    reference: bool
+    layers: int
+    hidden: int
+    intermediate: int
+    kv_width: int
+    """Key (= value) width of one token: kv heads x head dim."""
+    vocab: int
+    compute_bytes: int
+    """2 under bf16 autocast, 4 in fp32."""
+
+    def fixed_bytes(self) -> int:
+        """fp32 weights (+ a reference copy), gradients and AdamW moments of trained weights."""
+        weights = 4 * self.parameters * (2 if self.reference else 1)
+        return weights + 4 * self.trainable + 8 * self.trainable
+
+    def workspace_bytes(self) -> int:
+        """The output projection's pass: its weight cast to the compute dtype and its gradient,
+        the log-probs a small pass keeps for backward and the chunks' [chunk, vocab] temporaries."""
+        return 2 * self.vocab * self.hidden * self.compute_bytes + KEEP_BYTES + 3 * CHUNK_BYTES
+
+    def layer_bytes_per_token(self) -> int:
+        """Tensors one decoder layer keeps for backward, per token: the fp32 residual stream and
+        norms, q/k/v and the attention output, the MLP's gate, up, activation and product."""
+        h, c = self.hidden, self.compute_bytes
+        fp32 = 4 * 4 * h  # layer input, both norms' inputs and the residual after attention
+        compute = c * (5 * h + 2 * self.kv_width + 4 * self.intermediate)
+        return fp32 + compute
+
+    def prefix_kv_bytes(self, prefix_tokens: int) -> int:
+        """Keys and values of a shared prefix that one row of a pass holds (the prefix's cache is
+        concatenated with the row's own keys and values in every layer, and kept for backward)."""
+        return 2 * self.kv_width * prefix_tokens * self.compute_bytes * self.layers
+
+    def activation_bytes_per_token(self, checkpointing: bool) -> float:
+        """Activations of one trained token for the whole model (checkpointing: each layer's
+        input only, plus one layer recomputed at a time, counted per token)."""
+        if checkpointing:
+            per_token = 4 * self.hidden * self.layers + self.layer_bytes_per_token()
+        else:
+            per_token = self.layer_bytes_per_token() * self.layers
+        return per_token * _SAFETY
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """How one training step keeps to the budget."""
+
+    micro_batch_tokens: int
+    checkpointing: bool
+
+
+def plan_step(
+    footprint: ModelFootprint,
+    budget_gib: float,
+    configured_tokens: int,
+    longest_row: int,
+    reserved_tokens: int = 0,
+    extra_bytes_per_token: float = 0.0,
+) -> StepPlan:
+    """The micro-batch size (padded tokens, at most `configured_tokens`) and checkpointing choice
+    that keep a step within `budget_gib`, given the step's longest row (tokens per pass) and
+    `reserved_tokens` whose activations stay alive across the passes (a shared prefix), plus
+    `extra_bytes_per_token` (the prefix's keys and values each row holds, spread over its tokens).
+
+    Raises:
+        MemoryBudgetError: the fixed part alone exceeds the budget, or one row does not fit even
+            with gradient checkpointing.
+
+    Example:
+        >>> fp = ModelFootprint(135_000_000, 135_000_000, False, 30, 576, 1536, 192, 49152, 2)
+        >>> plan_step(fp, budget_gib=3.5, configured_tokens=2048, longest_row=200)
+        StepPlan(micro_batch_tokens=960, checkpointing=False)
+    """
+    fixed = footprint.fixed_bytes() + footprint.workspace_bytes()
+    left = budget_gib * GIB - fixed
+    if left <= 0:
+        raise MemoryBudgetError(
+            f"trainer.memory_budget_gib={budget_gib:g} is below the trainer's fixed footprint "
+            f"({fixed / GIB:.2f} GiB: fp32 weights, gradients and AdamW moments of "
+            f"{footprint.trainable / 1e6:.0f}M trained parameters, plus the output projection's "
+            "workspace); raise the budget, or train LoRA adapters (trainer.lora)"
+        )
+    for checkpointing in (False, True):
+        per_token = footprint.activation_bytes_per_token(checkpointing) + extra_bytes_per_token
+        tokens = int(left // per_token) - reserved_tokens
+        tokens -= tokens % 64 if tokens > 64 else 0
+        if tokens >= longest_row:
+            return StepPlan(min(configured_tokens, tokens), checkpointing)
+    need = fixed + (longest_row + reserved_tokens) * footprint.activation_bytes_per_token(True)
+    raise MemoryBudgetError(
+        f"a {longest_row}-token sample needs ~{need / GIB:.2f} GiB even with gradient "
+        f"checkpointing, more than trainer.memory_budget_gib={budget_gib:g}; raise the budget, "
+        "shorten samples (explorer sampling.max_tokens, trainer.max_seq_len), or use trainer.lora"
+    )
+
+
+def footprint_of(
+    model: PreTrainedModel, trainable: int, reference: bool, compute_bytes: int
+) -> ModelFootprint:
+    """The footprint of a loaded HF causal LM (the base model under any peft wrapper)."""
+    text = model.config.get_text_config()
+    hidden = int(text.hidden_size)
+    heads = int(text.num_attention_heads)
+    head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    return ModelFootprint(
+        parameters=sum(p.numel() for p in model.parameters()),
+        trainable=trainable,
+        reference=reference,
+        layers=int(text.num_hidden_layers),
+        hidden=hidden,
+        intermediate=int(getattr(text, "intermediate_size", None) or 4 * hidden),
+        kv_width=kv_heads * head_dim,
+        vocab=int(text.vocab_size),
+        compute_bytes=compute_bytes,
+    )

@@ -1,0 +1,37 @@
+"""`scripts/gpu_check.sh --dry-run` runs on CPU: the gpu tests collect (and skip), and the same
+end-to-end training path as the CUDA check finishes and reports its measures."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_gpu_check_dry_run_passes_on_cpu() -> None:
+    env = {**os.environ, "PYTHON": sys.executable}
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for line in ("tokens/s (trained):", "step time:", "peak GPU memory:", "MFU:"):
+        assert line in done.stdout
+    assert "loss finite: True" in done.stdout
+
+
+def test_gpu_check_refuses_unknown_arguments() -> None:
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--fast"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "usage" in done.stderr

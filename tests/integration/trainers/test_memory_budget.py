@@ -1,0 +1,110 @@
+"""`trainer.memory_budget_gib`: the torch trainer splits micro-batches (and checkpoints only when
+one sample would not fit) so a step stays within the budget, with the same result."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentscope_rft.algorithms import AlgorithmConfig
+from agentscope_rft.config import TorchTrainerConfig
+from agentscope_rft.trainers.batch import build_batch, micro_batches
+from agentscope_rft.trainers.memory_budget import (
+    GIB,
+    MemoryBudgetError,
+    ModelFootprint,
+    plan_step,
+)
+from agentscope_rft.trainers.torch_trainer import TorchTrainer
+from tests.integration.trainers.test_shared_prefix import prefixed_samples
+
+SMOLLM2 = ModelFootprint(
+    parameters=134_515_008,
+    trainable=134_515_008,
+    reference=False,
+    layers=30,
+    hidden=576,
+    intermediate=1536,
+    kv_width=192,
+    vocab=49152,
+    compute_bytes=2,
+)
+
+
+def _budget_for(footprint: ModelFootprint, tokens: int, checkpointing: bool = False) -> float:
+    fixed = footprint.fixed_bytes() + footprint.workspace_bytes()
+    return (fixed + tokens * footprint.activation_bytes_per_token(checkpointing)) / GIB
+
+
+def test_plan_keeps_configured_size_when_it_fits_and_splits_when_not() -> None:
+    roomy = plan_step(SMOLLM2, 64.0, configured_tokens=2048, longest_row=300)
+    assert (roomy.micro_batch_tokens, roomy.checkpointing) == (2048, False)
+    tight = plan_step(SMOLLM2, _budget_for(SMOLLM2, 700), configured_tokens=2048, longest_row=300)
+    assert 300 <= tight.micro_batch_tokens <= 700
+    assert not tight.checkpointing
+    # A shared prefix's activations stay alive across passes: fewer tokens per pass.
+    reserved = plan_step(SMOLLM2, _budget_for(SMOLLM2, 700), 2048, 100, reserved_tokens=300)
+    assert reserved.micro_batch_tokens <= 400
+    # Each row also holds the prefix's keys and values: spread over its tokens, fewer fit.
+    per_token = SMOLLM2.prefix_kv_bytes(2000) / 100
+    assert per_token > 0.2 * SMOLLM2.activation_bytes_per_token(False)
+    with_prefix = plan_step(SMOLLM2, _budget_for(SMOLLM2, 700), 2048, 100, 0, per_token)
+    assert with_prefix.micro_batch_tokens < tight.micro_batch_tokens
+
+
+def test_plan_checkpoints_only_when_one_row_does_not_fit() -> None:
+    budget = _budget_for(SMOLLM2, 500)
+    assert not plan_step(SMOLLM2, budget, 8192, longest_row=400).checkpointing
+    plan = plan_step(SMOLLM2, budget, 8192, longest_row=2000)
+    assert plan.checkpointing
+    assert plan.micro_batch_tokens >= 2000
+
+
+def test_plan_refuses_a_budget_below_the_fixed_part_and_names_the_key() -> None:
+    with pytest.raises(MemoryBudgetError, match=r"memory_budget_gib=1 .*AdamW"):
+        plan_step(SMOLLM2, 1.0, 2048, 100)
+    with pytest.raises(MemoryBudgetError, match="even with gradient checkpointing"):
+        plan_step(SMOLLM2, _budget_for(SMOLLM2, 100), 2048, longest_row=10**6)
+
+
+def _run(tiny_model_path: str, **trainer_args: object) -> tuple[TorchTrainer, dict[str, float]]:
+    config = TorchTrainerConfig.model_validate(
+        {"lr": 1e-3, "dtype": "float32", "share_prefix": False, **trainer_args}
+    )
+    trainer = TorchTrainer(tiny_model_path, config, AlgorithmConfig(), total_steps=1, seed=0)
+    vocab = int(trainer._base().config.vocab_size)
+    return trainer, trainer.step(prefixed_samples(vocab), 0)
+
+
+def test_the_trainer_splits_a_batch_that_would_exceed_the_budget(tiny_model_path: str) -> None:
+    whole, expected = _run(tiny_model_path, micro_batch_tokens=4096)
+    assert whole.footprint is None
+    footprint = _run(tiny_model_path, memory_budget_gib=64.0)[0].footprint
+    assert footprint is not None
+    batch = build_batch(prefixed_samples(int(whole._base().config.vocab_size)), 0)
+    padded = len(batch.samples) * int(batch.lengths.max())
+    budget = _budget_for(footprint, padded // 3)
+    # Without splitting, the one pass over the whole batch would not fit the budget.
+    assert _budget_for(footprint, padded) > budget
+
+    trainer, metrics = _run(tiny_model_path, micro_batch_tokens=4096, memory_budget_gib=budget)
+    plan = trainer.plan
+    assert not plan.checkpointing
+    parts = micro_batches(batch, plan.micro_batch_tokens)
+    assert len(parts) >= 3
+    for rows in parts:
+        width = int(batch.lengths[rows].max())
+        assert _budget_for(footprint, width * len(rows)) <= budget
+    for key in ("loss", "grad_norm", "entropy/mean"):
+        assert metrics[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
+
+
+def test_the_trainer_checkpoints_when_one_sample_does_not_fit(tiny_model_path: str) -> None:
+    _, expected = _run(tiny_model_path, micro_batch_tokens=4096)
+    footprint = _run(tiny_model_path, memory_budget_gib=64.0)[0].footprint
+    assert footprint is not None
+    budget = _budget_for(footprint, 40)  # below one ~60-token sample, above it with checkpointing
+    trainer, metrics = _run(tiny_model_path, memory_budget_gib=budget)
+    assert trainer.plan.checkpointing
+    assert trainer._base().is_gradient_checkpointing
+    for key in ("loss", "grad_norm"):
+        assert metrics[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
