@@ -21,13 +21,15 @@ from typing import Any
 
 from agentscope_rft.buffer.base import group_samples
 from agentscope_rft.buffer.config import build_buffer
+from agentscope_rft.buffer.replay import replay_metrics
 from agentscope_rft.config import RunConfig
+from agentscope_rft.data.selection import TaskSelector
+from agentscope_rft.data.side import DataSide
 from agentscope_rft.engines.base import Engine, engine_metrics
 from agentscope_rft.engines.factory import build_engine
 from agentscope_rft.engines.threads import in_own_thread
 from agentscope_rft.explorer.explorer import EpisodeSettings, Explorer, ExploreResult
 from agentscope_rft.explorer.runner import EpisodeRunner, ModelSettings
-from agentscope_rft.explorer.tasks import TaskSampler
 from agentscope_rft.gateway.server import Gateway
 from agentscope_rft.monitor import Monitor
 from agentscope_rft.runtime.components import (
@@ -159,6 +161,7 @@ async def _train(
     mix_demos = config.algorithm.objective == "sft_rl_mix"  # (never in an offline run)
     if mode in ("offline", "train_only"):
         engine, gateway, explorer, sampler, eval_tasks = None, None, None, None, []
+        data: DataSide | None = None
     else:
         engine = build_engine(config.model, config.engine, log_dir=run_dir / "logs")
         if ray_runtime is not None:
@@ -177,9 +180,17 @@ async def _train(
             max_tokens_limit=max_tokens_per_call(config, engine.max_model_len),
         )
         await gateway.start()
-        sampler = TaskSampler(
-            checked.train_tasks, shuffle=config.tasks.shuffle, seed=config.run.seed
+        data = DataSide.build(
+            config.data,
+            checked.train_tasks,
+            run_dir,
+            shuffle=config.tasks.shuffle,
+            seed=config.run.seed,
+            policy_url=gateway.base_url,
+            policy_model=engine.model_name,
+            policy_key=gateway.api_key,
         )
+        sampler = data.selector
         if "sampler" in state:
             sampler.load_state_dict(state["sampler"])
         eval_tasks = checked.eval_tasks
@@ -191,7 +202,7 @@ async def _train(
     lead = LEAD.get(mode, config.run.max_staleness)
     stale_limit = 0 if mode == "sync" else lead
     produced: asyncio.Queue[tuple[int, int, dict[str, float]]] = asyncio.Queue()
-    sampler_states: dict[int, dict[str, int]] = {}  # task position before exploring each step
+    sampler_states: dict[int, dict[str, Any]] = {}  # task position before exploring each step
     trained = asyncio.Condition()  # notified after every trainer step (skipped ones included)
     steps_done = start
     policy_version = start  # of the weights the engine serves
@@ -225,6 +236,7 @@ async def _train(
 
     async def explore_loop(progress: Any) -> None:
         assert explorer is not None and sampler is not None and engine is not None
+        assert data is not None
         for step in range(max(start, warmup), steps):
             # After the warm-up, the first batches come from the warmed-up policy.
             await stop.until(trainer_reached(max(step - lead, warmup)))
@@ -234,9 +246,11 @@ async def _train(
                 explore_step(explorer, sampler, config, step, progress)
             )
             rollout_log.write(step, "train", result)
+            # the selector hears the rewards; operators filter and rescore before the buffer
+            groups, data_metrics = await data.after_explore(step, result.rollouts, groups)
             for group in groups:
                 await buffer.put(group)
-            metrics = result.metrics() | step_metrics | engine_metrics(engine)
+            metrics = result.metrics() | step_metrics | data_metrics | engine_metrics(engine)
             await produced.put((step, len(groups), metrics))
 
     async def finish_step(done: int) -> None:
@@ -282,6 +296,7 @@ async def _train(
                         timeout=config.run.get_timeout,
                     )
                 )
+                metrics.update(replay_metrics(samples))
                 if mix_demos and offline is not None:  # CHORD: demonstrations beside rollouts
                     samples = [*samples, *next(offline)]
             progress.reset("train", total=1)  # a step once begun finishes, even on a stop
@@ -347,6 +362,8 @@ async def _train(
     finally:
         if explorer is not None:
             await explorer.close()
+        if data is not None:
+            await data.close()
         if gateway is not None:
             await gateway.stop()
         if engine is not None:
@@ -364,7 +381,7 @@ async def _train(
 
 
 async def explore_step(
-    explorer: Explorer, sampler: TaskSampler, config: RunConfig, step: int, progress: Any
+    explorer: Explorer, sampler: TaskSelector, config: RunConfig, step: int, progress: Any
 ) -> tuple[ExploreResult, list[list[Sample]], dict[str, float]]:
     """Explore one training step's tasks: the batch's result, its samples by group (what goes
     into the buffer) and the step's dynamic-sampling metrics.
