@@ -102,7 +102,7 @@ class StatusOp(Section):
     """Drop episodes by how they ended."""
 
     type: Literal["status"] = "status"
-    drop: list[Literal["truncated"]] = ["truncated"]
+    drop: tuple[Literal["truncated"], ...] = ("truncated",)
     """Episode statuses dropped (failed and timed-out episodes never produce samples)."""
     stop_reasons: list[str] = Field(default_factory=list)
     """Also drop episodes with a sample that stopped for one of these (e.g. `length`: a call hit
