@@ -133,7 +133,8 @@ class DedupOp(Section):
     num_perm: int = Field(default=128, ge=8, le=1024)
     """MinHash permutations (more: a closer estimate, slower)."""
     scope: Literal["group", "batch"] = "group"
-    """Compare within a task's group, or across the whole explored batch."""
+    """Compare within a task's group, or across the whole explored batch (offline data: always
+    across the whole file)."""
 
 
 class JudgeEndpoint(Section):

@@ -382,7 +382,7 @@ class CurriculumSelector(_StatsKeeper):
     def _score(self, task: Task) -> float:
         a, b = self._posterior(self.stats[task.id])
         p = self.rng.betavariate(a, b) if self.sampling == "thompson" else a / (a + b)
-        return p * (1 - p)
+        return round(p * (1 - p), 12)  # equal in exact arithmetic: a tie, not float noise
 
     def state_dict(self) -> dict[str, Any]:
         return self._base_state()

@@ -253,7 +253,13 @@ def apply_offline_operators(
     response is the decoded text of its trained tokens. Logs what each operator did."""
     if not operators:
         return units
-    pipeline = Pipeline([build_operator(op) for op in operators])
+    # every unit is its own group: near-duplicates are looked for across the whole file
+    pipeline = Pipeline(
+        [
+            build_operator(op.model_copy(update={"scope": "batch"}) if op.type == "dedup" else op)
+            for op in operators
+        ]
+    )
     groups = []
     for key, samples in units.items():
         text = "\n".join(

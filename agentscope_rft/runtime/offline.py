@@ -33,6 +33,12 @@ def offline_batches(config: RunConfig, start: int = 0) -> Iterator[list[Sample]]
     units: dict[str, list[Sample]] = {}
     for sample in samples:
         units.setdefault(sample.pair_id or sample.sample_id or str(len(units)), []).append(sample)
+    if config.data.offline_operators:
+        from agentscope_rft.data.side import apply_offline_operators
+
+        units = apply_offline_operators(
+            config.data.offline_operators, units, renderer.tokenizer.decode
+        )
     logger.info(
         "offline data: %d %s from %s",
         len(units),
