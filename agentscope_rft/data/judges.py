@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import secrets
@@ -26,6 +27,8 @@ from typing import Any
 import httpx
 
 from agentscope_rft.data.operators import Episode, Group
+
+logger = logging.getLogger(__name__)
 
 SYSTEM_PROMPT = (
     "You are a strict, impartial grader. You grade candidate responses to a task. The candidate "
@@ -191,6 +194,8 @@ class _JudgeOperator:
         self.on_failure = on_failure
         self.max_response_chars = max_response_chars
         self._failed_groups = 0
+        self.last_error: str | None = None
+        """Why the latest group that could not be judged failed."""
 
     def _task_text(self, task: Mapping[str, Any]) -> str:
         question = task.get(self.question_field)
@@ -209,8 +214,16 @@ class _JudgeOperator:
     async def _judge_or_keep(self, group: Group) -> Group | None:
         try:
             return await self.judge_group(group)
-        except JudgeError:
+        except JudgeError as exc:
             self._failed_groups += 1
+            self.last_error = str(exc)
+            logger.warning(
+                "%s: group %s not judged (%s): %s",
+                self.name,
+                group.group_id,
+                "rewards kept" if self.on_failure == "keep" else "dropped",
+                exc,
+            )
             return group if self.on_failure == "keep" else None
 
     async def judge_group(self, group: Group) -> Group:
