@@ -18,6 +18,7 @@ import hashlib
 import inspect
 import re
 import struct
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -279,7 +280,9 @@ class Pipeline:
         for name, op in zip(self.names, self.operators, strict=True):
             before = {e.rollout_id: e for g in groups for e in g.episodes}
             group_ids = {g.group_id for g in groups if g.episodes}
+            started = time.perf_counter()
             groups = [g for g in await op(groups) if g.episodes]
+            wall = time.perf_counter() - started
             counts = OperatorCounts()
             after = {e.rollout_id: e for g in groups for e in g.episodes}
             for rollout_id, episode in before.items():
@@ -294,6 +297,7 @@ class Pipeline:
             if take is not None:
                 counts.extra = take()
             metrics.update(_counts_metrics(name, counts))
+            metrics[f"data/{name}/wall_seconds"] = wall
         return groups, metrics
 
 

@@ -54,6 +54,7 @@ async def test_reward_range_drops_outside_and_counts() -> None:
     groups.append(group("b", episode("b0", 2.0)))
     kept, metrics = await pipeline(groups)
     assert kept_ids(kept) == [["a1"]]
+    assert metrics.pop("data/reward_range/wall_seconds") >= 0
     assert metrics == {
         "data/reward_range/episodes_dropped": 3.0,
         "data/reward_range/samples_dropped": 3.0,
