@@ -290,7 +290,7 @@ async def judge(args: argparse.Namespace) -> dict[str, Any]:
         "spearman_pooled": spearman(pooled_f1, pooled_judge) if len(pooled_f1) > 2 else None,
         "judge_wall_s_per_step": [
             round(r.get("data/group_judge/wall_seconds", 0.0), 1) for r in rows
-        ],  # fmt: skip
+        ],
         "explore_s_per_step": [round(r.get("time/explore", 0.0), 1) for r in rows],
         "step_s": [round(r.get("time/step", 0.0), 1) for r in rows],
         "wall_s": round(wall, 1),
