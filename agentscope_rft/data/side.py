@@ -151,6 +151,15 @@ def build_operator(
     return CustomOperator(fn, config.args, config.name or str(getattr(fn, "__name__", "custom")))
 
 
+def check_data(config: DataConfig, tasks: Sequence[Task], *, seed: int) -> None:
+    """Fail fast (before any model loads) on a selector or custom operator that cannot work:
+    the selector is built over the tasks, custom operators and priorities are imported."""
+    build_selector(config.selector, tasks, seed=seed)
+    for op in [*config.operators, *config.offline_operators]:
+        if isinstance(op, CustomOp):
+            load_callable(op.path, "data operator")
+
+
 def groups_from_explored(
     rollouts: Sequence[Rollout], groups: Sequence[Sequence[Sample]]
 ) -> list[Group]:

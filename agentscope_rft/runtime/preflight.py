@@ -101,6 +101,9 @@ def preflight(config: RunConfig) -> Checked:
             evals = load_tasks(
                 config.tasks.eval, id_field=config.tasks.id_field, required_fields=required
             )[: config.tasks.eval_limit]
+        from agentscope_rft.data.side import check_data
+
+        check_data(config.data, train, seed=config.run.seed)
         if len(train) < config.explorer.tasks_per_step:
             logger.info(
                 "tasks.train has %d tasks, fewer than explorer.tasks_per_step=%d: tasks repeat "
