@@ -36,7 +36,7 @@ class JudgeServer:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 server.requests.append(body)
                 server.auth.append(self.headers.get("Authorization"))
@@ -133,7 +133,7 @@ async def test_group_judge_scores_a_whole_group_in_one_call(server: JudgeServer)
     assert metrics["data/group_judge/changed"] == 3.0
     assert metrics["data/group_judge/seconds"] > 0
     prompt = server.requests[0]["messages"][-1]["content"]
-    assert "Reference answer: \"Paris\"" in prompt
+    assert 'Reference answer: "Paris"' in prompt
     await judge.close()
 
 
