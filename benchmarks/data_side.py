@@ -3,7 +3,7 @@ judge on the web-search example. Results go to docs/benchmarks.md.
 
     python benchmarks/data_side.py curriculum [--seeds 0 1 2] [--steps 16] [--out DIR]
     python benchmarks/data_side.py replay     [--seeds 0 1 2] [--steps 16] [--out DIR]
-    python benchmarks/data_side.py judge      [--steps 3] [--out DIR]
+    python benchmarks/data_side.py judge      [--steps 3] [--out DIR] [--judge-url URL --judge-model M]
 
 `curriculum` and `replay` train the tiny random model (`tiny-random`, the test model) on the
 uppercase toy task (`benchmarks/data_mix_app.py`: reward = share of uppercase letters), which a
@@ -239,10 +239,13 @@ async def judge(args: argparse.Namespace) -> dict[str, Any]:
     out.mkdir(parents=True)
     record = out / "judge_rewards.jsonl"
     spec = f"{Path(__file__).resolve()}:snapshot"
+    endpoint = f"max_tokens: {args.judge_max_tokens}, max_retries: 1, timeout: 300"
+    if args.judge_url:  # another model as judge (default: the policy, through the gateway)
+        endpoint += f", base_url: '{args.judge_url}', model: '{args.judge_model}'"
     operators = (
         f"[{{type: custom, path: '{spec}', name: before, args: {{path: '{record}', phase: f1}}}}, "
         "{type: group_judge, reference_field: answer, "
-        f"endpoint: {{max_tokens: {args.judge_max_tokens}, max_retries: 1, timeout: 300}}}}, "
+        f"endpoint: {{{endpoint}}}}}, "
         f"{{type: custom, path: '{spec}', name: after, args: {{path: '{record}', phase: judge}}}}]"
     )
     run_dir = out / "run"
@@ -304,6 +307,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--target", type=float, default=0.5, help="validation reward to reach")
     parser.add_argument("--judge-max-tokens", type=int, default=96)
+    parser.add_argument("--judge-url", help="OpenAI-compatible base URL of another judge model")
+    parser.add_argument("--judge-model", default="judge", help="its model name")
     parser.add_argument("--out", type=Path, default=Path("/tmp/agentscope-rft-data-side"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
