@@ -3,7 +3,8 @@ judge on the web-search example. Results go to docs/benchmarks.md.
 
     python benchmarks/data_side.py curriculum [--seeds 0 1 2] [--steps 16] [--out DIR]
     python benchmarks/data_side.py replay     [--seeds 0 1 2] [--steps 16] [--out DIR]
-    python benchmarks/data_side.py judge      [--steps 3] [--out DIR] [--judge-url URL --judge-model M]
+    python benchmarks/data_side.py judge      [--steps 3] [--out DIR] [--judge-url URL]
+        [--judge-model M]
 
 `curriculum` and `replay` train the tiny random model (`tiny-random`, the test model) on the
 uppercase toy task (`benchmarks/data_mix_app.py`: reward = share of uppercase letters), which a
