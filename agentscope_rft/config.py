@@ -21,6 +21,7 @@ from pydantic import (
 from agentscope_rft.algorithms.config import AlgorithmConfig
 from agentscope_rft.buffer.config import BufferConfig
 from agentscope_rft.config_base import Section
+from agentscope_rft.data.config import JUDGE_TYPES, DataConfig
 from agentscope_rft.health.config import HealthConfig
 from agentscope_rft.monitor.config import MonitorConfig
 from agentscope_rft.runtime.config import RuntimeConfig
@@ -511,7 +512,10 @@ class RunConfig(Section):
     """The trainer: `torch` (default; plain PyTorch, CPU or one GPU) or `verl` (verl's FSDP engine:
     multi-GPU, multi-node)."""
     buffer: BufferConfig = Field(default_factory=BufferConfig)
-    """Where samples wait between explorer and trainer."""
+    """Where samples wait between explorer and trainer (and prioritized replay)."""
+    data: DataConfig = Field(default_factory=DataConfig)
+    """Task selection (curriculum, mixing) and operators on explored groups and offline data:
+    filters, near-duplicate removal, LLM judges. See data.md."""
     sync: SyncConfig = Field(default_factory=SyncConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     """Console, TensorBoard, W&B, MLflow, plots."""
@@ -636,6 +640,7 @@ class RunConfig(Section):
                 f"run.best_metric {self.run.best_metric!r} must be a validation metric "
                 "`val/<name>`, e.g. val/reward/mean or val/success_rate"
             )
+        self._check_data(exploring)
         if mode == "train_only" and self.buffer.type != "sql":
             raise ValueError("run.mode 'train_only' reads a durable buffer: set `buffer.type: sql`")
         # (a saved resolved config lists every key with its default: only set values count)
@@ -657,6 +662,32 @@ class RunConfig(Section):
                     "runtime.num_cpus instead and remove trainer.ray"
                 )
         return self
+
+    def _check_data(self, exploring: bool) -> None:
+        data = self.data
+        if not exploring:
+            defaults = DataConfig()
+            if data.operators or data.selector != defaults.selector:
+                raise ValueError(
+                    f"data.selector and data.operators act on explored episodes; run.mode "
+                    f"{self.run.mode!r} does not explore: remove them (data.offline_operators "
+                    "filter offline data)"
+                )
+        if data.offline_operators and not self.uses_offline_data():
+            raise ValueError(
+                "data.offline_operators filter `offline.path`, which this run does not read: "
+                "remove them"
+            )
+        rewriting = [
+            op.type
+            for op in data.operators
+            if op.type in JUDGE_TYPES or (op.type == "format" and op.action == "reward")
+        ]
+        if rewriting and self.explorer.reward_spread != "outcome":
+            raise ValueError(
+                f"data.operators {rewriting} set episode rewards, which needs "
+                f"explorer.reward_spread 'outcome' (it is {self.explorer.reward_spread!r})"
+            )
 
 
 class ConfigError(ValueError):

@@ -5,6 +5,7 @@ Short YAML works::
     buffer: {type: memory}                        # default: one process, synchronous runs
     buffer: {type: sql}                           # SQLite file <run_dir>/buffer.db
     buffer: {type: sql, url: postgresql+psycopg://rft@db-host/rft}
+    buffer: {type: sql, replay: {ratio: 0.5, max_reuse: 2}}   # prioritized replay
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from agentscope_rft.buffer.base import Buffer
 from agentscope_rft.buffer.memory import MemoryBuffer
+from agentscope_rft.buffer.replay import ReplayConfig
 from agentscope_rft.buffer.sql import SQLBuffer
 from agentscope_rft.config_base import Section
 
@@ -57,6 +59,9 @@ class BufferConfig(Section):
     only, with faster commits."""
     retain_steps: int = Field(default=2, ge=0)
     """`memory` only: how many recent steps' groups `requeue_after` can give back."""
+    replay: ReplayConfig | None = None
+    """Train groups more than once, by priority, with a reuse limit and a staleness bound, e.g.
+    `{ratio: 0.5, max_reuse: 1, priority: advantage}`; null: every group once."""
 
     @model_validator(mode="before")
     @classmethod
@@ -93,7 +98,7 @@ def build_buffer(config: BufferConfig, run_dir: str | Path) -> Buffer:
         'runs/demo/buffer.db'
     """
     if config.type == "memory":
-        return MemoryBuffer(retain_steps=config.retain_steps)
+        return MemoryBuffer(retain_steps=config.retain_steps, replay=config.replay)
     url = config.url
     if url is None:
         url = f"sqlite:///{Path(run_dir) / DEFAULT_SQLITE_NAME}"
@@ -103,4 +108,5 @@ def build_buffer(config: BufferConfig, run_dir: str | Path) -> Buffer:
         poll_interval=config.poll_interval,
         busy_timeout=config.busy_timeout,
         synchronous=config.synchronous,
+        replay=config.replay,
     )

@@ -12,7 +12,7 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agentscope_rft.buffer.base import (
     STATS_KEYS,
@@ -22,6 +22,13 @@ from agentscope_rft.buffer.base import (
     timeout_message,
 )
 from agentscope_rft.buffer.codec import encode_sample, sample_where
+from agentscope_rft.buffer.replay import (
+    ReplayCandidate,
+    ReplayConfig,
+    choose,
+    mark_reuse,
+    replay_count,
+)
 from agentscope_rft.types import Sample
 
 
@@ -34,6 +41,8 @@ class _Group:
     """`pending`, `consumed` or `dropped`."""
     step: int | None = None
     """The step that consumed or dropped the group; `None` while pending."""
+    replays: list[int] = field(default_factory=list)
+    """The steps that replayed the group (buffer replay)."""
 
 
 class MemoryBuffer:
@@ -41,6 +50,7 @@ class MemoryBuffer:
 
     Args:
         retain_steps: how many of the latest training steps' groups `requeue_after` can give back.
+        replay: replay trained groups (see `agentscope_rft.buffer.replay`); None: each group once.
 
     Example:
         >>> buffer = MemoryBuffer()
@@ -48,10 +58,13 @@ class MemoryBuffer:
         >>> batch = await buffer.get(1, step=1, timeout=10)  # doctest: +SKIP
     """
 
-    def __init__(self, *, retain_steps: int = 2) -> None:
+    def __init__(self, *, retain_steps: int = 2, replay: ReplayConfig | None = None) -> None:
         if retain_steps < 0:
             raise ValueError(f"retain_steps must be >= 0, got {retain_steps}")
         self._retain_steps = retain_steps
+        self._replay = replay
+        self._priority = replay.priority_fn() if replay is not None else None
+        self._replayable: list[_Group] = []  # trained groups within the replay staleness bound
         self._pending: deque[_Group] = deque()
         self._taken: list[_Group] = []  # consumed or dropped and still retained, by seq
         self._forgotten_through_step: int | None = None
@@ -132,12 +145,41 @@ class MemoryBuffer:
 
     def _take(self, num_groups: int, step: int) -> list[Sample]:
         batch: list[Sample] = []
+        fresh = []
         for _ in range(num_groups):
             group = self._pending.popleft()
             self._retire(group, step, "consumed")
             batch.extend(group.samples)
+            fresh.append(group)
+        if self._replay is not None:
+            batch.extend(self._replayed(num_groups, step))
+            self._replayable.extend(fresh)
         self._forget_old(step)
         return batch
+
+    def _replayed(self, num_groups: int, step: int) -> list[Sample]:
+        assert self._replay is not None and self._priority is not None
+        oldest = step - self._replay.max_staleness
+        self._replayable = [g for g in self._replayable if g.min_policy_version >= oldest]
+        by_seq = {g.seq: g for g in self._replayable if g.step is not None and g.step < step}
+        candidates = [
+            ReplayCandidate(g.seq, tuple(s.reward for s in g.samples), g.min_policy_version,
+                            len(g.replays))
+            for g in by_seq.values()
+        ]  # fmt: skip
+        chosen = choose(
+            candidates,
+            replay_count(self._replay, num_groups),
+            step=step,
+            config=self._replay,
+            priority=self._priority,
+        )
+        out: list[Sample] = []
+        for candidate in chosen:
+            group = by_seq[candidate.seq]
+            group.replays.append(step)
+            out.extend(mark_reuse(group.samples, len(group.replays)))
+        return out
 
     def _retire(self, group: _Group, step: int, state: str) -> None:
         group.step = step
@@ -172,6 +214,9 @@ class MemoryBuffer:
                 f"{self._forgotten_through_step}; use buffer type 'sql' to resume runs"
             )
         async with self._condition():
+            for group in self._replayable:
+                group.replays = [s for s in group.replays if s <= step]
+            self._replayable = [g for g in self._replayable if g.step is None or g.step <= step]
             back = [g for g in self._taken if g.step is not None and g.step > step]
             if not back:
                 return 0
@@ -205,6 +250,7 @@ class MemoryBuffer:
         self._closed = True
         self._pending.clear()
         self._taken.clear()
+        self._replayable.clear()
         if self._changed is not None:
             async with self._changed:
                 self._changed.notify_all()

@@ -1,9 +1,10 @@
 """The SQL schema of a buffer and how a database is opened and checked.
 
-Three tables, portable across SQLAlchemy backends (BLOB/BYTEA for arrays, TEXT for JSON):
+Four tables, portable across SQLAlchemy backends (BLOB/BYTEA for arrays, TEXT for JSON):
 `buffer_meta` (key/value, holds `schema_version`), `buffer_groups` (one row per stored group: its
-state and the step that took it) and `buffer_samples` (one row per sample, blobs per
-`codec.ARRAY_DTYPES`). SQLite files run in WAL mode with a busy timeout, and every write
+state and the step that took it), `buffer_samples` (one row per sample, blobs per
+`codec.ARRAY_DTYPES`) and `buffer_replays` (one row per replay of a trained group: the step).
+SQLite files run in WAL mode with a busy timeout, and every write
 transaction starts with `BEGIN IMMEDIATE`, so concurrent writers queue instead of failing.
 """
 
@@ -22,7 +23,7 @@ from agentscope_rft.buffer.base import BufferFormatError
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Bump on any incompatible change of the tables below; older files are then refused."""
 
 PENDING, CONSUMED, DROPPED = "pending", "consumed", "dropped"
@@ -76,6 +77,14 @@ samples_table = sa.Table(
     sa.Column("token_rewards", sa.LargeBinary(), nullable=True),
     sa.Column("metrics_json", sa.Text(), nullable=False),
     sa.Column("step_states_json", sa.Text(), nullable=True),
+)
+
+replays_table = sa.Table(
+    "buffer_replays",
+    metadata,
+    sa.Column("id", _BigId, primary_key=True, autoincrement=True),
+    sa.Column("group_ref", _BigId, sa.ForeignKey("buffer_groups.id"), nullable=False, index=True),
+    sa.Column("step", sa.BigInteger(), nullable=False),
 )
 
 SAMPLE_COLUMNS = tuple(c for c in samples_table.columns if c.name not in ("id", "group_ref"))
@@ -214,6 +223,9 @@ def _check_schema(engine: Engine, where: str, create: bool) -> None:
         ).scalar()
         if stored == "1":
             _upgrade_from_1(conn, where)
+            stored = "2"
+        if stored == "2":
+            _upgrade_from_2(conn, where)
             stored = str(SCHEMA_VERSION)
     if stored != str(SCHEMA_VERSION):
         raise BufferFormatError(
@@ -226,9 +238,12 @@ def _check_schema(engine: Engine, where: str, create: bool) -> None:
 def _upgrade_from_1(conn: Connection, where: str) -> None:
     """Version 2 added the nullable `step_states_json` column: add it in place, keep every row."""
     conn.execute(sa.text(f"ALTER TABLE {samples_table.name} ADD COLUMN step_states_json TEXT"))
-    conn.execute(
-        meta_table.update()
-        .where(meta_table.c.key == "schema_version")
-        .values(value=str(SCHEMA_VERSION))
-    )
-    logger.info("buffer: upgraded %s from schema version 1 to %d", where, SCHEMA_VERSION)
+    conn.execute(meta_table.update().where(meta_table.c.key == "schema_version").values(value="2"))
+    logger.info("buffer: upgraded %s from schema version 1 to 2", where)
+
+
+def _upgrade_from_2(conn: Connection, where: str) -> None:
+    """Version 3 added the `buffer_replays` table (replay counts): create it, keep every row."""
+    replays_table.create(conn, checkfirst=True)
+    conn.execute(meta_table.update().where(meta_table.c.key == "schema_version").values(value="3"))
+    logger.info("buffer: upgraded %s from schema version 2 to 3", where)

@@ -25,6 +25,13 @@ from agentscope_rft.buffer.base import (
     timeout_message,
 )
 from agentscope_rft.buffer.codec import decode_sample, encode_sample, sample_where
+from agentscope_rft.buffer.replay import (
+    ReplayCandidate,
+    ReplayConfig,
+    choose,
+    mark_reuse,
+    replay_count,
+)
 from agentscope_rft.buffer.schema import (
     CONSUMED,
     DROPPED,
@@ -33,6 +40,7 @@ from agentscope_rft.buffer.schema import (
     create_buffer_engine,
     describe,
     groups_table,
+    replays_table,
     samples_table,
     to_url,
 )
@@ -69,6 +77,8 @@ class SQLBuffer:
         busy_timeout: SQLite only: seconds a transaction waits for another process's lock.
         synchronous: SQLite only: `full` also survives power loss; `normal` survives process
             crashes (the guarantee a killed run needs) and commits faster.
+        replay: replay trained groups (see `agentscope_rft.buffer.replay`); their reuse counts
+            are rows of the database, claimed in the same transaction as the fresh groups.
 
     Example:
         >>> buffer = SQLBuffer("sqlite:///runs/demo/buffer.db")
@@ -85,6 +95,7 @@ class SQLBuffer:
         poll_interval: float = 0.1,
         busy_timeout: float = 30.0,
         synchronous: Literal["normal", "full"] = "full",
+        replay: ReplayConfig | None = None,
     ) -> None:
         if poll_interval <= 0:
             raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval}")
@@ -95,6 +106,8 @@ class SQLBuffer:
         self._engine = create_buffer_engine(
             self._url, create=create, busy_timeout=busy_timeout, synchronous=synchronous
         )
+        self._replay = replay
+        self._priority = replay.priority_fn() if replay is not None else None
         self._closed = False
 
     def _check_open(self) -> None:
@@ -242,7 +255,64 @@ class SQLBuffer:
             # another reader took some of them between our SELECT and UPDATE (a database
             # without SKIP LOCKED): roll back, drops included, and pick again
             raise _ClaimConflict
-        return _Attempt(ids, self._read_groups(conn, ids), len(ids), dropped)
+        samples = self._read_groups(conn, ids)
+        if self._replay is not None:
+            samples += self._claim_replays(conn, num_groups, step)
+        return _Attempt(ids, samples, len(ids), dropped)
+
+    def _claim_replays(self, conn: sa.Connection, num_groups: int, step: int) -> list[Sample]:
+        """Choose and record this step's replayed groups; their samples, marked."""
+        assert self._replay is not None and self._priority is not None
+        g, r, s = groups_table.c, replays_table.c, samples_table.c
+        uses = (
+            sa.select(r.group_ref, sa.func.count().label("uses")).group_by(r.group_ref).subquery()
+        )
+        rows = conn.execute(
+            sa.select(g.id, g.min_policy_version, sa.func.coalesce(uses.c.uses, 0))
+            .outerjoin(uses, uses.c.group_ref == g.id)
+            .where(
+                g.state == CONSUMED,
+                g.step < step,
+                g.min_policy_version >= step - self._replay.max_staleness,
+                sa.func.coalesce(uses.c.uses, 0) < self._replay.max_reuse,
+            )
+        ).all()
+        if not rows:
+            return []
+        rewards: dict[int, list[float]] = {}
+        for group_ref, reward in conn.execute(
+            sa.select(s.group_ref, s.reward)
+            .where(s.group_ref.in_([row[0] for row in rows]))
+            .order_by(s.group_ref, s.id)
+        ):
+            rewards.setdefault(group_ref, []).append(reward)
+        candidates = [
+            ReplayCandidate(gid, tuple(rewards.get(gid, ())), version, int(count))
+            for gid, version, count in rows
+        ]
+        chosen = choose(
+            candidates,
+            replay_count(self._replay, num_groups),
+            step=step,
+            config=self._replay,
+            priority=self._priority,
+        )
+        if not chosen:
+            return []
+        conn.execute(replays_table.insert(), [{"group_ref": c.seq, "step": step} for c in chosen])
+        out: list[Sample] = []
+        for candidate in chosen:  # in priority order, like the memory buffer
+            members = self._read_group_samples(conn, candidate.seq)
+            out.extend(mark_reuse(members, candidate.reuse_count + 1))
+        return out
+
+    @staticmethod
+    def _read_group_samples(conn: sa.Connection, group_id: int) -> list[Sample]:
+        s = samples_table.c
+        rows = conn.execute(
+            sa.select(*SAMPLE_COLUMNS).where(s.group_ref == group_id).order_by(s.id)
+        ).mappings()
+        return [decode_sample(row) for row in rows]
 
     @staticmethod
     def _read_groups(conn: sa.Connection, group_ids: list[int]) -> list[Sample]:
@@ -271,6 +341,8 @@ class SQLBuffer:
         g = groups_table.c
         taken = sa.and_(g.state.in_((CONSUMED, DROPPED)), g.step > step)
         with self._engine.begin() as conn:
+            # the lost steps' replays did not happen either: their reuse counts go back
+            conn.execute(sa.delete(replays_table).where(replays_table.c.step > step))
             count = conn.execute(
                 sa.select(sa.func.coalesce(sa.func.sum(g.num_samples), 0)).where(taken)
             ).scalar_one()

@@ -7,7 +7,6 @@ file or row raises `TaskSetError` naming the file, the row and the field.
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,53 +98,6 @@ def load_tasks(
         seen[task_id] = number
         tasks.append(Task(id=task_id, data=dict(row)))
     return tasks
-
-
-class TaskSampler:
-    """Yields batches of tasks epoch after epoch (shuffled per epoch); resumable.
-
-    Example:
-        >>> sampler = TaskSampler(load_tasks([{"id": i} for i in range(5)]), seed=0)
-        >>> len(sampler.next_batch(3)), sampler.state_dict()["position"]
-        (3, 3)
-    """
-
-    def __init__(self, tasks: Sequence[Task], *, shuffle: bool = True, seed: int = 0) -> None:
-        self.tasks = list(tasks)
-        self.shuffle = shuffle
-        self.seed = seed
-        self.epoch = 0
-        self.position = 0
-        self._order = self._epoch_order()
-
-    def _epoch_order(self) -> list[int]:
-        order = list(range(len(self.tasks)))
-        if self.shuffle:
-            random.Random(self.seed * 100_003 + self.epoch).shuffle(order)
-        return order
-
-    def next_batch(self, size: int) -> list[Task]:
-        batch: list[Task] = []
-        while len(batch) < size:
-            if self.position >= len(self._order):
-                self.epoch += 1
-                self.position = 0
-                self._order = self._epoch_order()
-            batch.append(self.tasks[self._order[self.position]])
-            self.position += 1
-        return batch
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position, "num_tasks": len(self.tasks)}
-
-    def load_state_dict(self, state: Mapping[str, int]) -> None:
-        if state.get("num_tasks") != len(self.tasks):
-            raise TaskSetError(
-                f"the task set changed since the checkpoint ({state.get('num_tasks')} tasks "
-                f"then, {len(self.tasks)} now); resume needs the same task file"
-            )
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
-        self._order = self._epoch_order()
 
 
 def stratified_slice(tasks: Sequence[Task], limit: int | None, field: str | None) -> list[Task]:

@@ -15,10 +15,10 @@ from typing import Any
 
 from agentscope_rft.buffer.base import group_samples
 from agentscope_rft.config import RunConfig
+from agentscope_rft.data.selection import TaskSelector
 from agentscope_rft.engines.base import Engine
 from agentscope_rft.explorer.explorer import EpisodeSettings, Explorer, ExploreResult
 from agentscope_rft.explorer.runner import EpisodeRunner, ModelSettings
-from agentscope_rft.explorer.tasks import TaskSampler
 from agentscope_rft.gateway.server import Gateway
 from agentscope_rft.runtime.preflight import Checked, preflight
 from agentscope_rft.runtime.signals import RunStop
@@ -85,7 +85,7 @@ async def episode_runner(
 
 
 async def explore_step(
-    explorer: Explorer, sampler: TaskSampler, config: RunConfig, step: int, progress: Any
+    explorer: Explorer, sampler: TaskSelector, config: RunConfig, step: int, progress: Any
 ) -> tuple[ExploreResult, list[list[Sample]], dict[str, float]]:
     """Explore one training step's tasks: the batch's result, its samples by group (what goes
     into the buffer) and the step's dynamic-sampling metrics.

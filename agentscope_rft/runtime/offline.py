@@ -43,6 +43,12 @@ def offline_batches(config: RunConfig, start: int = 0) -> Iterator[list[Sample]]
         # A unit stays whole in a batch: a DPO pair, an advantage group, or one sample.
         key = sample.pair_id or (sample.group if sample.kind == "rl" else sample.sample_id)
         units.setdefault(key or str(len(units)), []).append(sample)
+    if config.data.offline_operators:
+        from agentscope_rft.data.side import apply_offline_operators
+
+        units = apply_offline_operators(
+            config.data.offline_operators, units, renderer.tokenizer.decode
+        )
     logger.info("offline data: %d %s from %s", len(units), what, config.offline.path)
     return _batches(units, config.offline.batch_size, random.Random(config.run.seed), start)
 

@@ -123,6 +123,9 @@ def preflight(config: RunConfig) -> Checked:
                 "to choose checkpoints without looking at the test split",
                 config.run.eval_every,
             )
+        from agentscope_rft.data.side import check_data
+
+        check_data(config.data, train, seed=config.run.seed)
         if len(train) < config.explorer.tasks_per_step:
             logger.info(
                 "tasks.train has %d tasks, fewer than explorer.tasks_per_step=%d: tasks repeat "

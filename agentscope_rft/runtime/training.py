@@ -21,12 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from agentscope_rft.buffer.config import build_buffer
+from agentscope_rft.buffer.replay import replay_metrics
 from agentscope_rft.config import EXPLORING_MODES, RunConfig
+from agentscope_rft.data.selection import TaskSelector
+from agentscope_rft.data.side import DataSide
 from agentscope_rft.engines.base import Engine, engine_metrics
 from agentscope_rft.engines.factory import build_engine
 from agentscope_rft.engines.threads import in_own_thread
 from agentscope_rft.explorer.explorer import Explorer
-from agentscope_rft.explorer.tasks import Task, TaskSampler
+from agentscope_rft.explorer.tasks import Task
 from agentscope_rft.gateway.server import Gateway
 from agentscope_rft.health.rollback import RollbackState
 from agentscope_rft.health.watcher import (
@@ -121,7 +124,8 @@ class TrainingRun:
         self.engine: Engine | None = None
         self.gateway: Gateway | None = None
         self.explorer: Explorer | None = None
-        self.sampler: TaskSampler | None = None
+        self.sampler: TaskSelector | None = None
+        self.data: DataSide | None = None
         self.start = 0
         self.steps_done = 0
         self.policy_version = 0  # of the weights the engine serves
@@ -240,9 +244,17 @@ class TrainingRun:
         )
         await gateway.start()
         self.gateway = gateway
-        self.sampler = TaskSampler(
-            self.checked.train_tasks, shuffle=config.tasks.shuffle, seed=config.run.seed
+        self.data = DataSide.build(
+            config.data,
+            self.checked.train_tasks,
+            self.run_dir,
+            shuffle=config.tasks.shuffle,
+            seed=config.run.seed,
+            policy_url=gateway.base_url,
+            policy_model=engine.model_name,
+            policy_key=gateway.api_key,
         )
+        self.sampler = self.data.selector
         if "sampler" in state:
             self.sampler.load_state_dict(state["sampler"])
         assert self.checked.workflow is not None  # exploring modes have one (preflight)
@@ -265,6 +277,8 @@ class TrainingRun:
     async def _close(self) -> None:
         if self.explorer is not None:
             await self.explorer.close()
+        if self.data is not None:
+            await self.data.close()
         if self.gateway is not None:
             await self.gateway.stop()
         if self.engine is not None:
@@ -297,8 +311,9 @@ class TrainingRun:
     async def _explore_loop(self, progress: Any) -> None:
         from agentscope_rft.runtime.local import explore_step
 
-        explorer, sampler, engine = self.explorer, self.sampler, self.engine
+        explorer, sampler, engine, data = self.explorer, self.sampler, self.engine, self.data
         assert explorer is not None and sampler is not None and engine is not None
+        assert data is not None
         for step in range(max(self.start, self.warmup), self.steps):
             # After the warm-up, the first batches come from the warmed-up policy.
             await self.stop.until(self._trainer_reached(max(step - self.lead, self.warmup)))
@@ -309,9 +324,11 @@ class TrainingRun:
             )
             self.rollout_log.write(step, "train", result)
             self.sample_log.write(step, result)
+            # the selector hears the rewards; operators filter and rescore before the buffer
+            groups, data_metrics = await data.after_explore(step, result.rollouts, groups)
             for group in groups:
                 await self.buffer.put(group)
-            metrics = result.metrics() | step_metrics | engine_metrics(engine)
+            metrics = result.metrics() | step_metrics | data_metrics | engine_metrics(engine)
             await self.produced.put((step, len(groups), metrics))
 
     async def _train_loop(self, progress: Any) -> None:
@@ -351,6 +368,7 @@ class TrainingRun:
                 timeout=self.config.run.get_timeout,
             )
         )
+        metrics.update(replay_metrics(samples))
         if self.mix_demos and self.offline is not None:  # CHORD: demonstrations beside rollouts
             samples = [*samples, *next(self.offline)]
         return samples, metrics

@@ -1,0 +1,310 @@
+"""The data side of a run, built from `data:` and wired into the run at two points.
+
+`build_selector` makes the task selector the explorer draws from; `DataSide.after_explore` is
+called once per explored step, with the step's result, before its groups enter the buffer: the
+selector observes the per-task rewards, `task_stats.json` is rewritten, and the operators run.
+`apply_offline_operators` runs `data.offline_operators` over offline samples when they are read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agentscope_rft.api import load_callable
+from agentscope_rft.data.config import (
+    CurriculumSelectorConfig,
+    CustomOp,
+    CustomSelectorConfig,
+    DataConfig,
+    DedupOp,
+    FormatOp,
+    GroupJudgeOp,
+    LengthOp,
+    OperatorConfig,
+    RewardRangeOp,
+    RubricJudgeOp,
+    SelectorConfig,
+    StatusOp,
+    UniformSelectorConfig,
+)
+from agentscope_rft.data.judges import GroupJudge, JudgeClient, RubricJudge, judge_api_key
+from agentscope_rft.data.operators import (
+    CustomOperator,
+    Episode,
+    FormatCheck,
+    Group,
+    MinHashDedup,
+    Operator,
+    Pipeline,
+    length,
+    reward_range,
+    status,
+)
+from agentscope_rft.data.selection import (
+    CurriculumSelector,
+    TaskSelector,
+    UniformSelector,
+    write_task_stats,
+)
+from agentscope_rft.explorer.tasks import Task, TaskSetError
+from agentscope_rft.types import Rollout, Sample
+
+logger = logging.getLogger(__name__)
+
+
+def build_selector(
+    config: SelectorConfig, tasks: Sequence[Task], *, shuffle: bool = True, seed: int = 0
+) -> TaskSelector:
+    """The selector `config` describes over `tasks`.
+
+    Raises:
+        TaskSetError: a mix names a missing column or set.
+        WorkflowError: a custom selector that does not import.
+
+    Example:
+        >>> selector = build_selector(CurriculumSelectorConfig(), tasks, seed=1)  # doctest: +SKIP
+    """
+    mix = getattr(config, "mix", None)
+    mix_args: dict[str, Any] = (
+        {"mix_field": mix.field, "mix_weights": mix.weights} if mix is not None else {}
+    )
+    if isinstance(config, UniformSelectorConfig):
+        return UniformSelector(tasks, shuffle=shuffle, seed=seed, **mix_args)
+    if isinstance(config, CurriculumSelectorConfig):
+        return CurriculumSelector(
+            tasks,
+            seed=seed,
+            sampling=config.sampling,
+            prior=config.prior,
+            decay=config.decay,
+            uniform_share=config.uniform_share,
+            **mix_args,
+        )
+    assert isinstance(config, CustomSelectorConfig)
+    cls = load_callable(config.path, "data.selector.path")
+    selector = cls(list(tasks), seed=seed, **config.args)
+    missing = [
+        m
+        for m in ("next_batch", "observe", "state_dict", "load_state_dict", "task_stats")
+        if not callable(getattr(selector, m, None))
+    ]
+    if missing:
+        raise TaskSetError(
+            f"data.selector {config.path!r} lacks {missing}: a selector implements "
+            "agentscope_rft.data.selection.TaskSelector"
+        )
+    return selector
+
+
+def build_operator(
+    config: OperatorConfig, *, policy_url: str | None = None, policy_model: str | None = None,
+    policy_key: str | None = None,
+) -> Operator:  # fmt: skip
+    """One operator; judges with `base_url: policy` need the run's gateway URL and model."""
+    if isinstance(config, RewardRangeOp):
+        return reward_range(config.min, config.max)
+    if isinstance(config, LengthOp):
+        return length(config.min_tokens, config.max_tokens)
+    if isinstance(config, StatusOp):
+        return status(config.drop, config.stop_reasons)
+    if isinstance(config, FormatOp):
+        return FormatCheck(config.pattern, config.action, config.reward)
+    if isinstance(config, DedupOp):
+        return MinHashDedup(
+            threshold=config.threshold,
+            ngram=config.ngram,
+            num_perm=config.num_perm,
+            scope=config.scope,
+        )
+    if isinstance(config, GroupJudgeOp | RubricJudgeOp):
+        endpoint = config.endpoint
+        is_policy = endpoint.base_url == "policy"
+        if is_policy and policy_url is None:
+            raise ValueError(f"{config.type}: endpoint `policy` needs the run's gateway")
+        client = JudgeClient(
+            policy_url if is_policy else endpoint.base_url,  # type: ignore[arg-type]
+            model=endpoint.model or policy_model or "",
+            api_key=judge_api_key(endpoint.api_key_env, policy_key, is_policy),
+            timeout=endpoint.timeout,
+            max_retries=endpoint.max_retries,
+            temperature=endpoint.temperature,
+            max_tokens=endpoint.max_tokens,
+            concurrency=endpoint.concurrency,
+        )
+        common: dict[str, Any] = {
+            "question_field": config.question_field,
+            "reference_field": config.reference_field,
+            "weight": config.weight,
+            "on_failure": config.on_failure,
+            "max_response_chars": config.max_response_chars,
+        }
+        if isinstance(config, GroupJudgeOp):
+            return GroupJudge(client, instructions=config.instructions, **common)
+        return RubricJudge(client, rubric=config.rubric, rubric_field=config.rubric_field, **common)
+    assert isinstance(config, CustomOp)
+    fn = load_callable(config.path, "data operator")
+    return CustomOperator(fn, config.args, config.name or str(getattr(fn, "__name__", "custom")))
+
+
+def check_data(config: DataConfig, tasks: Sequence[Task], *, seed: int) -> None:
+    """Fail fast (before any model loads) on a selector or custom operator that cannot work:
+    the selector is built over the tasks, custom operators and priorities are imported."""
+    build_selector(config.selector, tasks, seed=seed)
+    for op in [*config.operators, *config.offline_operators]:
+        if isinstance(op, CustomOp):
+            load_callable(op.path, "data operator")
+
+
+def groups_from_explored(
+    rollouts: Sequence[Rollout], groups: Sequence[Sequence[Sample]]
+) -> list[Group]:
+    """The step's sample groups as operator `Group`s (episodes from their rollouts)."""
+    by_id = {r.rollout_id: r for r in rollouts}
+    out = []
+    for members in groups:
+        episodes: dict[str, list[Sample]] = {}
+        for sample in members:
+            episodes.setdefault(sample.rollout_id, []).append(sample)
+        items = []
+        task: dict[str, Any] = {}
+        for rollout_id, samples in episodes.items():
+            rollout = by_id.get(rollout_id)
+            response = ""
+            state = "ok"
+            reward = samples[0].reward
+            if rollout is not None:
+                task = rollout.task
+                response = next((c.content for c in reversed(rollout.calls) if c.content), "")
+                state = str(rollout.status)
+                reward = rollout.reward
+            items.append(Episode(rollout_id, tuple(samples), response or "", reward, state))
+        out.append(Group(members[0].group, task, tuple(items)))
+    return out
+
+
+class DataSide:
+    """The selector and operators of a run (see the module docstring).
+
+    Example:
+        >>> side = DataSide(selector, Pipeline([]), run_dir)  # doctest: +SKIP
+        >>> groups, metrics = await side.after_explore(1, rollouts, groups)  # doctest: +SKIP
+    """
+
+    def __init__(self, selector: TaskSelector, pipeline: Pipeline, run_dir: Path) -> None:
+        self.selector = selector
+        self.pipeline = pipeline
+        self.run_dir = run_dir
+
+    @classmethod
+    def build(
+        cls,
+        config: DataConfig,
+        tasks: Sequence[Task],
+        run_dir: Path,
+        *,
+        shuffle: bool,
+        seed: int,
+        policy_url: str | None = None,
+        policy_model: str | None = None,
+        policy_key: str | None = None,
+    ) -> DataSide:
+        """The data side of a run; logs what it does when it is not the default."""
+        selector = build_selector(config.selector, tasks, shuffle=shuffle, seed=seed)
+        operators = [
+            build_operator(
+                op, policy_url=policy_url, policy_model=policy_model, policy_key=policy_key
+            )
+            for op in config.operators
+        ]
+        if config.selector.type != "uniform" or operators:
+            logger.info(
+                "data: selector %s, operators [%s]",
+                config.selector.type,
+                ", ".join(op.name for op in operators),
+            )
+        return cls(selector, Pipeline(operators), run_dir)
+
+    async def after_explore(
+        self, step: int, rollouts: Sequence[Rollout], groups: list[list[Sample]]
+    ) -> tuple[list[list[Sample]], dict[str, float]]:
+        """Observe the step's rewards, export task statistics, run the operators: the groups
+        that go into the buffer and the step's `data/*` metrics."""
+        rewards: dict[str, list[float]] = {}
+        for rollout in rollouts:
+            if rollout.ok:
+                rewards.setdefault(rollout.task_id, []).append(rollout.reward)
+        for task_id, values in rewards.items():
+            self.selector.observe(task_id, values)
+        write_task_stats(self.run_dir, self.selector, step)
+        metrics = {"data/tasks_observed": float(len(rewards))}
+        if not self.pipeline or not groups:
+            return groups, metrics
+        kept, op_metrics = await self.pipeline(groups_from_explored(rollouts, groups))
+        metrics.update(op_metrics)
+        return [g.samples for g in kept], metrics
+
+    async def close(self) -> None:
+        for op in self.pipeline.operators:
+            closer = getattr(op, "close", None)
+            if closer is not None:
+                await closer()
+
+
+def apply_offline_operators(
+    operators: Sequence[OperatorConfig], units: dict[str, list[Sample]], decode: Any
+) -> dict[str, list[Sample]]:
+    """Offline units (a sample, or a DPO pair) kept by `operators`, each a one-episode group whose
+    response is the decoded text of its trained tokens. Logs what each operator did."""
+    if not operators:
+        return units
+    # every unit is its own group: near-duplicates are looked for across the whole file
+    pipeline = Pipeline(
+        [
+            build_operator(op.model_copy(update={"scope": "batch"}) if op.type == "dedup" else op)
+            for op in operators
+        ]
+    )
+    groups = []
+    for key, samples in units.items():
+        text = "\n".join(
+            decode([t for t, m in zip(s.token_ids, s.loss_mask, strict=True) if m]) for s in samples
+        )
+        groups.append(Group(key, {}, (Episode(key, tuple(samples), text, samples[0].reward),)))
+
+    result: dict[str, Any] = {}
+
+    def work() -> None:  # own loop in a thread: the caller may be inside a running loop
+        async def run() -> None:
+            try:
+                result["out"] = await pipeline(groups)
+            finally:
+                for op in pipeline.operators:
+                    closer = getattr(op, "close", None)
+                    if closer is not None:
+                        await closer()
+
+        try:
+            asyncio.run(run())
+        except BaseException as exc:  # re-raised in the caller's thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=work, name="offline-operators")
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    kept, metrics = result["out"]
+    logger.info(
+        "offline data: operators kept %d of %d units (%s)",
+        len(kept),
+        len(units),
+        ", ".join(f"{k.removeprefix('data/')}={v:g}" for k, v in metrics.items() if v),
+    )
+    if not kept:
+        raise TaskSetError("data.offline_operators dropped every offline sample")
+    return {g.group_id: g.samples for g in kept}
