@@ -42,6 +42,7 @@ from agentscope_rft.runtime.components import (
     sampling_rules,
     write_state,
 )
+from agentscope_rft.runtime.deterministic import deterministic_config, ordered
 from agentscope_rft.runtime.memory import release_freed_memory
 from agentscope_rft.runtime.offline import offline_batches
 from agentscope_rft.runtime.preflight import Checked, preflight
@@ -86,6 +87,7 @@ async def train(
         >>> asyncio.run(train(load_config("run.yaml"), Path("runs/run")))  # doctest: +SKIP
     """
     stop = stop or RunStop()
+    config = deterministic_config(config)  # a no-op unless run.deterministic
     checked = checked or preflight(config)  # everything checkable, before anything loads
     if config.runtime.type == "local":
         return await _train(config, run_dir, resume, stop, checked, ray_runtime=None)
@@ -284,6 +286,8 @@ async def _train(
                 )
                 if mix_demos and offline is not None:  # CHORD: demonstrations beside rollouts
                     samples = [*samples, *next(offline)]
+            if config.run.deterministic:
+                samples = ordered(samples)  # not in the order episodes finished
             progress.reset("train", total=1)  # a step once begun finishes, even on a stop
             metrics.update(await in_own_thread(trainer.step, samples, step))
             progress.advance("train")
