@@ -14,6 +14,13 @@ from .test_train_loop import final_weights, toy_config
 STEPS = 3
 
 
+@pytest.fixture(autouse=True)
+def _torch_settings_restored():
+    """The flag switches torch to deterministic algorithms process-wide: switch back after."""
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
 @pytest.fixture
 def toy_tasks(tmp_path) -> Path:
     path = tmp_path / "tasks.jsonl"
