@@ -5,11 +5,12 @@ What varies between two runs of one config without it, and what this module does
 
 - The embedded engine picks its CPU threads per forward size by measured time, and its dtype
   (`auto` on CPU) by a timed matmul: both are fixed here (all of torch's threads, float32).
-- The engine's fp32 log-probs depend at ~1e-7 on which requests shared a batch, which timing
-  decides; used as the PPO ratio's behaviour policy, that noise reaches the loss, and Adam
-  (which divides by the gradient's size) grows it into different weights within a few steps.
-  Here the trainer recomputes the behaviour log-probs itself (`trainer.old_logprobs:
-  recompute`): one more forward per step, the price of determinism.
+- The engine's fp32 logits depend at ~1e-7 on which requests shared a batch and on whether a
+  prompt's prefix came from the prefix cache, and timing decides both. That flips sampled
+  tokens (on a flat distribution, often: tokens 2e-5 apart in the inverse CDF) and reaches the
+  loss through the rollout log-probs, and Adam (which divides by the gradient's size) grows it
+  into different weights within a few steps. Here the engine computes each request alone
+  (`max_batch_size: 1`, no prefix cache): the price of determinism, in speed.
 - Samples reach the trainer in a fixed order (`ordered`: by rollout number, then call), not in
   the order their episodes finished or the buffer returned them.
 - `torch.use_deterministic_algorithms` (CUDA: with the cuBLAS workspace it needs).
@@ -30,7 +31,7 @@ from collections.abc import Sequence
 
 import torch
 
-from agentscope_rft.config import EmbeddedEngineConfig, RunConfig, TorchTrainerConfig
+from agentscope_rft.config import EmbeddedEngineConfig, RunConfig
 from agentscope_rft.types import Sample
 
 logger = logging.getLogger(__name__)
@@ -46,11 +47,9 @@ VARYING_METRICS = (
     "engine/running",
     "engine/waiting",
     "engine/threads/",
-    "train/rollout_trainer_logprob_diff",
 )
 """Metric names (or prefixes) that `run.deterministic` does not make repeat: wall time and
-throughput, how the engine batched and cached (timing decides), and the engine-vs-trainer
-log-prob gap (the engine's fp32 log-probs depend on the batch)."""
+throughput, and the engine's queue and batching counters (timing decides them)."""
 
 
 def repeats(name: str) -> bool:
@@ -65,7 +64,7 @@ def deterministic_config(config: RunConfig) -> RunConfig:
     switched to deterministic algorithms. A no-op unless `run.deterministic`."""
     if not config.run.deterministic:
         return config
-    engine, trainer = config.engine, config.trainer
+    engine = config.engine
     if isinstance(engine, EmbeddedEngineConfig):
         changes: dict[str, object] = {}
         if engine.num_threads is None:
@@ -80,19 +79,20 @@ def deterministic_config(config: RunConfig) -> RunConfig:
         if engine.dtype == "auto" and on_cpu:
             changes["dtype"] = "float32"
             logger.info("run.deterministic: engine.dtype auto -> float32 (auto times a matmul)")
+        if engine.max_batch_size > 1 or engine.prefix_caching:
+            changes.update(max_batch_size=1, prefix_caching=False)
+            logger.info(
+                "run.deterministic: engine.max_batch_size 1, prefix_caching off: each request is "
+                "computed alone (fp32 results depend on the batch and on cached prefixes, and "
+                "timing decides both)"
+            )
         if changes:
             engine = engine.model_copy(update=changes)
-    if isinstance(trainer, TorchTrainerConfig) and trainer.old_logprobs == "rollout":
-        trainer = trainer.model_copy(update={"old_logprobs": "recompute"})
-        logger.info(
-            "run.deterministic: trainer.old_logprobs rollout -> recompute (the engine's "
-            "log-probs depend on which requests shared a batch)"
-        )
     # cuBLAS needs a fixed workspace for deterministic matmuls; set before CUDA initializes.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
     _warn_what_varies(config)
-    return config.model_copy(update={"engine": engine, "trainer": trainer})
+    return config.model_copy(update={"engine": engine})
 
 
 def _warn_what_varies(config: RunConfig) -> None:

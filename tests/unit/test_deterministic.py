@@ -48,8 +48,9 @@ def test_timed_settings_are_fixed_and_said(caplog):
     with caplog.at_level(logging.INFO):
         fixed = deterministic_config(flagged)
     assert fixed.engine.num_threads == torch.get_num_threads()  # type: ignore[union-attr]
-    assert fixed.trainer.old_logprobs == "recompute"  # type: ignore[union-attr]
-    assert "engine.num_threads fixed" in caplog.text and "old_logprobs" in caplog.text
+    assert fixed.engine.max_batch_size == 1  # type: ignore[union-attr]
+    assert not fixed.engine.prefix_caching  # type: ignore[union-attr]
+    assert "engine.num_threads fixed" in caplog.text and "computed alone" in caplog.text
     if not torch.cuda.is_available():
         assert fixed.engine.dtype == "float32"
     # A user's own settings stay; without the flag nothing changes.
