@@ -126,12 +126,18 @@ def _natural(text: str) -> tuple[tuple[int, str], ...]:
 def ordered(samples: Sequence[Sample]) -> list[Sample]:
     """`samples` in an order that does not depend on timing: by policy version, rollout id
     (batch, then task and rollout number: `s3.12` is step 3's 13th episode) and sample id; a
-    rollout's samples keep their order (the sort is stable).
+    rollout's samples keep their order (the sort is stable). Demonstrations and preference
+    pairs (not `kind == "rl"`, or with a `pair_id`) come from files in a fixed order: they stay
+    as they are, after the rollouts.
 
     Example:
         >>> [s.rollout_id for s in ordered(samples)]  # doctest: +SKIP
         ['s0.0', 's0.1', 's0.2', 's0.10']
     """
-    return sorted(
-        samples, key=lambda s: (s.policy_version, _natural(s.rollout_id), _natural(s.sample_id))
-    )
+    rollouts = [s for s in samples if s.kind == "rl" and s.pair_id is None]
+    rest = [s for s in samples if not (s.kind == "rl" and s.pair_id is None)]
+    return sorted(rollouts, key=_rollout_order) + rest
+
+
+def _rollout_order(sample: Sample) -> tuple[object, ...]:
+    return (sample.policy_version, _natural(sample.rollout_id), _natural(sample.sample_id))

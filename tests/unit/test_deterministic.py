@@ -41,6 +41,16 @@ def test_samples_are_ordered_by_version_rollout_number_then_call():
         ("s1.10", "s1.10:-:0"),  # 10 after 2: numbers compare as numbers
         ("s0.9", "s0.9:-:0"),  # a newer policy version last
     ]
+    demo = Sample(
+        token_ids=[1],
+        loss_mask=[1],
+        logprobs=[0.0],
+        reward=0.0,
+        rollout_id="",
+        task_id="d",
+        kind="sft",
+    )
+    assert ordered([demo, *given])[-1] is demo  # demonstrations keep their place after rollouts
 
 
 def test_timed_settings_are_fixed_and_said(caplog):
