@@ -478,6 +478,13 @@ class RunSettings(Section):
     """Replace an existing run folder (otherwise an existing folder is an error)."""
     get_timeout: float = Field(default=3600.0, gt=0)
     """Seconds the trainer waits for samples before failing with what it waits for."""
+    deterministic: bool = False
+    """Two runs with one seed give the same metrics and weights (wall times, throughput and engine
+    queue counters aside) with the embedded engine, the torch trainer and `mode: sync`: engine
+    threads and dtype are fixed instead of timed, the engine computes each request alone (batch 1,
+    no prefix cache: much slower exploration), samples are trained in rollout order, torch uses
+    deterministic algorithms. Each change is said in a log line; what still varies:
+    docs/lifecycle.md."""
 
 
 EXPLORING_MODES = ("sync", "one_step_off", "async")

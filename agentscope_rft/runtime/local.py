@@ -20,6 +20,7 @@ from agentscope_rft.engines.base import Engine
 from agentscope_rft.explorer.explorer import EpisodeSettings, Explorer, ExploreResult
 from agentscope_rft.explorer.runner import EpisodeRunner, ModelSettings
 from agentscope_rft.gateway.server import Gateway
+from agentscope_rft.runtime.deterministic import deterministic_config
 from agentscope_rft.runtime.preflight import Checked, preflight
 from agentscope_rft.runtime.signals import RunStop
 from agentscope_rft.runtime.training import TrainingRun
@@ -48,6 +49,7 @@ async def train(
         >>> asyncio.run(train(load_config("run.yaml"), Path("runs/run")))  # doctest: +SKIP
     """
     stop = stop or RunStop()
+    config = deterministic_config(config)  # a no-op unless run.deterministic
     checked = checked or preflight(config)  # everything checkable, before anything loads
     if config.runtime.type == "local":
         return await TrainingRun(config, run_dir, resume, stop, checked, ray_runtime=None).run()

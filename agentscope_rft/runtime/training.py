@@ -53,6 +53,7 @@ from agentscope_rft.runtime.components import (
     sampling_rules,
     write_state,
 )
+from agentscope_rft.runtime.deterministic import ordered
 from agentscope_rft.runtime.gpus import room_for_training
 from agentscope_rft.runtime.memory import release_freed_memory
 from agentscope_rft.runtime.offline import offline_batches
@@ -371,6 +372,8 @@ class TrainingRun:
         metrics.update(replay_metrics(samples))
         if self.mix_demos and self.offline is not None:  # CHORD: demonstrations beside rollouts
             samples = [*samples, *next(self.offline)]
+        if self.config.run.deterministic:
+            samples = ordered(samples)  # not in the order episodes finished
         return samples, metrics
 
     def _skip_empty_step(self, step: int, metrics: dict[str, float], in_a_row: int) -> None:
