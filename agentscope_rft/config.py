@@ -736,8 +736,21 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             if not isinstance(child, dict):
                 raise ConfigError(f"--set {item!r}: {part!r} is not a section")
             node = child
+        # An override of a split replaces the file's key for it under its other name.
+        alias = SPLIT_ALIASES.get(tuple(path))
+        if alias is not None:
+            node.pop(alias, None)
         node[path[-1]] = value
     return data
+
+
+SPLIT_ALIASES = {
+    ("tasks", "eval"): "test",
+    ("tasks", "test"): "eval",
+    ("tasks", "val"): "validation",
+    ("tasks", "validation"): "val",
+}
+"""Task split keys with two names (`--set tasks.eval=...` replaces a file's `test:`)."""
 
 
 # Keys that name files: in a config file they are relative to the file's folder.

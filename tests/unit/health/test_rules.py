@@ -191,7 +191,13 @@ def test_config_refuses_what_it_cannot_do(tmp_path):
         )
     with pytest.raises(ConfigError, match="unknown EntropyCollapseRule key 'fractoin'"):
         load_config(None, [*base, "health.rules.entropy_collapse.fractoin=0.1"])
+    both = tmp_path / "both.yaml"
+    both.write_text("workflow: app.py:run\ntasks: {train: t.jsonl, test: a.jsonl, eval: b.jsonl}\n")
     with pytest.raises(ConfigError, match="name the same split"):
-        load_config(None, [*base, "tasks.test=a.jsonl", "tasks.eval=b.jsonl"])
+        load_config(both)
+    # an override of a split replaces the file's key for it under its other name
+    both.write_text("workflow: app.py:run\ntasks: {train: t.jsonl, test: a.jsonl}\n")
+    assert load_config(both, ["tasks.eval=null"]).tasks.eval is None
+    assert load_config(both, ["tasks.eval=b.jsonl"]).tasks.eval.endswith("b.jsonl")
     config = load_config(None, [*base, "tasks.validation=v.jsonl", "tasks.test=x.jsonl"])
     assert config.tasks.val.endswith("v.jsonl") and config.tasks.eval.endswith("x.jsonl")
