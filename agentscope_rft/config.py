@@ -744,7 +744,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     return data
 
 
-SPLIT_ALIASES = {
+SPLIT_ALIASES: dict[tuple[str, ...], str] = {
     ("tasks", "eval"): "test",
     ("tasks", "test"): "eval",
     ("tasks", "val"): "validation",

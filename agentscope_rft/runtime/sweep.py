@@ -36,8 +36,11 @@ from types import FrameType
 from typing import Any
 
 from agentscope_rft.config import RunConfig, dump_config
-from agentscope_rft.runtime.components import STATE_FILE, read_state
 from agentscope_rft.runtime.signals import EXIT_STOPPED
+
+# (not imported from runtime.components: that imports the explorer, AgentScope and transformers,
+# seconds the CLI must not spend before its checks)
+STATE_FILE = "state.json"
 
 logger = logging.getLogger(__name__)
 
@@ -247,6 +250,8 @@ def seed_finished(run_dir: Path, steps: int) -> bool:
     """Whether the seed's run saved its last step (a sweep killed after it ended)."""
     if not (run_dir / STATE_FILE).is_file():
         return False
+    from agentscope_rft.runtime.components import read_state
+
     try:
         return int(read_state(run_dir).get("step", -1)) >= steps
     except ValueError:
