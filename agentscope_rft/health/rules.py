@@ -129,29 +129,38 @@ def entropy_collapse(history: Sequence[StepMetrics], cfg: EntropyCollapseRule) -
 
 
 def _above(
-    history: Sequence[StepMetrics], metric: str, bound: float, patience: int
-) -> tuple[int, float] | None:
+    history: Sequence[StepMetrics],
+    metric: str,
+    bound: float,
+    patience: int,
+    message: Callable[[float], str],
+) -> Finding | None:
+    """A finding when `metric` was above `bound` for the last `patience` steps, explained by
+    `message(value)`."""
+
     def broken(h: StepMetrics) -> bool:
         value = _value(h, metric)
         return value is not None and value > bound
 
     onset = _streak(history, broken, patience)
-    return None if onset is None else (onset, _value(history[-1], metric) or 0.0)
+    if onset is None:
+        return None
+    value = _value(history[-1], metric) or 0.0
+    return Finding(metric, value, bound, message(value), onset)
 
 
 def logprob_gap(history: Sequence[StepMetrics], cfg: LogprobGapRule) -> Finding | None:
     """`train/rollout_trainer_logprob_diff` above `max`."""
-    hit = _above(history, "train/rollout_trainer_logprob_diff", cfg.max, cfg.patience)
-    if hit is None:
-        return None
-    onset, value = hit
-    return Finding(
+    return _above(
+        history,
         "train/rollout_trainer_logprob_diff",
-        value,
         cfg.max,
-        f"engine and trainer log-probs differ by {value:.3g} per token (> {cfg.max:g}): the "
-        "trainer is not training the policy that explored (weight sync, dtype or chat template)",
-        onset,
+        cfg.patience,
+        lambda value: (
+            f"engine and trainer log-probs differ by {value:.3g} per token "
+            f"(> {cfg.max:g}): the trainer is not training the policy that explored (weight sync, "
+            "dtype or chat template)"
+        ),
     )
 
 
@@ -196,33 +205,30 @@ def equal_rewards(history: Sequence[StepMetrics], cfg: EqualRewardRule) -> Findi
 
 def truncation(history: Sequence[StepMetrics], cfg: TruncationRule) -> Finding | None:
     """Share of calls that hit their token limit above `max_rate`."""
-    hit = _above(history, "response_length/clip_ratio", cfg.max_rate, cfg.patience)
-    if hit is None:
-        return None
-    onset, value = hit
-    return Finding(
+    return _above(
+        history,
         "response_length/clip_ratio",
-        value,
         cfg.max_rate,
-        f"{value * 100:.0f}% of model calls stopped at their token limit: replies are degenerating "
-        "(padding to the limit) or the limit is too low (explorer.sampling.max_tokens)",
-        onset,
+        cfg.patience,
+        lambda value: (
+            f"{value * 100:.0f}% of model calls stopped at their token limit: replies "
+            "are degenerating (padding to the limit) or the limit is too low "
+            "(explorer.sampling.max_tokens)"
+        ),
     )
 
 
 def kl(history: Sequence[StepMetrics], cfg: KLRule) -> Finding | None:
     """`kl/mean` above `max`."""
-    hit = _above(history, "kl/mean", cfg.max, cfg.patience)
-    if hit is None:
-        return None
-    onset, value = hit
-    return Finding(
+    return _above(
+        history,
         "kl/mean",
-        value,
         cfg.max,
-        f"KL to the reference policy is {value:.3g} (> {cfg.max:g}): the policy drifted far "
-        "(raise algorithm.kl.coef or lower trainer.lr)",
-        onset,
+        cfg.patience,
+        lambda value: (
+            f"KL to the reference policy is {value:.3g} (> {cfg.max:g}): the policy "
+            "drifted far (raise algorithm.kl.coef or lower trainer.lr)"
+        ),
     )
 
 
