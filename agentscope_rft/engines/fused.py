@@ -55,6 +55,7 @@ from agentscope_rft.engines.packed import (
     on_repack,
     pack,
     packed_weight,
+    packing_fails,
 )
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -155,7 +156,7 @@ class FusedDecoder:
         # Folds rotate_half's sign into the sin (see `_rotary`): -1 on the first half.
         self.rotary_sign = torch.ones(self.head_dim, dtype=dtype, device=weight.device)
         self.rotary_sign[: self.head_dim // 2] = -1
-        self.use_packing = dtype in PACKED_DTYPES and torch.backends.mkldnn.is_available()
+        self.use_packing = dtype in PACKED_DTYPES and packing_fails(dtype) is None
         self.fuse = not fusion_changes_results(dtype, self.use_packing)
         self.layers: list[_Layer] = []
         self.refresh()

@@ -40,10 +40,28 @@ def packing_unsupported(model: nn.Module) -> str | None:
         return f"on {weight.device.type} (packing is for CPU)"
     if weight.dtype not in PACKED_DTYPES:
         return f"{str(weight.dtype).removeprefix('torch.')} weights (packing is for bf16/fp16)"
+    return packing_fails(weight.dtype)
+
+
+_PROBED: dict[torch.dtype, str | None] = {}
+
+
+def packing_fails(dtype: torch.dtype) -> str | None:
+    """Why oneDNN-packed `dtype` linears do not work on this CPU (None: they do, bit-exactly).
+
+    The packed bf16 kernels need AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT; on other x86 CPUs the op
+    raises, so it is probed once per dtype instead of assumed.
+    """
+    if dtype not in _PROBED:
+        _PROBED[dtype] = _probe(dtype)
+    return _PROBED[dtype]
+
+
+def _probe(dtype: torch.dtype) -> str | None:
     if not torch.backends.mkldnn.is_available():
         return "this torch build has no oneDNN"
-    probe = nn.Linear(64, 48, dtype=weight.dtype)
-    x = torch.randn(5, 64, dtype=weight.dtype)
+    probe = nn.Linear(64, 48, dtype=dtype)
+    x = torch.randn(5, 64, dtype=dtype)
     try:
         with torch.no_grad():
             packed = linear(x, pack(probe.weight), probe.bias)

@@ -193,5 +193,11 @@ class ObjectiveLoss:
         entropy_sum = entropy.detach()[trained].sum() if entropy is not None else 0.0
         metrics["entropy/sum"] = float(entropy_sum)
         metrics["entropy/tokens"] = float(trained.sum())
+        # engine vs trainer log-probs on sampled tokens (the trainer keeps the first update's)
+        kinds = data["sample_kinds"].to(device)
+        sampled = trained & torch.eq(kinds, 0).unsqueeze(1)
+        gap = (logprobs.detach().float() - inputs.rollout_logprobs).abs()[sampled]
+        metrics["gap/sum"] = float(gap.sum())
+        metrics["gap/tokens"] = float(sampled.sum())
         dp_size = int(tu.get_non_tensor_data(data, "dp_size", 1))
         return loss * dp_size, metrics

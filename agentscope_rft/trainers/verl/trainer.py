@@ -175,13 +175,18 @@ class VerlTrainer:
 
         sums: dict[str, float] = defaultdict(float)
         lr = self.config.lr * self.schedule(self.optimizer_steps)
+        gap: dict[str, float] = defaultdict(float)  # engine vs trainer, before the first update
         parts = mini_batch_rows(len(samples), self.config.mini_batches)
-        for _ in range(self.config.epochs):
-            for mini in parts:
-                lr = self._update(batch, mini, old, ref, advantages, seq_weights, sums)
+        for epoch in range(self.config.epochs):
+            for index, mini in enumerate(parts):
+                first = gap if epoch == 0 and index == 0 else None
+                lr = self._update(batch, mini, old, ref, advantages, seq_weights, sums, first)
         updates = self.config.epochs * self.config.mini_batches
         metrics.update(step_metrics(sums, updates, batch, time.perf_counter() - started))
         metrics.update(batch_metrics(batch, old, ref, recompute))
+        if not recompute and gap["tokens"]:
+            # The first mini-batch's forward ran the weights that explored: its gap is free.
+            metrics["train/rollout_trainer_logprob_diff"] = gap["sum"] / gap["tokens"]
         metrics["lr"] = lr
         return metrics
 
@@ -194,8 +199,11 @@ class VerlTrainer:
         advantages: Tensor,
         seq_weights: Tensor,
         sums: dict[str, float],
+        gap: dict[str, float] | None = None,
     ) -> float:
-        """One optimizer step over the rows `mini` of `batch`; returns the next step's LR."""
+        """One optimizer step over the rows `mini` of `batch`; returns the next step's LR.
+
+        `gap` (the step's first update) collects the engine-vs-trainer log-prob gap."""
         mini = self._trimmed(mini)
         part = batch.select(mini)
         weights = seq_weights[mini] if self.algorithm.normalize_per_rollout else None
@@ -228,6 +236,10 @@ class VerlTrainer:
             sums["perf/mfu"] += out.pop("mfu")
         for key in ("step_time_s", "num_tokens", "num_sequences"):
             out.pop(key, None)
+        for key in ("sum", "tokens"):
+            value = out.pop(f"gap/{key}", 0.0)
+            if gap is not None:
+                gap[key] += value
         for key, value in out.items():
             sums[key] += value
         return lr
