@@ -198,6 +198,13 @@ SetOption = Annotated[
     list[str] | None,
     typer.Option("--set", help="Override a config value: key.path=value (repeatable)."),
 ]
+ArtefactsOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Sweep: copy its small artefacts (configs, metrics, summary, test results) into "
+        "this folder, to commit beside a README's table."
+    ),
+]
 
 
 _USER_ERRORS = {
@@ -279,8 +286,13 @@ def train(
         str, typer.Option(help="Sweep: seeds run at once (a number, or auto from the cluster).")
     ] = "auto",
     test: Annotated[
-        bool, typer.Option(help="Sweep: evaluate each seed's best checkpoint on the test split.")
+        bool,
+        typer.Option(
+            help="Sweep: evaluate each seed's best checkpoint (and the untrained model) on the "
+            "test split."
+        ),
     ] = False,
+    artefacts: ArtefactsOption = None,
 ) -> None:
     """Train an AgentScope app with reinforcement fine-tuning (or SFT/DPO offline).
 
@@ -295,8 +307,10 @@ def train(
     from agentscope_rft.runtime.sweep import is_sweep
 
     if seeds is not None or (resume is not None and is_sweep(Path(resume))):
-        _train_sweep(config, set_ or [], resume, seeds, parallel, test, log_level)
+        _train_sweep(config, set_ or [], resume, seeds, parallel, test, log_level, artefacts)
         return
+    if artefacts is not None:
+        raise fail("--artefacts exports a seed sweep: add --seeds (e.g. --seeds 0,1,2)")
 
     from agentscope_rft.config import load_config
     from agentscope_rft.runtime.preflight import preflight
@@ -336,6 +350,7 @@ def _train_sweep(
     parallel: str,
     test: bool,
     log_level: str,
+    artefacts: str | None,
 ) -> None:
     from pathlib import Path
 
@@ -379,17 +394,38 @@ def _train_sweep(
         f"[bold green]done[/] sweep {sweep_dir}: {sweep_dir / 'summary.md'}, "
         f"{sweep_dir / 'seeds.png'}"
     )
+    if artefacts is not None:
+        _export_artefacts(sweep_dir, Path(artefacts))
+
+
+def _export_artefacts(sweep_dir: Any, out: Any) -> None:
+    import shlex
+    import sys
+
+    from agentscope_rft.runtime.artefacts import export_artefacts
+    from agentscope_rft.runtime.sweep import SweepError
+
+    command = shlex.join(["agentscope-rft", *sys.argv[1:]])
+    try:
+        written = export_artefacts(sweep_dir, out, command)
+    except _user_errors(SweepError) as exc:
+        raise fail(str(exc)) from exc
+    console.print(f"artefacts: {len(written)} files in {out} (index: {out / 'ARTEFACTS.md'})")
 
 
 @app.command("sweep-summary")
 def sweep_summary(
     sweep_dir: Annotated[str, typer.Argument(help="The sweep folder (runs/<name>).")],
     test: Annotated[
-        bool, typer.Option(help="Evaluate each seed's best checkpoint on the test split.")
+        bool,
+        typer.Option(
+            help="Evaluate each seed's best checkpoint (and the untrained model) on the test split."
+        ),
     ] = False,
+    artefacts: ArtefactsOption = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
-    """(Re)write a seed sweep's summary.json, summary.md and seeds.png."""
+    """(Re)write a seed sweep's summary.json, summary.md and seeds.png (and export artefacts)."""
     setup_logging(log_level)
     from pathlib import Path
 
@@ -407,6 +443,8 @@ def sweep_summary(
     except _user_errors(SweepError) as exc:
         raise fail(str(exc)) from exc
     console.print(markdown_table(summary, folder.name), markup=False, highlight=False)
+    if artefacts is not None:
+        _export_artefacts(folder, Path(artefacts))
 
 
 @app.command()

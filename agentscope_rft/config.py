@@ -8,13 +8,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
     Field,
     ValidationError,
-    field_validator,
     model_validator,
 )
 
@@ -22,10 +21,23 @@ from agentscope_rft.algorithms.config import AlgorithmConfig
 from agentscope_rft.buffer.config import BufferConfig
 from agentscope_rft.config_base import Section
 from agentscope_rft.data.config import JUDGE_TYPES, DataConfig
+from agentscope_rft.engines.config import (  # noqa: F401  (re-exported)
+    EmbeddedEngineConfig,
+    EngineConfig,
+    VLLMEngineConfig,
+)
 from agentscope_rft.health.config import HealthConfig
 from agentscope_rft.monitor.config import MonitorConfig
 from agentscope_rft.runtime.config import RuntimeConfig
 from agentscope_rft.runtime.gpus import GpuPlacement
+from agentscope_rft.trainers.config import (  # noqa: F401  (re-exported)
+    LoRAConfig,
+    TorchTrainerConfig,
+    TrainerConfig,
+    TrainerSettings,
+    VerlRayConfig,
+    VerlTrainerConfig,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -41,108 +53,6 @@ class ModelConfig(Section):
     """Context window in tokens; default: the model's `max_position_embeddings`."""
 
 
-class EmbeddedEngineConfig(Section):
-    """The embedded transformers engine (CPU or one CUDA device, in-process)."""
-
-    type: Literal["embedded"] = "embedded"
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """`auto`: bf16 on CUDA; on CPU bf16 only where it measures faster than fp32."""
-    device: str = "auto"
-    """`auto` (CUDA if available), `cpu`, `cuda` or `cuda:N`."""
-    max_batch_size: int = Field(default=32, ge=1, le=1024)
-    """Sequences decoded together in one batch."""
-    max_prefill_tokens: int = Field(default=8192, ge=64)
-    """Padded prompt tokens admitted per prefill step (bounds latency of running requests)."""
-    reuse_prompt_tokens: bool = True
-    """Reuse the exact sampled tokens of a rollout's earlier calls in later prompts (no
-    re-tokenization drift; consecutive calls then merge into one training sample)."""
-    seed: int = 0
-    """Seed for requests that do not set one (follows the sweep seed of `--seeds` unless set)."""
-    prefix_caching: bool = True
-    """Reuse the KV of token blocks computed by earlier requests (shared system prompts, an
-    episode's earlier calls): a request prefills only what is not cached. Cleared on every
-    weight swap. Off for models with sliding-window or linear-attention layers."""
-    prefix_cache_gib: float | None = Field(default=None, ge=0)
-    """Memory for cached KV blocks (GiB, on the engine's device); least recently used blocks
-    are evicted beyond it. SmolLM2-135M: ~46 KB per token in fp32, so 1 GiB holds ~23k tokens.
-    null: sized from the device's free memory when the engine starts, 1/8 of it, at most 1 GiB
-    (logged); the trainer in the same process needs the rest."""
-    prefix_block_tokens: int = Field(default=16, ge=1, le=1024)
-    """Tokens per cached block: a request reuses whole blocks of its prompt."""
-    prefill_chunk_tokens: int | None = Field(default=512, ge=16)
-    """A prompt with more uncached tokens than this is prefilled in chunks of this size, one
-    per decode step of the running requests (so it does not stall them); null: in one go."""
-    fused_decode: bool = True
-    """CPU: Llama, Mistral, Qwen2 and Qwen3 models run a fused forward: decode steps with one
-    matmul for q/k/v and one for gate/up, no per-layer module plumbing (15-25% faster per step);
-    prefills as one unpadded batch of all admitted prompts' new tokens. bf16 results are
-    bit-identical to the transformers forward of each sequence alone. Other models use
-    transformers' forward (prefills padded)."""
-    num_threads: int | None = Field(default=None, ge=1)
-    """CPU threads the engine computes with (its own thread only; the trainer keeps its own).
-    Default: per forward size, all cores but one or all cores, whichever measures faster here,
-    compared in pairs of forwards (every multi-threaded step waits whenever another thread or
-    process takes a core). Engine metrics `threads/tokens_*` show the choice. With more than one
-    thread, the engine keeps its OpenMP team the only lasting one in the process: the main
-    thread's torch ops run single-threaded from the engine's start, and the framework's other
-    torch work runs in threads that end with it (libgomp wakes every team from sleep once a
-    process has more OpenMP threads than cores, which made small decode steps 2x slower)."""
-
-
-class VLLMEngineConfig(Section):
-    """vLLM OpenAI servers in their own process (and environment), started and supervised."""
-
-    type: Literal["vllm"] = "vllm"
-    python: str | None = None
-    """Interpreter with vLLM; default `$AGENTSCOPE_RFT_VLLM_PYTHON`, then `.venv-vllm/bin/python`
-    (create it with `agentscope-rft install-vllm`)."""
-    urls: list[str] = Field(default_factory=list)
-    """Connect to running vLLM servers instead of starting them (`http://host:port`)."""
-    replicas: int = Field(default=1, ge=1, le=64)
-    """Servers to start; each rollout sticks to one (hash of its id) to reuse its prefix cache."""
-    port: int | None = Field(default=None, ge=1, le=65535)
-    """First port for started servers; default: free ports."""
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """Weights and compute dtype of the vLLM server."""
-    enforce_eager: bool = False
-    """Skip CUDA graphs / torch.compile: much faster start-up, slower decoding."""
-    kv_cache_space_gib: float = Field(default=2.0, gt=0)
-    """KV cache size on CPU (`VLLM_CPU_KVCACHE_SPACE`)."""
-    extra_args: list[str] = Field(default_factory=list)
-    """More `vllm serve` arguments, passed through verbatim."""
-    env: dict[str, str] = Field(default_factory=dict)
-    """Extra environment variables for the server processes."""
-    startup_timeout: float = Field(default=600.0, gt=0)
-    """Seconds to wait for a server to become healthy."""
-    max_restarts: int = Field(default=3, ge=0)
-    """Restarts of a crashed server before the engine gives up."""
-    request_timeout: float = Field(default=600.0, gt=0)
-    """Seconds one request to vLLM may take."""
-    sync_mode: Literal["wait", "keep"] = "wait"
-    """Weight sync: `wait` drains in-flight requests first; `keep` freezes and resumes them."""
-    chat_rendering: Literal["engine", "vllm"] = "engine"
-    """`engine`: our chat template and tool parser with token-id prompts (identical records to
-    the embedded engine, prompt-token reuse); `vllm`: vLLM's chat endpoint and tool parser."""
-    tool_call_parser: str = "hermes"
-    """vLLM's tool-call parser (`chat_rendering: vllm` only)."""
-    reuse_prompt_tokens: bool = True
-    """Reuse the sampled tokens of a rollout's earlier calls in later prompts (`chat_rendering:
-    engine`)."""
-    enable_lora: bool = False
-    """Serve LoRA adapters (weight sync loads one adapter per policy version)."""
-    max_lora_rank: int = Field(default=16, ge=1)
-    """Largest LoRA rank the server accepts (`enable_lora`)."""
-    max_loras: int = Field(default=2, ge=1)
-    """LoRA adapters held at once (`enable_lora`)."""
-    weight_transfer: Literal["nccl"] | None = None
-    """GPU only: stream weights from the trainer over NCCL instead of a checkpoint reload."""
-    seed: int = 0
-    """Seed of the vLLM servers (follows the sweep seed of `--seeds` unless set)."""
-
-
-EngineConfig = Annotated[EmbeddedEngineConfig | VLLMEngineConfig, Field(discriminator="type")]
-
-
 class GatewayConfig(Section):
     """The OpenAI-compatible endpoint the app's model calls go to."""
 
@@ -152,145 +62,6 @@ class GatewayConfig(Section):
     """Port; 0 picks a free one."""
     api_key: str | None = "auto"
     """`auto`: a random per-run key; a string: that key; null: no authentication."""
-
-
-class LoRAConfig(Section):
-    """Low-rank adapters (peft) instead of full fine-tuning."""
-
-    rank: int = Field(default=16, ge=1, le=1024)
-    """Adapter rank r."""
-    alpha: int = Field(default=32, gt=0)
-    """Adapter scaling alpha (the update is scaled by alpha / r)."""
-    dropout: float = Field(default=0.0, ge=0, lt=1)
-    """Dropout on the adapter input."""
-    target_modules: list[str] | Literal["all-linear"] = "all-linear"
-    """Module names to adapt, or `all-linear`."""
-
-
-class TrainerSettings(Section):
-    """What every trainer backend means the same way: optimizer, schedule, batching, model.
-
-    `TorchTrainerConfig` and `VerlTrainerConfig` extend it with their own placement keys, so a run
-    switches backends by changing `type` (and adding placement keys), not by renaming settings.
-    """
-
-    lr: float = Field(default=1e-6, gt=0)
-    """Peak learning rate of the policy (AdamW)."""
-    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
-    """Decay after warm-up, over the run's steps."""
-    warmup_steps: int = Field(default=0, ge=0)
-    """Steps of linear warm-up from near zero to `lr`."""
-    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
-    """Floor of linear/cosine decay, as a fraction of `lr`."""
-    weight_decay: float = Field(default=0.0, ge=0)
-    """AdamW weight decay."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW betas."""
-    grad_clip: float | None = Field(default=1.0, gt=0)
-    """Clip the global gradient norm to this (null: no clipping)."""
-    micro_batch_tokens: int = Field(default=8192, ge=16)
-    """Tokens per forward/backward pass; gradients accumulate across micro-batches. torch: padded
-    tokens (rows x longest); verl: real tokens per rank (its dynamic batching packs rows)."""
-    mini_batches: int = Field(default=1, ge=1)
-    """Optimizer steps per training step (the batch is split into this many parts)."""
-    epochs: int = Field(default=1, ge=1)
-    """Passes over each batch (PPO epochs)."""
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Compute dtype; weights and optimizer stay fp32. `auto`: bf16 where it is faster (CUDA with
-    bf16; torch also on CPUs with fast bf16 matmuls), else fp32."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in backward: less memory, ~30% more time."""
-    lora: LoRAConfig | None = None
-    """Train LoRA adapters instead of all weights (null: full fine-tuning)."""
-    old_logprobs: Literal["rollout", "recompute"] = "rollout"
-    """Behaviour policy for the importance ratio: the engine's recorded log-probs, or log-probs
-    recomputed by the trainer before the update (then TIS, if on, corrects rollout vs trainer)."""
-    max_seq_len: int | None = Field(default=None, ge=16)
-    """Longest sample trained; longer ones are an error (set explorer limits instead)."""
-
-
-class TorchTrainerConfig(TrainerSettings):
-    """The embedded trainer: plain PyTorch on CPU or one GPU."""
-
-    type: Literal["torch"] = "torch"
-    device: str = "auto"
-    """`auto` (CUDA if available), `cpu`, `cuda` or `cuda:N`."""
-    share_prefix: bool = True
-    """Run the token prefix that every sample of a mini-batch shares (system prompt, tool schemas,
-    few-shot turns) through the model once, not once per sample. Exact: gradients flow through
-    it. Off with `gradient_checkpointing`, for models with sliding-window layers, and when the
-    shared prefix is shorter than 32 tokens."""
-    memory_budget_gib: float | None = Field(default=None, gt=0)
-    """Memory the trainer may use (GiB; CPU RAM, or the GPU's memory on CUDA): fixed weights,
-    gradients and AdamW state, plus one pass's activations. Each step splits its micro-batches
-    below `micro_batch_tokens` as needed to stay within it, and turns on gradient checkpointing
-    for that step only when one sample would not fit otherwise (both logged). A budget below the
-    fixed part is an error naming it. null: no budget (`micro_batch_tokens` as given)."""
-
-
-class VerlRayConfig(Section):
-    """Ray for a verl trainer with more than one rank (one Ray actor per rank)."""
-
-    address: str | None = None
-    """Ray cluster to join (`auto`, `ray://head:10001`, `head:6379`); null: join the cluster this
-    process already belongs to, else start a local Ray (stopped again by `close()`)."""
-    num_cpus: int | None = Field(default=None, ge=1)
-    """CPUs of an auto-started local Ray (null: Ray counts them). On `device: cpu` every rank
-    takes one."""
-
-
-class VerlTrainerConfig(TrainerSettings):
-    """verl's FSDP training engine (verl==0.9.1): multi-GPU and multi-node, same algorithms.
-
-    Example:
-        >>> cfg = VerlTrainerConfig(n_gpus_per_node=4, micro_batch_size=2, lr=1e-6)
-        >>> cfg.strategy, cfg.world_size
-        ('fsdp2', 4)
-    """
-
-    type: Literal["verl"] = "verl"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    """`auto`: CUDA if visible, else CPU (gloo; fsdp2 only: for tests and small models)."""
-    n_gpus_per_node: int = Field(default=1, ge=1)
-    """Trainer ranks per node: GPUs (one rank each), or processes on `device: cpu`. More than one
-    rank in total runs the ranks as Ray actors; one rank runs in the trainer's process."""
-    nnodes: int = Field(default=1, ge=1)
-    """Nodes the trainer spans (Ray places `n_gpus_per_node` ranks on each)."""
-    strategy: Literal["fsdp2", "fsdp"] = "fsdp2"
-    """FSDP2 (`fully_shard`, default) or FSDP1 (`fsdp`, CUDA only)."""
-    fsdp_size: int = Field(default=-1)
-    """Ranks a parameter is sharded over (-1: all ranks; e.g. `n_gpus_per_node` gives hybrid
-    sharding: shard within a node, replicate across nodes)."""
-    micro_batch_size: int | None = Field(default=None, ge=1)
-    """Rows per forward/backward on each rank; null: pack rows up to `micro_batch_tokens` real
-    tokens per rank (verl's dynamic batching)."""
-    param_offload: bool = False
-    """Keep parameters in CPU memory outside the training step (a GPU shared with vLLM)."""
-    optimizer_offload: bool = False
-    """Keep AdamW state in CPU memory outside the training step."""
-    batch_padding: Literal["pad", "trim"] = "pad"
-    """A mini-batch that does not split into ranks x micro_batch_size: `pad` adds fully-masked
-    rows (no loss, no gradient), `trim` drops trailing samples. Both are logged."""
-    remove_padding: bool = True
-    """Pack each micro-batch into one sequence without padding (verl's `use_remove_padding`)."""
-    attn_implementation: str = "sdpa"
-    """The HF attention implementation (`sdpa`, `flash_attention_2`, `eager`)."""
-    ray: VerlRayConfig = Field(default_factory=VerlRayConfig)
-
-    @field_validator("fsdp_size")
-    @classmethod
-    def _fsdp_size(cls, value: int) -> int:
-        if value == 0 or value < -1:
-            raise ValueError(f"fsdp_size must be -1 (all ranks) or >= 1, got {value}")
-        return value
-
-    @property
-    def world_size(self) -> int:
-        """Trainer ranks in total."""
-        return self.n_gpus_per_node * self.nnodes
-
-
-TrainerConfig = Annotated[TorchTrainerConfig | VerlTrainerConfig, Field(discriminator="type")]
 
 
 class TasksConfig(Section):

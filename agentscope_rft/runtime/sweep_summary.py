@@ -2,7 +2,8 @@
 
 Writes `summary.json`, `summary.md` (a markdown table a README can paste) and `seeds.png` (every
 seed's validation curve and their mean) into the sweep folder. `agentscope-rft sweep-summary
-runs/<name>` re-makes them; `--test` also evaluates each seed's best checkpoint on the test split.
+runs/<name>` re-makes them; `--test` also evaluates each seed's best checkpoint, and once the
+untrained model every seed started from, on the test split.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from agentscope_rft.runtime.sweep import SweepError, read_sweep
 
 SUMMARY_JSON, SUMMARY_MD, SEEDS_PLOT = "summary.json", "summary.md", "seeds.png"
 BEST_FILE = "best.json"
+UNTRAINED = "test-untrained"
 DEFAULT_METRIC, DEFAULT_MODE = "val/reward/mean", "max"
 TEST_METRICS = ("reward/mean", "success_rate")
 """Test metrics shown in the table (summary.json keeps every metric explore returns)."""
@@ -136,6 +138,10 @@ def summarize(sweep_dir: Path, *, test: bool = False) -> dict[str, Any]:
         "not_done": [s for s in data["seeds"] if data["status"].get(str(s)) != "done"],
         "commit": data.get("commit"),
     }
+    if test:
+        summary["untrained"] = evaluate_untrained(sweep_dir)
+    elif (sweep_dir / UNTRAINED / "summary.json").is_file():
+        summary["untrained"] = json.loads((sweep_dir / UNTRAINED / "summary.json").read_text())
     tested = [r["test"] for r in done if "test" in r]
     if tested:
         names = sorted({k for t in tested for k in t if isinstance(t[k], (int, float))})
@@ -152,14 +158,32 @@ def evaluate_best(run_dir: Path, best_model: str | None) -> dict[str, float]:
     """Explore the test split with the seed's best checkpoint; writes `test-best/` in its folder."""
     if best_model is None or not Path(best_model).is_dir():
         raise SweepError(f"{run_dir}: no checkpoint to test ({best_model or 'state.json missing'})")
+    return _evaluate(
+        run_dir / "config.yaml", [f"model.name_or_path={best_model}"], run_dir / "test-best"
+    )
+
+
+def evaluate_untrained(sweep_dir: Path) -> dict[str, float]:
+    """The config's own (untrained) model on the test split, once per sweep: `test-untrained/`.
+
+    Every seed starts from this model, so it is the baseline a seed's gain is measured from. An
+    earlier evaluation of the same model is reused (`test-untrained/summary.json`).
+    """
+    out = sweep_dir / UNTRAINED
+    done = out / "summary.json"
+    if done.is_file():
+        return dict(json.loads(done.read_text()))
+    return _evaluate(sweep_dir / "config.yaml", [], out)
+
+
+def _evaluate(config_path: Path, overrides: list[str], out: Path) -> dict[str, float]:
     from agentscope_rft.config import load_config
     from agentscope_rft.runtime.explore import explore
 
-    config = load_config(run_dir / "config.yaml", [f"model.name_or_path={best_model}"])
+    config = load_config(config_path, overrides)
     split = "test" if "test" in type(config.tasks).model_fields else "eval"
     if getattr(config.tasks, split) is None:
-        raise SweepError(f"--test: tasks.{split} is not set in {run_dir / 'config.yaml'}")
-    out = run_dir / "test-best"
+        raise SweepError(f"--test: tasks.{split} is not set in {config_path}")
     metrics = asyncio.run(explore(config, out, split=split))
     (out / "summary.json").write_text(json.dumps(metrics, indent=1))
     return metrics
@@ -197,6 +221,10 @@ def markdown_table(summary: dict[str, Any], name: str) -> str:
     row = ["mean ± std", "", "", _mean_std(summary["best"]), "", _mean_std(summary["last"])]
     row += [_mean_std(summary["test"][k]) for k in test_names]
     lines.append("| " + " | ".join(row) + " |")
+    if test_names and "untrained" in summary:
+        row = ["untrained", "", "", "", "", ""]
+        row += [_cell(summary["untrained"].get(k)) for k in test_names]
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -103,7 +103,10 @@ def test_a_killed_sweep_continues_with_the_seeds_not_done(tiny_model_path, tmp_p
     # the summary is re-made by its own command, here with each seed's best on the test split
     (sweep / "summary.json").unlink()
     remade = subprocess.run(
-        [sys.executable, "-m", "agentscope_rft.cli", "sweep-summary", str(sweep), "--test"],
+        [
+            *(sys.executable, "-m", "agentscope_rft.cli", "sweep-summary", str(sweep), "--test"),
+            *("--artefacts", str(tmp_path / "results")),
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -118,7 +121,24 @@ def test_a_killed_sweep_continues_with_the_seeds_not_done(tiny_model_path, tmp_p
         assert len(results.splitlines()) == 4  # every test task, once
         test_config = (sweep / f"seed-{seed}" / "test-best" / "config.yaml").read_text()
         assert f"seed-{seed}/checkpoints/step-{STEPS:06d}/model" in test_config  # its best model
-    assert "test reward/mean (best ckpt)" in (sweep / "summary.md").read_text()
+    table = (sweep / "summary.md").read_text()
+    assert "test reward/mean (best ckpt)" in table
+    # the untrained model every seed started from, on the same test tasks, once
+    untrained = (sweep / "test-untrained" / "config.yaml").read_text()
+    assert f"name_or_path: {tiny_model_path}" in untrained
+    assert tested["untrained"]["reward/mean"] is not None and "| untrained |" in table
+    # the artefacts a README's table is committed with: small files only, an index
+    results = tmp_path / "results"
+    names = {str(p.relative_to(results)) for p in results.rglob("*") if p.is_file()}
+    for name in ("ARTEFACTS.md", "summary.md", "sweep.json", "config.yaml", "seeds.png"):
+        assert name in names, names
+    for seed in (0, 1):
+        for name in ("metrics.jsonl", "config.yaml", "state.json", "test-best/results.jsonl"):
+            assert f"seed-{seed}/{name}" in names, names
+    assert "test-untrained/summary.json" in names
+    assert not any("checkpoints" in n or n.endswith(".db") for n in names), names
+    index = (results / "ARTEFACTS.md").read_text()
+    assert "sweep-summary" in index and "--artefacts" in index and table.strip() in index
 
 
 def test_failed_seeds_are_reported_and_the_sweep_fails_at_the_end(tmp_path):

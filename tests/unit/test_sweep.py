@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from agentscope_rft.config import load_config
+from agentscope_rft.runtime.artefacts import INDEX, export_artefacts
 from agentscope_rft.runtime.sweep import (
     SweepError,
     choose_parallel,
@@ -179,3 +180,39 @@ def test_summary_of_fixture_seeds(tmp_path):
     assert "0.6667 ± 0.208 (n=3)" in table and "0.5 ± 0.173 (n=3)" in table
     assert json.loads((sweep / "summary.json").read_text())["best"]["n"] == 3
     assert (sweep / SEEDS_PLOT).stat().st_size > 10_000
+
+
+def test_artefacts_export_refuses_what_it_would_damage(tmp_path):
+    sweep = tmp_path / "sweep"
+    open_sweep(config(tmp_path), sweep, [0])
+    with pytest.raises(SweepError, match=r"no summary\.json yet"):
+        export_artefacts(sweep, tmp_path / "out")
+    write_run(sweep / "seed-0", [val(0, 0.1), val(2, 0.5)], 2)
+    (sweep / "seed-0" / "checkpoints").mkdir()
+    (sweep / "seed-0" / "rollouts.jsonl").write_text("x" * 100)
+    data = read_sweep(sweep)
+    data["status"] = {"0": "done"}
+    (sweep / "sweep.json").write_text(json.dumps(data))
+    summarize(sweep)
+    with pytest.raises(SweepError, match="inside the sweep folder"):
+        export_artefacts(sweep, sweep / "results")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(SweepError, match="not an artefacts export"):
+        export_artefacts(sweep, mine)
+    assert (mine / "notes.txt").read_text() == "keep me"  # nothing of the user's is touched
+
+    out = tmp_path / "out"
+    export_artefacts(sweep, out, "agentscope-rft train --seeds 0")
+    (out / "stale.txt").write_text("from an older export")
+    written = export_artefacts(sweep, out, "agentscope-rft train --seeds 0")  # replaces it
+    names = sorted(str(p.relative_to(out)) for p in written)
+    assert names == sorted(
+        [
+            *("ARTEFACTS.md", "config.yaml", "sweep.json", "summary.json", "summary.md"),
+            *("seeds.png", "seed-0/metrics.jsonl", "seed-0/state.json"),
+        ]
+    )
+    assert not (out / "stale.txt").exists()
+    assert "`agentscope-rft train --seeds 0`" in (out / INDEX).read_text()

@@ -1,0 +1,111 @@
+"""The `engine:` section of a run config: the embedded transformers engine or vLLM."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from agentscope_rft.config_base import Section
+
+
+class EmbeddedEngineConfig(Section):
+    """The embedded transformers engine (CPU or one CUDA device, in-process)."""
+
+    type: Literal["embedded"] = "embedded"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """`auto`: bf16 on CUDA; on CPU bf16 only where it measures faster than fp32."""
+    device: str = "auto"
+    """`auto` (CUDA if available), `cpu`, `cuda` or `cuda:N`."""
+    max_batch_size: int = Field(default=32, ge=1, le=1024)
+    """Sequences decoded together in one batch."""
+    max_prefill_tokens: int = Field(default=8192, ge=64)
+    """Padded prompt tokens admitted per prefill step (bounds latency of running requests)."""
+    reuse_prompt_tokens: bool = True
+    """Reuse the exact sampled tokens of a rollout's earlier calls in later prompts (no
+    re-tokenization drift; consecutive calls then merge into one training sample)."""
+    seed: int = 0
+    """Seed for requests that do not set one (follows the sweep seed of `--seeds` unless set)."""
+    prefix_caching: bool = True
+    """Reuse the KV of token blocks computed by earlier requests (shared system prompts, an
+    episode's earlier calls): a request prefills only what is not cached. Cleared on every
+    weight swap. Off for models with sliding-window or linear-attention layers."""
+    prefix_cache_gib: float | None = Field(default=None, ge=0)
+    """Memory for cached KV blocks (GiB, on the engine's device); least recently used blocks
+    are evicted beyond it. SmolLM2-135M: ~46 KB per token in fp32, so 1 GiB holds ~23k tokens.
+    null: sized from the device's free memory when the engine starts, 1/8 of it, at most 1 GiB
+    (logged); the trainer in the same process needs the rest."""
+    prefix_block_tokens: int = Field(default=16, ge=1, le=1024)
+    """Tokens per cached block: a request reuses whole blocks of its prompt."""
+    prefill_chunk_tokens: int | None = Field(default=512, ge=16)
+    """A prompt with more uncached tokens than this is prefilled in chunks of this size, one
+    per decode step of the running requests (so it does not stall them); null: in one go."""
+    fused_decode: bool = True
+    """CPU: Llama, Mistral, Qwen2 and Qwen3 models run a fused forward: decode steps with one
+    matmul for q/k/v and one for gate/up, no per-layer module plumbing (15-25% faster per step);
+    prefills as one unpadded batch of all admitted prompts' new tokens. bf16 results are
+    bit-identical to the transformers forward of each sequence alone. Other models use
+    transformers' forward (prefills padded)."""
+    num_threads: int | None = Field(default=None, ge=1)
+    """CPU threads the engine computes with (its own thread only; the trainer keeps its own).
+    Default: per forward size, all cores but one or all cores, whichever measures faster here,
+    compared in pairs of forwards (every multi-threaded step waits whenever another thread or
+    process takes a core). Engine metrics `threads/tokens_*` show the choice. With more than one
+    thread, the engine keeps its OpenMP team the only lasting one in the process: the main
+    thread's torch ops run single-threaded from the engine's start, and the framework's other
+    torch work runs in threads that end with it (libgomp wakes every team from sleep once a
+    process has more OpenMP threads than cores, which made small decode steps 2x slower)."""
+
+
+class VLLMEngineConfig(Section):
+    """vLLM OpenAI servers in their own process (and environment), started and supervised."""
+
+    type: Literal["vllm"] = "vllm"
+    python: str | None = None
+    """Interpreter with vLLM; default `$AGENTSCOPE_RFT_VLLM_PYTHON`, then `.venv-vllm/bin/python`
+    (create it with `agentscope-rft install-vllm`)."""
+    urls: list[str] = Field(default_factory=list)
+    """Connect to running vLLM servers instead of starting them (`http://host:port`)."""
+    replicas: int = Field(default=1, ge=1, le=64)
+    """Servers to start; each rollout sticks to one (hash of its id) to reuse its prefix cache."""
+    port: int | None = Field(default=None, ge=1, le=65535)
+    """First port for started servers; default: free ports."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights and compute dtype of the vLLM server."""
+    enforce_eager: bool = False
+    """Skip CUDA graphs / torch.compile: much faster start-up, slower decoding."""
+    kv_cache_space_gib: float = Field(default=2.0, gt=0)
+    """KV cache size on CPU (`VLLM_CPU_KVCACHE_SPACE`)."""
+    extra_args: list[str] = Field(default_factory=list)
+    """More `vllm serve` arguments, passed through verbatim."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables for the server processes."""
+    startup_timeout: float = Field(default=600.0, gt=0)
+    """Seconds to wait for a server to become healthy."""
+    max_restarts: int = Field(default=3, ge=0)
+    """Restarts of a crashed server before the engine gives up."""
+    request_timeout: float = Field(default=600.0, gt=0)
+    """Seconds one request to vLLM may take."""
+    sync_mode: Literal["wait", "keep"] = "wait"
+    """Weight sync: `wait` drains in-flight requests first; `keep` freezes and resumes them."""
+    chat_rendering: Literal["engine", "vllm"] = "engine"
+    """`engine`: our chat template and tool parser with token-id prompts (identical records to
+    the embedded engine, prompt-token reuse); `vllm`: vLLM's chat endpoint and tool parser."""
+    tool_call_parser: str = "hermes"
+    """vLLM's tool-call parser (`chat_rendering: vllm` only)."""
+    reuse_prompt_tokens: bool = True
+    """Reuse the sampled tokens of a rollout's earlier calls in later prompts (`chat_rendering:
+    engine`)."""
+    enable_lora: bool = False
+    """Serve LoRA adapters (weight sync loads one adapter per policy version)."""
+    max_lora_rank: int = Field(default=16, ge=1)
+    """Largest LoRA rank the server accepts (`enable_lora`)."""
+    max_loras: int = Field(default=2, ge=1)
+    """LoRA adapters held at once (`enable_lora`)."""
+    weight_transfer: Literal["nccl"] | None = None
+    """GPU only: stream weights from the trainer over NCCL instead of a checkpoint reload."""
+    seed: int = 0
+    """Seed of the vLLM servers (follows the sweep seed of `--seeds` unless set)."""
+
+
+EngineConfig = Annotated[EmbeddedEngineConfig | VLLMEngineConfig, Field(discriminator="type")]

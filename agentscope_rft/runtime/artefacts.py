@@ -1,0 +1,129 @@
+"""A sweep's small artefacts, copied into a folder that is committed beside a README's table.
+
+A number in a README is only as good as what re-makes it. `export_artefacts` copies what a
+reader needs to check a seed table without the run folders (checkpoints, rollouts and buffers
+stay behind): the resolved config, `sweep.json` (seeds, status, commit), the summary
+(`summary.json`, `summary.md`, `seeds.png`), per seed its resolved config, `metrics.jsonl`,
+`health.jsonl`, `best.json`, `state.json` and its test evaluation (`test-best/summary.json`,
+`results.jsonl`), and the untrained model's test evaluation (`test-untrained/`). It writes
+`ARTEFACTS.md`: where they came from, the commit, and the command that re-makes them.
+
+Example:
+    >>> out = Path("examples/quickstart/results")
+    >>> export_artefacts(Path("runs/quickstart"), out)  # doctest: +SKIP
+    [PosixPath('examples/quickstart/results/config.yaml'), ...]
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from agentscope_rft.runtime.sweep import SweepError, read_sweep
+
+logger = logging.getLogger(__name__)
+
+SWEEP_FILES = ("config.yaml", "sweep.json", "summary.json", "summary.md", "seeds.png")
+SEED_FILES = ("config.yaml", "metrics.jsonl", "health.jsonl", "best.json", "state.json")
+EVAL_FILES = ("summary.json", "results.jsonl", "config.yaml")
+EVAL_DIRS = ("test-best", "test-untrained")
+MAX_FILE_BYTES = 5 * 2**20
+"""A file above this is left out (and named): artefacts are for a git repository."""
+INDEX = "ARTEFACTS.md"
+
+
+def export_artefacts(sweep_dir: Path, out: Path, command: str | None = None) -> list[Path]:
+    """Copy `sweep_dir`'s small artefacts into `out` (replacing what an earlier export left).
+
+    `command` is the command line that made the sweep, written into `ARTEFACTS.md` (default: the
+    one `--seeds` command the sweep's config implies). Returns the files written.
+
+    Raises:
+        SweepError: `sweep_dir` is not a sweep folder, has no summary yet, or `out` is inside it.
+    """
+    data = read_sweep(sweep_dir)
+    if not (sweep_dir / "summary.json").is_file():
+        raise SweepError(
+            f"{sweep_dir} has no summary.json yet: run `agentscope-rft sweep-summary {sweep_dir}`"
+        )
+    if out.resolve().is_relative_to(sweep_dir.resolve()):
+        raise SweepError(f"--artefacts {out} is inside the sweep folder {sweep_dir}: pick another")
+    if out.exists() and not (out / INDEX).is_file() and any(out.iterdir()):
+        raise SweepError(
+            f"{out} exists and holds files that are not an artefacts export (no {INDEX}): "
+            "name an empty or new folder"
+        )
+    if out.exists():
+        shutil.rmtree(out)  # an earlier export of this or another sweep: replaced whole
+    out.mkdir(parents=True)
+    written: list[Path] = []
+    skipped: list[str] = []
+    written += _copy(sweep_dir, out, SWEEP_FILES, skipped)
+    for seed in data["seeds"]:
+        run_dir = sweep_dir / data["runs"][str(seed)]
+        target = out / run_dir.name
+        written += _copy(run_dir, target, SEED_FILES, skipped)
+        for name in EVAL_DIRS:
+            written += _copy(run_dir / name, target / name, EVAL_FILES, skipped)
+    for name in EVAL_DIRS:
+        written += _copy(sweep_dir / name, out / name, EVAL_FILES, skipped)
+    index = out / INDEX
+    index.write_text(_index(sweep_dir, data, written, skipped, out, command))
+    written.append(index)
+    return written
+
+
+def _copy(source: Path, target: Path, names: tuple[str, ...], skipped: list[str]) -> list[Path]:
+    copied = []
+    for name in names:
+        path = source / name
+        if not path.is_file():
+            continue
+        if path.stat().st_size > MAX_FILE_BYTES:
+            skipped.append(f"{path} ({path.stat().st_size / 2**20:.1f} MiB)")
+            continue
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target / name)
+        copied.append(target / name)
+    return copied
+
+
+def _index(
+    sweep_dir: Path,
+    data: dict[str, Any],
+    written: list[Path],
+    skipped: list[str],
+    out: Path,
+    command: str | None,
+) -> str:
+    summary = json.loads((sweep_dir / "summary.json").read_text())
+    seeds = ",".join(str(s) for s in data["seeds"])
+    config = data.get("config", {})
+    test = " --test" if any("test" in r for r in summary.get("seeds", {}).values()) else ""
+    remake = command or (
+        f"agentscope-rft train --config <the config> --seeds {seeds}{test} "
+        f"--set run.name={config.get('run', {}).get('name', sweep_dir.name)}"
+    )
+    lines = [
+        f"# Artefacts of the sweep `{sweep_dir.name}`",
+        "",
+        f"- commit: `{data.get('commit') or 'unknown'}`",
+        f"- seeds: {seeds} (status: "
+        + ", ".join(f"{k} {v}" for k, v in data.get("status", {}).items())
+        + ")",
+        f"- metric: `{summary.get('metric')}` ({summary.get('mode')})",
+        f"- re-made by: `{remake}`",
+        f"- then: `agentscope-rft sweep-summary runs/<name>{test} --artefacts {out}`",
+        "",
+        "The table (summary.md):",
+        "",
+        (sweep_dir / "summary.md").read_text().rstrip(),
+        "",
+        "Files: " + ", ".join(f"`{p.relative_to(out)}`" for p in sorted(written)),
+    ]
+    if skipped:
+        lines += ["", "Left out (over 5 MiB): " + ", ".join(skipped)]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,148 @@
+"""The `trainer:` section of a run config: the torch trainer or verl (and LoRA)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+
+from agentscope_rft.config_base import Section
+
+
+class LoRAConfig(Section):
+    """Low-rank adapters (peft) instead of full fine-tuning."""
+
+    rank: int = Field(default=16, ge=1, le=1024)
+    """Adapter rank r."""
+    alpha: int = Field(default=32, gt=0)
+    """Adapter scaling alpha (the update is scaled by alpha / r)."""
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout on the adapter input."""
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    """Module names to adapt, or `all-linear`."""
+
+
+class TrainerSettings(Section):
+    """What every trainer backend means the same way: optimizer, schedule, batching, model.
+
+    `TorchTrainerConfig` and `VerlTrainerConfig` extend it with their own placement keys, so a run
+    switches backends by changing `type` (and adding placement keys), not by renaming settings.
+    """
+
+    lr: float = Field(default=1e-6, gt=0)
+    """Peak learning rate of the policy (AdamW)."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Decay after warm-up, over the run's steps."""
+    warmup_steps: int = Field(default=0, ge=0)
+    """Steps of linear warm-up from near zero to `lr`."""
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
+    """Floor of linear/cosine decay, as a fraction of `lr`."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    grad_clip: float | None = Field(default=1.0, gt=0)
+    """Clip the global gradient norm to this (null: no clipping)."""
+    micro_batch_tokens: int = Field(default=8192, ge=16)
+    """Tokens per forward/backward pass; gradients accumulate across micro-batches. torch: padded
+    tokens (rows x longest); verl: real tokens per rank (its dynamic batching packs rows)."""
+    mini_batches: int = Field(default=1, ge=1)
+    """Optimizer steps per training step (the batch is split into this many parts)."""
+    epochs: int = Field(default=1, ge=1)
+    """Passes over each batch (PPO epochs)."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Compute dtype; weights and optimizer stay fp32. `auto`: bf16 where it is faster (CUDA with
+    bf16; torch also on CPUs with fast bf16 matmuls), else fp32."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward: less memory, ~30% more time."""
+    lora: LoRAConfig | None = None
+    """Train LoRA adapters instead of all weights (null: full fine-tuning)."""
+    old_logprobs: Literal["rollout", "recompute"] = "rollout"
+    """Behaviour policy for the importance ratio: the engine's recorded log-probs, or log-probs
+    recomputed by the trainer before the update (then TIS, if on, corrects rollout vs trainer)."""
+    max_seq_len: int | None = Field(default=None, ge=16)
+    """Longest sample trained; longer ones are an error (set explorer limits instead)."""
+
+
+class TorchTrainerConfig(TrainerSettings):
+    """The embedded trainer: plain PyTorch on CPU or one GPU."""
+
+    type: Literal["torch"] = "torch"
+    device: str = "auto"
+    """`auto` (CUDA if available), `cpu`, `cuda` or `cuda:N`."""
+    share_prefix: bool = True
+    """Run the token prefix that every sample of a mini-batch shares (system prompt, tool schemas,
+    few-shot turns) through the model once, not once per sample. Exact: gradients flow through
+    it. Off with `gradient_checkpointing`, for models with sliding-window layers, and when the
+    shared prefix is shorter than 32 tokens."""
+    memory_budget_gib: float | None = Field(default=None, gt=0)
+    """Memory the trainer may use (GiB; CPU RAM, or the GPU's memory on CUDA): fixed weights,
+    gradients and AdamW state, plus one pass's activations. Each step splits its micro-batches
+    below `micro_batch_tokens` as needed to stay within it, and turns on gradient checkpointing
+    for that step only when one sample would not fit otherwise (both logged). A budget below the
+    fixed part is an error naming it. null: no budget (`micro_batch_tokens` as given)."""
+
+
+class VerlRayConfig(Section):
+    """Ray for a verl trainer with more than one rank (one Ray actor per rank)."""
+
+    address: str | None = None
+    """Ray cluster to join (`auto`, `ray://head:10001`, `head:6379`); null: join the cluster this
+    process already belongs to, else start a local Ray (stopped again by `close()`)."""
+    num_cpus: int | None = Field(default=None, ge=1)
+    """CPUs of an auto-started local Ray (null: Ray counts them). On `device: cpu` every rank
+    takes one."""
+
+
+class VerlTrainerConfig(TrainerSettings):
+    """verl's FSDP training engine (verl==0.9.1): multi-GPU and multi-node, same algorithms.
+
+    Example:
+        >>> cfg = VerlTrainerConfig(n_gpus_per_node=4, micro_batch_size=2, lr=1e-6)
+        >>> cfg.strategy, cfg.world_size
+        ('fsdp2', 4)
+    """
+
+    type: Literal["verl"] = "verl"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """`auto`: CUDA if visible, else CPU (gloo; fsdp2 only: for tests and small models)."""
+    n_gpus_per_node: int = Field(default=1, ge=1)
+    """Trainer ranks per node: GPUs (one rank each), or processes on `device: cpu`. More than one
+    rank in total runs the ranks as Ray actors; one rank runs in the trainer's process."""
+    nnodes: int = Field(default=1, ge=1)
+    """Nodes the trainer spans (Ray places `n_gpus_per_node` ranks on each)."""
+    strategy: Literal["fsdp2", "fsdp"] = "fsdp2"
+    """FSDP2 (`fully_shard`, default) or FSDP1 (`fsdp`, CUDA only)."""
+    fsdp_size: int = Field(default=-1)
+    """Ranks a parameter is sharded over (-1: all ranks; e.g. `n_gpus_per_node` gives hybrid
+    sharding: shard within a node, replicate across nodes)."""
+    micro_batch_size: int | None = Field(default=None, ge=1)
+    """Rows per forward/backward on each rank; null: pack rows up to `micro_batch_tokens` real
+    tokens per rank (verl's dynamic batching)."""
+    param_offload: bool = False
+    """Keep parameters in CPU memory outside the training step (a GPU shared with vLLM)."""
+    optimizer_offload: bool = False
+    """Keep AdamW state in CPU memory outside the training step."""
+    batch_padding: Literal["pad", "trim"] = "pad"
+    """A mini-batch that does not split into ranks x micro_batch_size: `pad` adds fully-masked
+    rows (no loss, no gradient), `trim` drops trailing samples. Both are logged."""
+    remove_padding: bool = True
+    """Pack each micro-batch into one sequence without padding (verl's `use_remove_padding`)."""
+    attn_implementation: str = "sdpa"
+    """The HF attention implementation (`sdpa`, `flash_attention_2`, `eager`)."""
+    ray: VerlRayConfig = Field(default_factory=VerlRayConfig)
+
+    @field_validator("fsdp_size")
+    @classmethod
+    def _fsdp_size(cls, value: int) -> int:
+        if value == 0 or value < -1:
+            raise ValueError(f"fsdp_size must be -1 (all ranks) or >= 1, got {value}")
+        return value
+
+    @property
+    def world_size(self) -> int:
+        """Trainer ranks in total."""
+        return self.n_gpus_per_node * self.nnodes
+
+
+TrainerConfig = Annotated[TorchTrainerConfig | VerlTrainerConfig, Field(discriminator="type")]
