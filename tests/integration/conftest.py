@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from agentscope_rft.engines.embedded import EmbeddedEngine
@@ -9,6 +12,18 @@ from agentscope_rft.gateway.server import Gateway
 from agentscope_rft.testing import ScriptedEngine, scripted_model
 
 from . import calc_app
+
+
+@pytest.fixture(scope="session")
+def toy_tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """16 prompt-only tasks (`{"id": "t<i>", "prompt": "Say something <i>"}`), for loop tests."""
+    path = tmp_path_factory.mktemp("toy") / "tasks.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps({"id": f"t{i}", "prompt": f"Say something {i}"}) + "\n" for i in range(16)
+        )
+    )
+    return path
 
 
 @pytest.fixture(scope="session")

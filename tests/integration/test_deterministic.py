@@ -21,17 +21,6 @@ def _torch_settings_restored():
     torch.use_deterministic_algorithms(False)
 
 
-@pytest.fixture
-def toy_tasks(tmp_path) -> Path:
-    path = tmp_path / "tasks.jsonl"
-    path.write_text(
-        "".join(
-            json.dumps({"id": f"t{i}", "prompt": f"Say something {i}"}) + "\n" for i in range(16)
-        )
-    )
-    return path
-
-
 def repeated_metrics(run_dir: Path) -> list[dict]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in row.items() if repeats(k)} for row in rows]

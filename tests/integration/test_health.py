@@ -18,17 +18,6 @@ from .test_train_loop import final_weights, toy_config
 RULES = "tests/integration/health_rules.py"
 
 
-@pytest.fixture(scope="module")
-def toy_tasks(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("toy") / "tasks.jsonl"
-    path.write_text(
-        "".join(
-            json.dumps({"id": f"t{i}", "prompt": f"Say something {i}"}) + "\n" for i in range(16)
-        )
-    )
-    return path
-
-
 def train_records(run_dir: Path) -> list:
     return per_step(surviving_history(read_metrics(run_dir / "metrics.jsonl")), "train")
 

@@ -15,17 +15,6 @@ from agentscope_rft.runtime.local import train
 APP = "tests/integration/toy_app.py:run"
 
 
-@pytest.fixture(scope="module")
-def toy_tasks(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("toy") / "tasks.jsonl"
-    path.write_text(
-        "".join(
-            json.dumps({"id": f"t{i}", "prompt": f"Say something {i}"}) + "\n" for i in range(16)
-        )
-    )
-    return path
-
-
 def toy_config(model: str, tasks: Path, run_dir: Path, *extra: str):
     return load_config(
         None,
