@@ -17,7 +17,7 @@ from agentscope_rft.explorer.explorer import (
     default_max_tokens_per_call,
 )
 from agentscope_rft.monitor.records import drop_partial_last_line
-from agentscope_rft.types import Rollout
+from agentscope_rft.types import JSON, Call, Rollout
 
 logger = logging.getLogger(__name__)
 
@@ -147,10 +147,50 @@ def _rollout_line(step: int, phase: str, rollout: Rollout) -> dict[str, Any]:
                 "content": call.content,
                 "tool_calls": [[t.name, t.arguments] for t in call.tool_calls],
                 "policy_version": call.policy_version,
+                "messages": messages,
             }
-            for call in rollout.calls
+            for call, messages in zip(rollout.calls, new_messages(rollout.calls), strict=True)
         ],
     }
+
+
+MESSAGE_CHARS = 4000
+"""A logged message's text is cut to this many characters (the middle elided)."""
+
+
+def new_messages(calls: list[Call]) -> list[list[list[str]]]:
+    """Per call, the request messages that were new to it, as `[role, name, text]`.
+
+    A call whose messages continue its agent's previous call (the same list, then that call's
+    reply, then tool results or user turns) logs only what came after the reply; otherwise (the
+    agent's first call, or a rewritten history) every message. So tool results and user turns
+    are logged once, where they entered the conversation, without repeating system prompts.
+    """
+    last: dict[str | None, list[JSON]] = {}
+    out = []
+    for call in calls:
+        before = last.get(call.agent_name)
+        start = 0
+        if before is not None and call.messages[: len(before)] == before:
+            start = len(before)
+            if start < len(call.messages) and call.messages[start].get("role") == "assistant":
+                start += 1  # the previous call's own reply, shown with that call
+        out.append([_message_row(m) for m in call.messages[start:]])
+        last[call.agent_name] = call.messages
+    return out
+
+
+def _message_row(message: JSON) -> list[str]:
+    content = message.get("content")
+    if isinstance(content, list):  # OpenAI content parts
+        content = "".join(
+            str(part.get("text", "")) if isinstance(part, dict) else str(part) for part in content
+        )
+    text = "" if content is None else str(content)
+    if len(text) > MESSAGE_CHARS:
+        half = MESSAGE_CHARS // 2
+        text = f"{text[:half]} [... {len(text) - MESSAGE_CHARS} characters ...] {text[-half:]}"
+    return [str(message.get("role", "")), str(message.get("name") or ""), text]
 
 
 def write_state(run_dir: Path, state: dict[str, Any]) -> None:

@@ -157,6 +157,9 @@ def test_the_run_its_curve_and_an_episodes_trained_tokens(page, base_url, runs_d
     trained = page.locator(f'[data-sample^="{rollout_id}:"] .tok.trained')
     sync_api.expect(trained).to_have_count(trained_tokens(runs_dir / "toy", rollout_id))
     assert page.locator(f'[data-sample^="{rollout_id}:"] .tok.masked').count() > 5
+    # the request messages the call answered (here the task's prompt), before its reply
+    prompt = page.locator("#calls li").first.locator(".message-user")
+    sync_api.expect(prompt).to_contain_text("Say ")
     screenshot(page, shots, "dashboard-trajectory.png")
 
 

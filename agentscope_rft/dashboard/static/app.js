@@ -343,6 +343,8 @@ function renderEpisode() {
   document.getElementById("prefer-box").hidden = !data.same_task.length;
   document.getElementById("review-list").replaceChildren(...data.reviews.map(describeReview));
   document.getElementById("calls").replaceChildren(...ep.calls.map((c, i) => el("li", {},
+    (c.messages || []).map(([role, name, text]) => el("div", { class: `message message-${role}` },
+      el("span", { class: "message-role" }, name ? `${role} (${name})` : role), text)),
     el("span", { class: "call-agent" }, c.agent || "-"),
     ` · ${c.prompt_tokens} prompt + ${c.completion_tokens} completion tokens · ${c.finish_reason} · policy v${c.policy_version}`,
     c.content ? el("div", { class: "call-content" }, c.content) : null,
