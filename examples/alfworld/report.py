@@ -175,7 +175,7 @@ def report(
     if len(tasks) < MIN_TEST_GAMES:
         lines += [f"**Fewer than {MIN_TEST_GAMES} test games: not enough for a claim.**", ""]
     head = ["policy", "games", "success [95% CI]"]
-    head += [f"{t}" for t in types] if len(types) > 1 else []
+    head += [f"type: {t}" for t in types]
     head += [f"room: {r}" for r in rooms]
     lines += ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for name, outcomes in policies.items():
@@ -185,8 +185,7 @@ def report(
         for task, value in outcomes.items():
             groups["type:" + str(by_id[task].get("task_type", "?"))].append(value)
             groups["room:" + str(by_id[task].get("room", "?"))].append(value)
-        if len(types) > 1:
-            row += [_cell(groups["type:" + t]) for t in types]
+        row += [_cell(groups["type:" + t]) for t in types]
         row += [_cell(groups["room:" + r]) for r in rooms]
         lines.append("| " + " | ".join(row) + " |")
         low, high = wilson(sum(values), len(values))
