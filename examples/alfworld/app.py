@@ -29,9 +29,8 @@ SHAPING = {"invalid_command_reward": -0.05, "subgoal_reward": 0.2}
 
 # The CPU config warms up on the scripted searcher's games (data/demos.jsonl), so the agent needs
 # no worked game in its prompt.
-run = make_workflow(
-    AlfworldAgentSettings(max_steps=MAX_STEPS, demo=False, **SHAPING), name="alfworld_full"
-)
+FULL_SETTINGS = AlfworldAgentSettings(max_steps=MAX_STEPS, demo=False, **SHAPING)
+run = make_workflow(FULL_SETTINGS, name="alfworld_full")
 # The agent before the warm start: one worked game shown first (SmolLM2-135M otherwise answers
 # with prose), for runs from the untrained model.
 run_worked_game = make_workflow(

@@ -1,12 +1,14 @@
-"""Plot the ALFWorld example's success rate: held-out games per checkpoint, sampled games per step.
+"""Plot an ALFWorld run's success rate: validation per evaluation, sampled games per step, and
+test games per checkpoint when given.
 
-Held-out points come from `agentscope-rft explore --split eval` folders (one per checkpoint, the
-step given with it); the sampled curve from the run's `metrics.jsonl` (`success_rate` of each
-step's training episodes). The warm-up steps (SFT on demonstrations, no episodes) are shaded.
+The validation curve (phase `val`, greedy, `tasks.val`) and the sampled curve (`success_rate` of
+each step's training episodes) come from the run's `metrics.jsonl`; test points from `agentscope-rft
+explore --split test` folders, one per checkpoint with its step. The best checkpoint
+(`best.json`) is marked; the warm-up steps (SFT on demonstrations, no episodes) are shaded.
 
-    python examples/alfworld/plot_results.py --run runs/alfworld \\
-        --heldout 0=runs/alfworld-eval-0 16=runs/alfworld-eval-16 28=runs/alfworld-eval-28 \\
-        --out examples/alfworld/success_curve.png
+    python examples/alfworld/plot_results.py --run runs/alfworld/seed-0  # <run>/success_curve.png
+    python examples/alfworld/plot_results.py --run runs/alfworld/seed-0 \\
+        --heldout 16=runs/alfworld-test-16 20=runs/alfworld/seed-0/test-best --out curve.png
 """
 
 from __future__ import annotations
@@ -27,17 +29,24 @@ def heldout_success(folder: Path) -> tuple[float, int]:
     return sum(r["success_rate"] for r in rows) / len(rows), len(rows)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", type=Path, required=True, help="the training run's folder")
-    parser.add_argument("--heldout", nargs="*", default=[], help="STEP=EXPLORE_FOLDER pairs")
+    parser.add_argument(
+        "--heldout", nargs="*", default=[], help="STEP=EXPLORE_FOLDER pairs of test evaluations"
+    )
     parser.add_argument(
         "--other", nargs="*", default=[], help="STEP=FOLDER pairs of a second run, held out"
     )
-    parser.add_argument("--other-label", default="another run, held-out games, greedy")
-    parser.add_argument("--out", type=Path, default=Path("examples/alfworld/success_curve.png"))
-    args = parser.parse_args()
-
+    parser.add_argument("--other-label", default="another run, test games, greedy")
+    parser.add_argument("--out", type=Path, help="default: <run>/success_curve.png")
+    args = parser.parse_args(argv)
+    out = args.out or args.run / "success_curve.png"
+    if not (args.run / "metrics.jsonl").is_file():
+        raise SystemExit(
+            f"{args.run}/metrics.jsonl does not exist; pass a run folder (for a seed sweep, one "
+            "seed's folder: runs/<name>/seed-<k>)"
+        )
     metrics = [json.loads(x) for x in (args.run / "metrics.jsonl").read_text().splitlines()]
     resolved = args.run / "config.yaml"  # the run's resolved config
     config = yaml.safe_load(resolved.read_text()) if resolved.exists() else {}
@@ -47,6 +56,13 @@ def main() -> None:
         for r in metrics
         if r.get("phase") == "train" and "success_rate" in r
     )
+    validation = sorted(
+        (r["step"], r["success_rate"])
+        for r in metrics
+        if r.get("phase") == "val" and "success_rate" in r
+    )
+    best_file = args.run / "best.json"
+    best = json.loads(best_file.read_text()) if best_file.is_file() else None
 
     def read(pairs: list[str]) -> list[tuple[int, float, int]]:
         out = []
@@ -71,6 +87,18 @@ def main() -> None:
             alpha=0.6,
             label="sampled training episodes (T=1.0)",
         )
+    if validation:
+        ax.plot(
+            *zip(*validation, strict=True),
+            "D-",
+            color="tab:green",
+            lw=2,
+            label="validation games, greedy (picks the best checkpoint)",
+        )
+    if best is not None:
+        ax.axvline(
+            best["step"], color="tab:green", ls=":", label=f"best checkpoint (step {best['step']})"
+        )
     if points:
         games = points[0][2]
         ax.plot(
@@ -79,7 +107,7 @@ def main() -> None:
             "s-",
             color="tab:red",
             lw=2,
-            label=f"the config (warm-up, then GRPO + demonstrations): held-out, greedy ({games})",
+            label=f"test games, greedy ({games})",
         )
         for step, rate, _ in points:
             ax.annotate(
@@ -114,9 +142,9 @@ def main() -> None:
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
     ax.set_title("ALFWorld pick_and_place_simple, small rooms, 10 commands: SmolLM2-135M on CPU")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(args.out)
-    print(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out)
+    print(out)
 
 
 if __name__ == "__main__":

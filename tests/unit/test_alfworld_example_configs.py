@@ -19,6 +19,30 @@ def test_cpu_config_validates_and_its_files_exist() -> None:
     assert cfg.workflow is not None and load_workflow(cfg.workflow).name == "alfworld_full"
     assert 0 < cfg.offline.warmup_steps < cfg.run.steps
     assert cfg.offline.path is not None and Path(cfg.offline.path).is_file()
+    # Every choice uses the validation split: the best checkpoint by validation success, a
+    # validation at the end of the warm-up and at the last step.
+    assert cfg.tasks.val is not None and Path(cfg.tasks.val).name == "val.jsonl"
+    assert Path(cfg.tasks.eval).name == "test.jsonl" and cfg.tasks.eval_limit is None
+    assert cfg.run.best_metric == "val/success_rate"
+    assert cfg.offline.warmup_steps % cfg.run.eval_every == 0
+    assert cfg.run.steps % cfg.run.eval_every == 0
+    rows = [json.loads(line) for line in Path(cfg.tasks.val).read_text().splitlines()]
+    assert cfg.tasks.stratify_field is not None and all(cfg.tasks.stratify_field in r for r in rows)
+    assert cfg.tasks.val_limit is not None and cfg.tasks.val_limit < len(rows)
+
+
+def test_the_sft_control_differs_from_the_rl_arm_only_in_the_rl_weight() -> None:
+    rl = load_config(EXAMPLE / "config.yaml").model_dump(mode="json")
+    control = load_config(EXAMPLE / "config_sft_control.yaml").model_dump(mode="json")
+    assert rl["algorithm"]["objective"] == control["algorithm"]["objective"] == "sft_rl_mix"
+    mix = control["algorithm"].pop("sft_mix")
+    assert (mix["mu_peak"], mix["mu_valley"]) == (1.0, 1.0)  # loss = 0 x RL + 1 x SFT
+    assert rl["algorithm"].pop("sft_mix") == {**mix, "mu_peak": 0.5, "mu_valley": 0.5}
+    assert (rl["run"].pop("name"), control["run"].pop("name")) == (
+        "alfworld",
+        "alfworld_sft_control",
+    )
+    assert rl == control  # the same games, steps, schedule, validation and best checkpoint
 
 
 def test_the_demonstrations_are_won_training_games_that_load_as_sft_samples() -> None:
@@ -32,7 +56,7 @@ def test_the_demonstrations_are_won_training_games_that_load_as_sft_samples() ->
 
     demos = ids("demos.jsonl")
     assert len(demos) >= 150 and demos <= ids("train.jsonl")
-    assert not demos & ids("test.jsonl")  # held-out games never appear in them
+    assert not demos & (ids("test.jsonl") | ids("val.jsonl"))  # held-out games never do
     renderer = ChatRenderer(load_tokenizer(resolve_model("tiny-random")))
     samples = load_sft_samples(EXAMPLE / "data" / "demos.jsonl", renderer)
     assert len(samples) == len(demos)
@@ -64,8 +88,12 @@ def test_window_config_is_the_full_configs_twin_with_window_demonstrations() -> 
     window = load_config(EXAMPLE / "config_window.yaml")
     assert window.workflow is not None and load_workflow(window.workflow).name == "alfworld_window"
     assert window.algorithm.advantage.type == "gigpo"
-    for part in ("explorer", "trainer"):
+    for part in ("explorer", "trainer", "tasks"):
         assert getattr(window, part) == getattr(full, part)
+    assert (window.run.eval_every, window.run.best_metric) == (
+        full.run.eval_every,
+        full.run.best_metric,
+    )
     assert (window.run.steps, window.offline.warmup_steps) == (full.run.steps, 16)
     assert window.algorithm.objective == full.algorithm.objective
     lines = [json.loads(line) for line in Path(window.offline.path or "").read_text().splitlines()]

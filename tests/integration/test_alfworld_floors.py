@@ -1,0 +1,40 @@
+"""The ALFWorld floors: the searcher reads what the app shows, the oracle wins, random repeats."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+from agentscope_rft.explorer.tasks import load_tasks
+from workflows.alfworld_scripted import searcher_reply
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "alfworld"
+
+
+def _module(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"alfworld_{name}", EXAMPLE / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_floors_play_the_searcher_as_the_app_does_and_the_oracle_wins(tmp_path: Path) -> None:
+    floors = _module("floors")
+    rows = [json.loads(line) for line in (EXAMPLE / "data/test.jsonl").open()][:3]
+    searcher = floors.outcomes(rows, "searcher", 1)
+    # The same games, played through the real app (gateway, recorder, agent) by the same script.
+    rollouts, _ = asyncio.run(
+        _module("make_demos").play("run", load_tasks(rows), searcher_reply, 3)
+    )
+    assert {r.task_id: bool(r.success) for r in rollouts} == searcher
+    assert all(floors.outcomes(rows, "oracle", 1).values())
+    assert floors.outcomes(rows[:2], "random", 1) == floors.outcomes(rows[:2], "random", 1)
+    out = tmp_path / "floors.json"
+    floors.main(["--limit", "1", "--policies", "oracle", "--out", str(out)])
+    written = json.loads(out.read_text())
+    assert written["games"] == 1 and written["max_steps"] == 10
+    assert written["policies"] == {"oracle": {rows[0]["id"]: True}}
