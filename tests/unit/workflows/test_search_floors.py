@@ -86,3 +86,5 @@ def test_report_prints_the_floors_and_what_counts(
     assert "counted: single_hop, two_hop" in printed
     saved = json.loads(out.read_text())
     assert saved["counts"]["multi_hop"] > 0 and set(saved["flags"]) == {"comparison", "multi_hop"}
+    # The README's floors are the committed artefact, which is what the command makes.
+    assert saved == json.loads((REPORT.parent / "results" / "floors_val.json").read_text())
