@@ -15,7 +15,8 @@ and have none of their facts read.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from environments.search.questions import (
@@ -31,7 +32,7 @@ SPLITS = ("test", "val", "train")
 
 
 def deal_entities(
-    world: World, sizes: Mapping[str, int], seed: int, reserved: set[str] = frozenset()
+    world: World, sizes: Mapping[str, int], seed: int, reserved: AbstractSet[str] = frozenset()
 ) -> dict[str, dict[str, list[str]]]:
     """Each split's share of the world's entities, per kind, in proportion to `sizes`.
 
@@ -137,15 +138,17 @@ def check_disjoint(splits: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[st
         >>> check_disjoint({"train": [row], "test": [row]})[0]
         "train and test share 1 question entities, e.g. 'd1'"
     """
-    views = {
-        "question entities": lambda row: question_entities(row),
-        "facts": lambda row: question_facts(row),
+    views: dict[str, Callable[[Mapping[str, Any]], set[Any]]] = {
+        "question entities": question_entities,
+        "facts": question_facts,
         "questions": lambda row: {row["question"]},
     }
     problems = []
     names = list(splits)
     for what, view in views.items():
-        sets = {name: set().union(*(view(row) for row in splits[name])) for name in names}
+        sets: dict[str, set[Any]] = {
+            name: set().union(*(view(row) for row in splits[name])) for name in names
+        }
         for i, first in enumerate(names):
             for second in names[i + 1 :]:
                 shared = sets[first] & sets[second]
