@@ -14,8 +14,9 @@ passages converted from the Search-R1 layout (`python -m environments.search.sea
 settings into a registered workflow, this reads like any AgentScope app: build the agent, put
 the worked examples in its memory, ask the question, score the final answer.
 
-Reward: token F1 (or exact match) of the answer against the task's gold answers (`answer`, or
-Search-R1's `golden_answers`), optionally mixed with a format reward, or an LLM judge's verdict
+Reward: token F1 (or exact match) of the tagged answer against the task's gold answers (`answer`,
+or Search-R1's `golden_answers`; an untagged, over-long or hedged answer scores 0, see
+`environments.search.rewards`), optionally mixed with a format reward, or an LLM judge's verdict
 (an OpenAI-compatible endpoint, called outside the episode, so its calls are never trained).
 An episode that used all its turns is returned as `truncated="turn_limit"`: still data.
 """
@@ -65,9 +66,9 @@ SYSTEM_PROMPT = (
     "results, search again if you need to, then give only the answer as <answer>...</answer>."
 )
 
-# Worked examples: two training questions whose pages no test question uses. The agent sees how
-# a question turns into searches and a tagged answer; SmolLM2-135M writes no tool call from the
-# schema alone, but imitates these.
+# Worked examples over pages that no question of any shipped split names or reads (they are
+# `--reserve`d when the splits are generated). The agent sees how a question turns into searches
+# and a tagged answer; SmolLM2-135M writes no tool call from the schema alone, but imitates these.
 DEMO_TASKS: dict[str, tuple[list[str], str]] = {
     "In what year was Gastthia Reildebirn born?": (["Gastthia Reildebirn"], "1749"),
     "In which country is the city where Hakar Seicall was born?": (

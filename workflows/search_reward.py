@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agentscope_rft import Reward
-from environments.search import exact_match, extract_answer, judge_score, token_f1
+from environments.search import exact_match, grade_reply, judge_score, token_f1
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +65,13 @@ def answer_reward(
 ) -> Reward:
     """The reward of a final reply: `(1 - w) * metric + w * form`.
 
+    The metric is 0 for an untagged, over-long or hedged answer (`grade_reply`): such a reply
+    earns at most the format share, as a wrong tagged answer does. The metrics say which rule
+    fired (`untagged`, `too_long`, `hedged`: 1.0 when it did; several tagged answers count as
+    hedged).
+
     Args:
-        reply: The agent's final text (`extract_answer` takes the `<answer>` part).
+        reply: The agent's final text (`grade_reply` takes the `<answer>` part).
         golds: Accepted answers.
         metric: `f1` or `em`: which one is the reward (both are in the metrics).
         format_weight: `w`, the share of the reward given for a well-formed episode.
@@ -75,14 +80,23 @@ def answer_reward(
     Example:
         >>> answer_reward("<answer>the Kestrow Bank</answer>", ["Kestrow Bank"]).value
         1.0
-        >>> answer_reward("no tags, Kestrow", ["Kestrow Bank"], "em", 0.2, 0.5).value
+        >>> answer_reward("no tags, Kestrow Bank", ["Kestrow Bank"], "em", 0.2, 0.5).value
         0.1
     """
-    answer = extract_answer(reply)
-    f1, em = token_f1(answer, golds), exact_match(answer, golds)
+    graded = grade_reply(reply, golds)
+    answer = graded.answer
+    f1 = token_f1(answer, golds) if answer is not None else 0.0
+    em = exact_match(answer, golds) if answer is not None else 0.0
     score = f1 if metric == "f1" else em
     value = (1.0 - format_weight) * score + format_weight * form
-    metrics = {"f1": f1, "em": em, "form": form}
+    metrics = {
+        "f1": f1,
+        "em": em,
+        "form": form,
+        "untagged": float(graded.problem == "untagged"),
+        "too_long": float(graded.problem == "too_long"),
+        "hedged": float(graded.problem in ("hedged", "several_answers")),
+    }
     return Reward(value, metrics=metrics, success=em >= 1.0)
 
 
@@ -112,7 +126,8 @@ class JudgeSettings:
 async def llm_judge(
     task: Mapping[str, Any], reply: str, settings: JudgeSettings
 ) -> tuple[float, dict[str, float]]:
-    """Grades the reply's answer with the judge; an exact match skips the call.
+    """Grades the reply's answer with the judge; an exact match skips the call, and so does an
+    untagged, over-long or hedged answer, which scores 0 (`grade_reply`).
 
     A judge that cannot be reached, times out or errors does not fail the episode: the reward
     falls back to token F1 and the metric `judge_error` counts it (1.0), with one log line.
@@ -128,7 +143,10 @@ async def llm_judge(
     import openai
 
     golds = gold_answers(task)
-    answer = extract_answer(reply)
+    graded = grade_reply(reply, golds)
+    if graded.answer is None:
+        return 0.0, {"judge_called": 0.0, "judge_error": 0.0}
+    answer = graded.answer
     if exact_match(answer, golds):
         return 1.0, {"judge_called": 0.0, "judge_error": 0.0}
     api_key = os.environ.get(settings.api_key_env or "", "") or "no-key"

@@ -10,7 +10,11 @@ from environments.jsonl import TaskFileError, read_jsonl
 from environments.search.index import SearchIndex
 
 DATA_DIR = Path(__file__).parent / "data"
-"""The committed default data: 2,000 generated pages, 1,000 train and 200 test questions."""
+"""The committed default data: 2,000 generated pages; 1,000 train, 200 validation and 200 test
+questions about disjoint entities and facts (`environments.search.splits`)."""
+
+SPLITS = ("train", "val", "test")
+"""The shipped question sets, by the name `load_tasks` takes."""
 
 
 @functools.cache
@@ -33,7 +37,7 @@ def load_index(corpus: str | Path = DATA_DIR / "corpus.jsonl") -> SearchIndex:
 
 
 def load_tasks(split_or_path: str | Path = "test") -> list[dict[str, Any]]:
-    """Question rows: `"train"`/`"test"` for the shipped sets, or a path to your own JSONL.
+    """Question rows: `"train"`/`"val"`/`"test"` for the shipped sets, or a path to your own JSONL.
 
     A row needs `id`, `question` and `answer` (a string or a list of accepted strings); the
     generated sets also carry `type`, `hops`, `supporting_ids`, `supporting_titles`, `program`.
@@ -42,9 +46,7 @@ def load_tasks(split_or_path: str | Path = "test") -> list[dict[str, Any]]:
         >>> len(load_tasks("test"))
         200
     """
-    path = (
-        DATA_DIR / f"{split_or_path}.jsonl" if split_or_path in ("train", "test") else split_or_path
-    )
+    path = DATA_DIR / f"{split_or_path}.jsonl" if split_or_path in SPLITS else split_or_path
     rows = read_jsonl(path, required=("id", "question", "answer"))
     for row in rows:
         answer = row["answer"]

@@ -15,8 +15,9 @@ over infobox labels) that the scripted solver executes with the search tools.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from environments.search.pages import value_text
 from environments.search.world import LINKS, World
@@ -97,10 +98,17 @@ def _capitalized(text: str) -> str:
     return text[0].upper() + text[1:]
 
 
-def _chain(world: World, rng: random.Random, num_links: int) -> _Draft | None:
+Starts = Mapping[str, list[str]]
+"""Page ids per kind that a question may name (`World.by_kind`, or one split's share of it)."""
+
+
+def _chain(world: World, rng: random.Random, num_links: int, starts: Starts) -> _Draft | None:
     """A question that follows `num_links` relations from a random entity, or None."""
-    kind = rng.choice([k for k in LINKS if world.by_kind[k]])
-    entity = world.get(rng.choice(world.by_kind[kind]))
+    kinds = [k for k in LINKS if starts.get(k)]
+    if not kinds:
+        return None
+    kind = rng.choice(kinds)
+    entity = world.get(rng.choice(starts[kind]))
     visited = [entity.doc_id]
     phrase, program = entity.phrase, [f"start:{entity.name}"]
     for _ in range(num_links):
@@ -126,11 +134,11 @@ def _chain(world: World, rng: random.Random, num_links: int) -> _Draft | None:
     return _Draft(question, value_text(world, entity, key), visited, program)
 
 
-def _comparison(world: World, rng: random.Random) -> _Draft | None:
+def _comparison(world: World, rng: random.Random, starts: Starts) -> _Draft | None:
     kind, key = rng.choice(sorted(COMPARE))
-    if len(world.by_kind[kind]) < 2:
+    if len(starts.get(kind, ())) < 2:
         return None
-    first_id, second_id = rng.sample(world.by_kind[kind], 2)
+    first_id, second_id = rng.sample(starts[kind], 2)
     first, second = world.get(first_id), world.get(second_id)
     if first.scalars[key] == second.scalars[key]:
         return None
@@ -142,13 +150,17 @@ def _comparison(world: World, rng: random.Random) -> _Draft | None:
     return _Draft(question, winner.name, [first.doc_id, second.doc_id], program)
 
 
-def sample_question(world: World, rng: random.Random, question_type: str) -> dict[str, object]:
+def sample_question(
+    world: World, rng: random.Random, question_type: str, starts: Starts | None = None
+) -> dict[str, object]:
     """Samples one question of a type.
 
     Args:
         world: The world to ask about.
         rng: The random stream.
         question_type: One of `QUESTION_TYPES`.
+        starts: The pages a question may name, per kind (`None`: every page). A chain starts
+            at one of them; a comparison compares two of them.
 
     Returns:
         A dict with `question`, `answer`, `type`, `hops` (number of supporting pages),
@@ -167,12 +179,13 @@ def sample_question(world: World, rng: random.Random, question_type: str) -> dic
         raise ValueError(
             f"unknown question type {question_type!r}; choose from {', '.join(QUESTION_TYPES)}"
         )
+    pool = world.by_kind if starts is None else starts
     for _ in range(1000):
         if question_type == "comparison":
-            row = _comparison(world, rng)
+            row = _comparison(world, rng, pool)
         else:
             links = {"single_hop": 0, "two_hop": 1}.get(question_type, rng.choice((2, 3)))
-            row = _chain(world, rng, links)
+            row = _chain(world, rng, links, pool)
         if row is not None:
             return {
                 "question": row.question,
@@ -186,14 +199,52 @@ def sample_question(world: World, rng: random.Random, question_type: str) -> dic
     raise RuntimeError(f"could not sample a {question_type} question; the world is too small")
 
 
+def question_entities(row: Mapping[str, Any]) -> set[str]:
+    """The page ids of the entities a generated question names (its chain's start, or both
+    compared entities).
+
+    Example:
+        >>> sorted(question_entities({"program": ["compare:A", "compare:B", "get:born",
+        ...     "pick:min"], "supporting_ids": ["d1", "d2"]}))
+        ['d1', 'd2']
+    """
+    program = [str(step) for step in row["program"]]
+    pages = [str(doc_id) for doc_id in row["supporting_ids"]]
+    named = sum(step.startswith(("start:", "compare:")) for step in program)
+    return set(pages[:named])
+
+
+def question_facts(row: Mapping[str, Any]) -> set[tuple[str, str]]:
+    """The `(page id, attribute)` facts a generated question reads: every relation it follows
+    and the attribute it asks (on both pages, for a comparison).
+
+    Example:
+        >>> sorted(question_facts({"program": ["start:A", "follow:birthplace", "get:country"],
+        ...     "supporting_ids": ["d1", "d2"]}))
+        [('d1', 'birthplace'), ('d2', 'country')]
+    """
+    program = [str(step).split(":", 1) for step in row["program"]]
+    pages = [str(doc_id) for doc_id in row["supporting_ids"]]
+    if program[0][0] == "compare":
+        key = next(value for op, value in program if op == "get")
+        return {(page, key) for page in pages}
+    reads = [value for op, value in program[1:] if op in ("follow", "get")]
+    return set(zip(pages, reads, strict=True))
+
+
 def generate_questions(
     world: World,
     count: int,
     seed: int,
     mix: Mapping[str, float] = DEFAULT_MIX,
     exclude: set[str] | None = None,
+    starts: Starts | None = None,
+    exclude_facts: Collection[tuple[str, str]] = (),
 ) -> list[dict[str, object]]:
     """Generates `count` distinct questions with the type mix `mix`.
+
+    Each question's type is drawn first, then questions of that type are sampled until one is
+    new and reads none of `exclude_facts`, so exclusions do not skew the mix.
 
     Args:
         world: The world to ask about.
@@ -201,9 +252,14 @@ def generate_questions(
         seed: Random seed (use different seeds for train and test).
         mix: Question type -> weight.
         exclude: Question texts to skip (e.g. the train set, when making the test set).
+        starts: The pages a question may name, per kind (`None`: every page).
+        exclude_facts: `(page id, attribute)` facts no question may read (`question_facts`).
 
     Returns:
         Rows without ids; `generate.py` adds ids.
+
+    Raises:
+        RuntimeError: The world has too few new questions of a type left.
 
     Example:
         >>> from environments.search.world import build_world
@@ -217,14 +273,19 @@ def generate_questions(
     rng = random.Random(f"questions-{world.seed}-{seed}")
     types, weights = list(mix), [mix[t] for t in mix]
     seen = set(exclude or ())
+    blocked = set(exclude_facts)
     rows: list[dict[str, object]] = []
-    attempts = 0
     while len(rows) < count:
-        attempts += 1
-        if attempts > 50 * count + 1000:
-            raise RuntimeError(f"only {len(rows)} distinct questions found; grow the corpus")
-        row = sample_question(world, rng, rng.choices(types, weights)[0])
-        if row["question"] not in seen:
-            seen.add(str(row["question"]))
-            rows.append(row)
+        question_type = rng.choices(types, weights)[0]
+        for _ in range(500):
+            row = sample_question(world, rng, question_type, starts)
+            if row["question"] not in seen and not question_facts(row) & blocked:
+                break
+        else:
+            raise RuntimeError(
+                f"only {len(rows)} of {count} distinct {question_type} questions found; grow the "
+                "corpus or ask for fewer questions"
+            )
+        seen.add(str(row["question"]))
+        rows.append(row)
     return rows

@@ -26,7 +26,11 @@ from agentscope_rft.types import Rollout, RolloutStatus
 from environments.search import load_tasks as load_search_tasks
 from workflows.search_agent import JudgeSettings, SearchAgentSettings, search_workflow
 
-TASK = next(t for t in load_search_tasks("test") if t["question"].startswith("In what year was"))
+TASK = next(
+    t
+    for t in load_search_tasks("test")
+    if t["type"] == "single_hop" and t["question"].startswith("In what year was")
+)
 NAME = TASK["supporting_titles"][0]
 SEARCH = f'<tool_call>\n{{"name": "search", "arguments": {{"query": "{NAME}"}}}}\n</tool_call>'
 ANSWER = f"<answer>{TASK['answer']}</answer>"

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from agentscope_rft.api import load_workflow
 from agentscope_rft.config import load_config
+from environments.search.env import DATA_DIR, SPLITS, load_tasks
+from environments.search.splits import check_disjoint
+from workflows.search_agent import DEMO_TASKS
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "web_search"
 
@@ -18,8 +22,33 @@ def test_cpu_config_validates_and_its_app_loads() -> None:
     assert config.explorer.seed is not None  # the embedded engine takes seeded requests
     assert config.model.chat_template is not None
     assert Path(config.model.chat_template).is_file()
-    assert Path(config.tasks.train or "").is_file() and Path(config.tasks.eval or "").is_file()
     assert load_workflow(config.workflow or "").name == "search_agent"
+
+
+def test_cpu_config_trains_mixed_validates_on_val_and_never_reads_test() -> None:
+    config = load_config(EXAMPLE / "config.yaml")
+    splits = {"train": config.tasks.train, "val": config.tasks.val, "test": config.tasks.eval}
+    assert {name: Path(path or "").name for name, path in splits.items()} == {
+        "train": "train.jsonl",
+        "val": "val.jsonl",
+        "test": "test.jsonl",
+    }
+    rows = {name: load_tasks(path or "") for name, path in splits.items()}
+    assert check_disjoint(rows) == []
+    # Question types mixed from the first step; a validation slice stratified by type.
+    assert config.tasks.shuffle is True
+    assert config.tasks.stratify_field == "type" and config.tasks.val_limit is not None
+    assert all("type" in row for row in rows["val"])
+    assert config.run.best_metric.startswith("val/")
+    assert config.tasks.eval_limit is None  # the test split is only for `explore --split test`
+
+
+def test_demonstration_pages_are_reserved_from_every_split() -> None:
+    manifest = json.loads((DATA_DIR / "manifest.json").read_text())
+    titles = {title for queries, _ in DEMO_TASKS.values() for title in queries}
+    assert titles <= set(manifest["reserved"])
+    questions = {row["question"] for split in SPLITS for row in load_tasks(split)}
+    assert not questions & set(DEMO_TASKS)
 
 
 def test_gpu_recipe_validates_with_search_r1_settings(monkeypatch: pytest.MonkeyPatch) -> None:
