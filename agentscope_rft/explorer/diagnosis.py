@@ -1,0 +1,243 @@
+"""What makes an app unlearnable, read off its rollouts: each finding names the cause and the fix.
+
+Pure functions over rollouts (a batch, a validation pass, one `check_workflow` episode). A rule
+returns a `Finding` or None:
+
+| code | fires when | threshold |
+|---|---|---|
+| `no_tool_calls` | requests offered tools, yet (almost) no episode made a tool call | <= `TOOL_EPISODE_SHARE` of the episodes offered tools made one |
+| `echoed_runtime_state` | replies copy AgentScope's injected `<system-reminder>` (or its current time) | >= `ECHO_SHARE` of the calls |
+| `token_cap` | replies end at the token limit (`finish_reason == "length"`) | >= `TOKEN_CAP_SHARE` of the calls |
+| `equal_rewards` | every group (a task's episodes, 2 or more) has one reward for all | all groups |
+
+`diagnose` runs them all; `RunDiagnosis` reports a run's first batches once (log lines, a
+`diagnosis.jsonl` record and `diagnosis/*` metrics).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from agentscope_rft.gateway.runtime_state import CURRENT_TIME, runtime_state_blocks
+from agentscope_rft.types import Call, Rollout
+
+logger = logging.getLogger(__name__)
+
+TOOL_EPISODE_SHARE = 0.1
+"""`no_tool_calls` fires when at most this share of the episodes offered tools made a tool call
+(one in ten: a model that calls a tool now and then still gives GRPO contrasts to learn from)."""
+ECHO_SHARE = 0.05
+"""`echoed_runtime_state` fires when at least this share of the calls echo the reminder."""
+TOKEN_CAP_SHARE = 0.2
+"""`token_cap` fires when at least this share of the calls stop at the token limit."""
+REWARD_TOLERANCE = 1e-9
+"""Rewards closer than this count as equal."""
+
+ECHO_MARKERS = ("<system-reminder>", "</system-reminder>", "<current-time>", "ground truth at this")
+"""Text of AgentScope's runtime-state reminder that a reply has no reason to contain."""
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One diagnosis: what was seen (`count` of `total`), its cause and the fix, in `message`."""
+
+    code: str
+    count: int
+    total: int
+    message: str
+
+    @property
+    def share(self) -> float:
+        return self.count / self.total if self.total else 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {**asdict(self), "share": self.share}
+
+
+def _calls(rollouts: Sequence[Rollout]) -> list[Call]:
+    return [c for r in rollouts if r.ok for c in r.calls]
+
+
+def no_tool_calls(rollouts: Sequence[Rollout]) -> Finding | None:
+    """Tools are offered in the requests, but (almost) no episode calls one.
+
+    Example:
+        >>> no_tool_calls([]) is None
+        True
+    """
+    offered = [r for r in rollouts if r.ok and any(c.tools for c in r.calls)]
+    if not offered:
+        return None
+    calling = sum(any(c.tool_calls for c in r.calls) for r in offered)
+    if calling > TOOL_EPISODE_SHARE * len(offered):
+        return None
+    markup = sum(
+        1 for r in offered for c in r.calls if c.content and "<tool_call>" in c.content
+    )
+    names = sorted({t.get("function", {}).get("name", "?") for r in offered for c in r.calls
+                    for t in c.tools or []})  # fmt: skip
+    cause = (
+        f"{markup} repl(ies) wrote tool-call markup that did not parse (check the chat template's "
+        "tool-call format)"
+        if markup
+        else "the model answers in plain text instead"
+    )
+    return Finding(
+        "no_tool_calls",
+        calling,
+        len(offered),
+        f"tools ({', '.join(names[:5])}) were offered in {len(offered)} episode(s) but only "
+        f"{calling} made a tool call: {cause}. Episodes that never use the tool rarely earn a "
+        "reward, so there is little to learn from. Fix: show the model how, with a few worked "
+        "episodes (tool call, result, answer) in the agent's memory, an SFT warm start on a few "
+        "written episodes (`offline.path` + `offline.warmup_steps`), or a larger model; see "
+        "docs/workflows.md, 'A first signal on a small model'",
+    )
+
+
+def _echoes(call: Call) -> bool:
+    text = call.content or ""
+    if not text:
+        return False
+    if any(marker in text for marker in ECHO_MARKERS):
+        return True
+    times = [m.group(1).strip() for b in runtime_state_blocks(call.messages)
+             for m in CURRENT_TIME.finditer(b)]  # fmt: skip
+    return any(len(t) >= 8 and t in text for t in times)
+
+
+def echoed_runtime_state(rollouts: Sequence[Rollout]) -> Finding | None:
+    """Replies copy the runtime-state reminder AgentScope injects (or the time in it)."""
+    calls = _calls(rollouts)
+    echoed = sum(_echoes(c) for c in calls)
+    if not calls or echoed == 0 or echoed < ECHO_SHARE * len(calls):
+        return None
+    return Finding(
+        "echoed_runtime_state",
+        echoed,
+        len(calls),
+        f"{echoed} of {len(calls)} replies copy the `<system-reminder>` with the current time "
+        "that AgentScope's Agent injects by default (InjectionConfig.inject_runtime_state), "
+        "instead of doing the task. Fix: set `gateway.runtime_state: drop` in the config (the "
+        "gateway removes the reminder; no app edit), or build the Agent with "
+        "`injection_config=InjectionConfig(inject_runtime_state=False)`",
+    )
+
+
+def token_cap(rollouts: Sequence[Rollout]) -> Finding | None:
+    """Replies stop at the token limit (`finish_reason == "length"`)."""
+    calls = _calls(rollouts)
+    capped = [c for c in calls if c.finish_reason == "length"]
+    if not calls or not capped or len(capped) < TOKEN_CAP_SHARE * len(calls):
+        return None
+    longest = max(len(c.completion_ids) for c in capped)
+    echo = sum(_echoes(c) for c in capped)
+    cause = (
+        f" ({echo} of them copy the injected `<system-reminder>`: see `gateway.runtime_state`)"
+        if echo
+        else ""
+    )
+    return Finding(
+        "token_cap",
+        len(capped),
+        len(calls),
+        f"{len(capped)} of {len(calls)} replies hit the token cap (up to {longest} tokens)"
+        f"{cause}: a cut reply rarely holds a tool call or an answer, and long replies make "
+        "steps slow. Fix: if replies ramble or repeat, show the expected format (worked episodes "
+        "in the agent's memory, an SFT warm start); if they need the room, raise "
+        "`explorer.sampling.max_tokens` (and `explorer.max_tokens_per_call`)",
+    )
+
+
+def equal_rewards(rollouts: Sequence[Rollout]) -> Finding | None:
+    """Every group (the ok episodes of one task, at least 2) has the same reward throughout."""
+    groups: dict[str, list[float]] = defaultdict(list)
+    for r in rollouts:
+        if r.ok:
+            groups[r.task_id].append(r.reward)
+    sized = [g for g in groups.values() if len(g) >= 2]
+    if not sized:
+        return None
+    flat = [g for g in sized if max(g) - min(g) <= REWARD_TOLERANCE]
+    if len(flat) < len(sized):
+        return None
+    values = sorted({round(g[0], 6) for g in flat})
+    shown = ", ".join(f"{v:g}" for v in values[:5])
+    return Finding(
+        "equal_rewards",
+        len(flat),
+        len(sized),
+        f"all {len(sized)} group(s) have equal rewards within the group (reward {shown}): "
+        "group-relative advantages are all zero, so a training step learns nothing. Fix: make "
+        "some episodes succeed (worked episodes in the agent's memory, an SFT warm start, easier "
+        "tasks, a larger model), give partial credit in the reward, or raise "
+        "`explorer.group_size`; `explorer.dynamic_sampling` skips such groups",
+    )
+
+
+RULES = (no_tool_calls, echoed_runtime_state, token_cap, equal_rewards)
+
+
+def diagnose(rollouts: Sequence[Rollout], *, groups: bool = True) -> list[Finding]:
+    """Every rule's finding over `rollouts` (`groups=False`: skip `equal_rewards`).
+
+    Example:
+        >>> [f.code for f in diagnose(result.rollouts)]  # doctest: +SKIP
+        ['echoed_runtime_state', 'token_cap', 'equal_rewards']
+    """
+    rules = RULES if groups else RULES[:-1]
+    return [f for f in (rule(rollouts) for rule in rules) if f is not None]
+
+
+def diagnosis_metrics(findings: Sequence[Finding]) -> dict[str, float]:
+    """`diagnosis/<code>`: the share each finding measured (absent rules are not logged)."""
+    return {f"diagnosis/{f.code}": f.share for f in findings}
+
+
+class RunDiagnosis:
+    """Diagnoses a run's first batch of each phase once: log lines (a finding's code is logged
+    once per run), a record per phase in `diagnosis.jsonl`, and metrics to log with the step.
+
+    Example:
+        >>> diagnosis = RunDiagnosis(Path("runs/x"))  # doctest: +SKIP
+        >>> metrics = diagnosis.first(step, "train", result.rollouts)  # doctest: +SKIP
+    """
+
+    def __init__(self, run_dir: Path | None) -> None:
+        self.path = run_dir / "diagnosis.jsonl" if run_dir is not None else None
+        self.phases: set[str] = set()
+        self.logged: set[str] = set()
+
+    def first(self, step: int, phase: str, rollouts: Sequence[Rollout]) -> dict[str, float]:
+        """Diagnose `rollouts` if `phase` has not been diagnosed yet; returns its metrics."""
+        if phase in self.phases or not rollouts:
+            return {}
+        self.phases.add(phase)
+        findings = diagnose(rollouts)
+        self.report(findings, f"{phase} (step {step}, {len(rollouts)} episodes)")
+        if self.path is not None:
+            record = {
+                "time": time.time(),
+                "step": step,
+                "phase": phase,
+                "episodes": len(rollouts),
+                "findings": [f.to_dict() for f in findings],
+            }
+            with open(self.path, "a") as handle:
+                handle.write(json.dumps(record) + "\n")
+        return diagnosis_metrics(findings)
+
+    def report(self, findings: Sequence[Finding], where: str) -> None:
+        """Log each finding not yet logged, once."""
+        fresh = [f for f in findings if f.code not in self.logged]
+        for finding in fresh:
+            self.logged.add(finding.code)
+            logger.warning("diagnosis (%s): %s", where, finding.message)
+        if not findings and not self.logged:
+            logger.info("diagnosis (%s): no finding", where)
