@@ -116,9 +116,7 @@ async def check_workflow(
     await engine.start()
     try:
         limit = default_max_tokens_per_call(engine.max_model_len)
-        async with Gateway(
-            engine, max_tokens_limit=limit, runtime_state=runtime_state
-        ) as gateway:
+        async with Gateway(engine, max_tokens_limit=limit, runtime_state=runtime_state) as gateway:
             explorer = Explorer(
                 workflow, gateway, EpisodeSettings(episode_timeout=timeout, max_retries=0)
             )

@@ -3,12 +3,13 @@
 Pure functions over rollouts (a batch, a validation pass, one `check_workflow` episode). A rule
 returns a `Finding` or None:
 
-| code | fires when | threshold |
-|---|---|---|
-| `no_tool_calls` | requests offered tools, yet (almost) no episode made a tool call | <= `TOOL_EPISODE_SHARE` of the episodes offered tools made one |
-| `echoed_runtime_state` | replies copy AgentScope's injected `<system-reminder>` (or its current time) | >= `ECHO_SHARE` of the calls |
-| `token_cap` | replies end at the token limit (`finish_reason == "length"`) | >= `TOKEN_CAP_SHARE` of the calls |
-| `equal_rewards` | every group (a task's episodes, 2 or more) has one reward for all | all groups |
+- `no_tool_calls`: the requests offered tools, yet at most `TOOL_EPISODE_SHARE` of those
+  episodes made a tool call;
+- `echoed_runtime_state`: at least `ECHO_SHARE` of the replies copy AgentScope's injected
+  `<system-reminder>` (or the current time in it);
+- `token_cap`: at least `TOKEN_CAP_SHARE` of the replies end at the token limit
+  (`finish_reason == "length"`);
+- `equal_rewards`: every group (the ok episodes of one task, 2 or more) has one reward for all.
 
 `diagnose` runs them all; `RunDiagnosis` reports a run's first batches once (log lines, a
 `diagnosis.jsonl` record and `diagnosis/*` metrics).
@@ -77,9 +78,7 @@ def no_tool_calls(rollouts: Sequence[Rollout]) -> Finding | None:
     calling = sum(any(c.tool_calls for c in r.calls) for r in offered)
     if calling > TOOL_EPISODE_SHARE * len(offered):
         return None
-    markup = sum(
-        1 for r in offered for c in r.calls if c.content and "<tool_call>" in c.content
-    )
+    markup = sum(1 for r in offered for c in r.calls if c.content and "<tool_call>" in c.content)
     names = sorted({t.get("function", {}).get("name", "?") for r in offered for c in r.calls
                     for t in c.tools or []})  # fmt: skip
     cause = (

@@ -55,7 +55,7 @@ def is_runtime_state(block: str) -> bool:
     """Whether a `<system-reminder>` block is AgentScope's runtime-state injection.
 
     Example:
-        >>> is_runtime_state("<system-reminder>x\\n<current-time>t</current-time>\\n</system-reminder>")
+        >>> is_runtime_state("<system-reminder><current-time>t</current-time></system-reminder>")
         True
         >>> is_runtime_state("<system-reminder>Call the tool now.</system-reminder>")
         False
@@ -113,7 +113,9 @@ def _texts(message: JSON) -> list[str]:
         return [
             part["text"]
             for part in content
-            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+            if isinstance(part, dict)
+            and part.get("type") == "text"
+            and isinstance(part.get("text"), str)
         ]
     return []
 
@@ -150,7 +152,11 @@ def _rewrite(message: JSON, mode: str) -> tuple[JSON | None, int]:
     parts: list[object] = []
     total = 0
     for part in content:
-        if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+        if (
+            isinstance(part, dict)
+            and part.get("type") == "text"
+            and isinstance(part.get("text"), str)
+        ):
             text, count = _rewrite_text(part["text"], mode)
             total += count
             if count and not text and mode == "drop":
