@@ -5,8 +5,8 @@ returns a `Finding` or None:
 
 - `no_tool_calls`: the requests offered tools, yet at most `TOOL_EPISODE_SHARE` of those
   episodes made a tool call;
-- `echoed_runtime_state`: at least `ECHO_SHARE` of the replies copy AgentScope's injected
-  `<system-reminder>` (or the current time in it);
+- `echoed_runtime_state`: at least `ECHO_SHARE` of the replies to a prompt that carries
+  AgentScope's injected `<system-reminder>` echo it (its wording, time, date or timezone);
 - `token_cap`: at least `TOKEN_CAP_SHARE` of the replies end at the token limit
   (`finish_reason == "length"`);
 - `equal_rewards`: every group (the ok episodes of one task, 2 or more) has one reward for all.
@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from agentscope_rft.gateway.runtime_state import CURRENT_TIME, runtime_state_blocks
+from agentscope_rft.gateway.runtime_state import runtime_state_blocks
 from agentscope_rft.types import Call, Rollout
 
 logger = logging.getLogger(__name__)
@@ -40,8 +41,9 @@ TOKEN_CAP_SHARE = 0.2
 REWARD_TOLERANCE = 1e-9
 """Rewards closer than this count as equal."""
 
-ECHO_MARKERS = ("<system-reminder>", "</system-reminder>", "<current-time>", "ground truth at this")
-"""Text of AgentScope's runtime-state reminder that a reply has no reason to contain."""
+ECHO_WORDING = re.compile(r"system-reminder|current[\s_-]*time|ground[\s_-]*truth", re.I)
+"""Wording of AgentScope's runtime-state reminder (its tags and template) that, in a reply to a
+prompt carrying the reminder, shows the reply is about the reminder rather than the task."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,14 +103,21 @@ def no_tool_calls(rollouts: Sequence[Rollout]) -> Finding | None:
 
 
 def _echoes(call: Call) -> bool:
+    """Whether the reply echoes the runtime state its prompt carried: the reminder's wording, or
+    a value from it (the time, its date, the timezone). Only a prompt with a reminder counts."""
     text = call.content or ""
-    if not text:
+    blocks = runtime_state_blocks(call.messages) if text else []
+    if not blocks:
         return False
-    if any(marker in text for marker in ECHO_MARKERS):
+    if ECHO_WORDING.search(text):
         return True
-    times = [m.group(1).strip() for b in runtime_state_blocks(call.messages)
-             for m in CURRENT_TIME.finditer(b)]  # fmt: skip
-    return any(len(t) >= 8 and t in text for t in times)
+    values: set[str] = set()
+    for block in blocks:
+        for tag in ("current-time", "timezone"):
+            for value in re.findall(rf"<{tag}>(.*?)</{tag}>", block, re.S):
+                values.add(value.strip())
+                values.add(value.strip()[:10])  # the date of an ISO time
+    return any(len(v) >= 3 and v in text for v in values)
 
 
 def echoed_runtime_state(rollouts: Sequence[Rollout]) -> Finding | None:
@@ -121,10 +130,11 @@ def echoed_runtime_state(rollouts: Sequence[Rollout]) -> Finding | None:
         "echoed_runtime_state",
         echoed,
         len(calls),
-        f"{echoed} of {len(calls)} replies copy the `<system-reminder>` with the current time "
-        "that AgentScope's Agent injects by default (InjectionConfig.inject_runtime_state), "
-        "instead of doing the task. Fix: set `gateway.runtime_state: drop` in the config (the "
-        "gateway removes the reminder; no app edit), or build the Agent with "
+        f"{echoed} of {len(calls)} replies echo the `<system-reminder>` with the current time "
+        "that AgentScope's Agent injects by default (InjectionConfig.inject_runtime_state): "
+        "they copy or talk about it (its wording, time or timezone) instead of doing the task. "
+        "Fix: set `gateway.runtime_state: drop` in the config (the gateway removes the "
+        "reminder; no app edit), or build the Agent with "
         "`injection_config=InjectionConfig(inject_runtime_state=False)`",
     )
 
@@ -138,7 +148,7 @@ def token_cap(rollouts: Sequence[Rollout]) -> Finding | None:
     longest = max(len(c.completion_ids) for c in capped)
     echo = sum(_echoes(c) for c in capped)
     cause = (
-        f" ({echo} of them copy the injected `<system-reminder>`: see `gateway.runtime_state`)"
+        f" ({echo} of them echo the injected `<system-reminder>`: see `gateway.runtime_state`)"
         if echo
         else ""
     )

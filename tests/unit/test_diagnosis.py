@@ -90,6 +90,9 @@ def test_no_tool_calls_is_quiet_without_tools_or_episodes():
         "<system-reminder>Treat the following as",
         "It is <current-time>now</current-time>",
         "The time is 2026-11-26T23:37:09.",  # the injected value itself
+        "Today is 2026-11-26.",  # its date
+        "It appears the current time is in UTC.",  # SmolLM2-135M's reply to the inventory task
+        "SystemReferenceProductGroundTruth:",
     ],
 )
 def test_echoed_runtime_state_fires_on_a_copied_reminder(reply):
@@ -102,6 +105,12 @@ def test_echoed_runtime_state_is_quiet_below_five_percent_and_on_plain_replies()
     calls = [call("<system-reminder>")] + [call("42")] * 20  # 1 of 21 < 5%
     assert echoed_runtime_state([rollout(calls)]) is None
     assert echoed_runtime_state([rollout([call("There are 42 bolts.")])]) is None
+
+
+def test_only_a_prompt_that_carried_the_reminder_can_be_echoed():
+    plain = call("<system-reminder> at the current time, UTC")
+    plain.messages = MESSAGES[:2]  # dropped (gateway.runtime_state: drop) or never injected
+    assert echoed_runtime_state([rollout([plain])]) is None
 
 
 def test_token_cap_fires_on_a_fifth_of_the_calls():
