@@ -95,9 +95,9 @@ def no_tool_calls(rollouts: Sequence[Rollout]) -> Finding | None:
         len(offered),
         f"tools ({', '.join(names[:5])}) were offered in {len(offered)} episode(s) but "
         f"{f'only {calling}' if calling else 'none'} made a tool call: {cause}. "
-        "Episodes that never use the tool rarely earn a reward, so there is little to learn from. Fix: show the model how, with a few worked "
-        "episodes (tool call, result, answer) in the agent's memory, an SFT warm start on a few "
-        "written episodes (`offline.path` + `offline.warmup_steps`), or a larger model; see "
+        "Episodes that never use the tool rarely earn a reward, so there is little to learn "
+        "from. Fix: show the model how, with a few worked episodes (tool call, result, answer) "
+        "in the agent's memory, an SFT warm start on a few written episodes (`offline.path` + `offline.warmup_steps`), or a larger model; see "
         "docs/workflows.md, 'A first signal on a small model'",
     )
 
