@@ -97,8 +97,9 @@ def no_tool_calls(rollouts: Sequence[Rollout]) -> Finding | None:
         f"{f'only {calling}' if calling else 'none'} made a tool call: {cause}. "
         "Episodes that never use the tool rarely earn a reward, so there is little to learn "
         "from. Fix: show the model how, with a few worked episodes (tool call, result, answer) "
-        "in the agent's memory, an SFT warm start on a few written episodes (`offline.path` + `offline.warmup_steps`), or a larger model; see "
-        "docs/workflows.md, 'A first signal on a small model'",
+        "in the agent's memory, an SFT warm start on a few written episodes (`offline.path` + "
+        "`offline.warmup_steps`), or a larger model; see docs/workflows.md, 'A first signal on "
+        "a small model'",
     )
 
 
