@@ -11,7 +11,7 @@ from rich.console import Console
 
 from agentscope_rft.api import Workflow, WorkflowFn, load_workflow
 from agentscope_rft.engines.base import Engine
-from agentscope_rft.explorer.diagnosis import Finding, diagnose
+from agentscope_rft.explorer.diagnosis import TOOL_MARKUP, Finding, diagnose
 from agentscope_rft.explorer.explorer import (
     EpisodeSettings,
     Explorer,
@@ -53,7 +53,7 @@ class CheckReport:
                 "separate samples"
             )
         findings = self.findings
-        malformed = [c for c in self.rollout.calls if c.content and "<tool_call>" in c.content]
+        malformed = [c for c in self.rollout.calls if c.content and TOOL_MARKUP.search(c.content)]
         if malformed and not any(f.code == "no_tool_calls" for f in findings):
             out.append(f"{len(malformed)} call(s) wrote tool-call markup that did not parse")
         out.extend(f.message for f in findings)

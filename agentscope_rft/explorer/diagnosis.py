@@ -38,6 +38,8 @@ ECHO_SHARE = 0.05
 """`echoed_runtime_state` fires when at least this share of the calls echo the reminder."""
 TOKEN_CAP_SHARE = 0.2
 """`token_cap` fires when at least this share of the calls stop at the token limit."""
+TOOL_MARKUP = re.compile(r"<tool_call>\s*\{")
+"""The start of a Hermes tool call (a reply that only mentions `<tool_call>` is not an attempt)."""
 REWARD_TOLERANCE = 1e-9
 """Rewards closer than this count as equal."""
 
@@ -80,15 +82,23 @@ def no_tool_calls(rollouts: Sequence[Rollout]) -> Finding | None:
     calling = sum(any(c.tool_calls for c in r.calls) for r in offered)
     if calling > TOOL_EPISODE_SHARE * len(offered):
         return None
-    markup = sum(1 for r in offered for c in r.calls if c.content and "<tool_call>" in c.content)
+    replies = [c.content for r in offered for c in r.calls if c.content]
     names = sorted({t.get("function", {}).get("name", "?") for r in offered for c in r.calls
                     for t in c.tools or []})  # fmt: skip
-    cause = (
-        f"{markup} repl(ies) wrote tool-call markup that did not parse (check the chat template's "
-        "tool-call format)"
-        if markup
-        else "the model answers in plain text instead"
-    )
+    markup = sum(1 for text in replies if TOOL_MARKUP.search(text))
+    described = sum(1 for text in replies if any(f"{n}(" in text for n in names))
+    if markup:
+        cause = (
+            f"{markup} repl(ies) wrote tool-call markup that did not parse (check the chat "
+            "template's tool-call format)"
+        )
+    elif described:
+        cause = (
+            f"{described} repl(ies) write the call as text (`{names[0]}(...)` in prose or code) "
+            "instead of in the chat format's tool-call markup"
+        )
+    else:
+        cause = "the model answers in plain text instead"
     return Finding(
         "no_tool_calls",
         calling,

@@ -67,9 +67,17 @@ def test_no_tool_calls_fires_when_no_episode_calls_the_offered_tool():
     assert "lookup" in finding.message and "offline.warmup_steps" in finding.message
 
 
-def test_no_tool_calls_counts_unparsed_markup_as_the_cause():
-    finding = no_tool_calls([rollout([call('<tool_call>{"name": lookup}')])])
-    assert finding is not None and "did not parse" in finding.message
+@pytest.mark.parametrize(
+    ("reply", "cause"),
+    [
+        ('<tool_call>\n{"name": lookup}', "did not parse"),
+        ('You call lookup(item="bolts") within <tool_call> and it returns 4.', "as text"),
+        ("There are 4 bolts.", "plain text"),
+    ],
+)
+def test_no_tool_calls_names_the_cause(reply, cause):
+    finding = no_tool_calls([rollout([call(reply)])])
+    assert finding is not None and cause in finding.message
 
 
 def test_no_tool_calls_fires_at_one_in_ten_and_not_above():
