@@ -11,6 +11,7 @@ from rich.console import Console
 
 from agentscope_rft.api import Workflow, WorkflowFn, load_workflow
 from agentscope_rft.engines.base import Engine
+from agentscope_rft.explorer.diagnosis import TOOL_MARKUP, Finding, diagnose
 from agentscope_rft.explorer.explorer import (
     EpisodeSettings,
     Explorer,
@@ -31,6 +32,12 @@ class CheckReport:
     stats: TrajectoryStats
 
     @property
+    def findings(self) -> list[Finding]:
+        """What would make the app unlearnable, seen in this episode (see `explorer.diagnosis`:
+        no tool calls, echoed runtime state, the token cap; one episode has no groups)."""
+        return diagnose([self.rollout], groups=False) if self.rollout.ok else []
+
+    @property
     def warnings(self) -> list[str]:
         out = []
         if not self.rollout.ok:
@@ -45,9 +52,11 @@ class CheckReport:
                 f"{count} call(s) did not continue the previous one ({reason}); they train as "
                 "separate samples"
             )
-        malformed = [c for c in self.rollout.calls if c.content and "<tool_call>" in c.content]
-        if malformed:
+        findings = self.findings
+        malformed = [c for c in self.rollout.calls if c.content and TOOL_MARKUP.search(c.content)]
+        if malformed and not any(f.code == "no_tool_calls" for f in findings):
             out.append(f"{len(malformed)} call(s) wrote tool-call markup that did not parse")
+        out.extend(f.message for f in findings)
         return out
 
     def render(self) -> str:
@@ -82,12 +91,15 @@ async def check_workflow(
     model: str = "smollm2-135m-instruct",
     engine: Engine | None = None,
     timeout: float = 300.0,
+    runtime_state: str = "keep",
     show: bool = True,
 ) -> CheckReport:
     """Run one episode with the embedded model (or `engine`) and report what was captured.
 
     The episode runs as in training: bounded by `timeout` (its rollout is closed at the deadline,
     whatever the app does with cancellation) and with the default per-call token limit.
+    `runtime_state` is the config's `gateway.runtime_state` (`keep`, `freeze` or `drop`). The
+    report's warnings include the diagnosis of the episode (`CheckReport.findings`).
 
     Example:
         >>> task = {"id": "t1", "question": "2+2?"}
@@ -104,7 +116,7 @@ async def check_workflow(
     await engine.start()
     try:
         limit = default_max_tokens_per_call(engine.max_model_len)
-        async with Gateway(engine, max_tokens_limit=limit) as gateway:
+        async with Gateway(engine, max_tokens_limit=limit, runtime_state=runtime_state) as gateway:
             explorer = Explorer(
                 workflow, gateway, EpisodeSettings(episode_timeout=timeout, max_retries=0)
             )

@@ -62,6 +62,12 @@ class GatewayConfig(Section):
     """Port; 0 picks a free one."""
     api_key: str | None = "auto"
     """`auto`: a random per-run key; a string: that key; null: no authentication."""
+    runtime_state: Literal["keep", "freeze", "drop"] = "keep"
+    """The `<system-reminder>` with the current time (and other runtime state) that an
+    AgentScope `Agent` injects into its requests by default, rewritten by the gateway before the
+    prompt is rendered (and recorded): `keep` as sent; `freeze` the time replaced by a fixed one
+    (prompts repeat, so episodes are reproducible and the prefix cache hits); `drop` the
+    reminder removed (a small model stops copying it into its replies). No edit to the app."""
 
 
 class TasksConfig(Section):

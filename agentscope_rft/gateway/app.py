@@ -66,6 +66,7 @@ from agentscope_rft.gateway.protocol import (
     usage,
 )
 from agentscope_rft.gateway.recorder import CallRecorder
+from agentscope_rft.gateway.runtime_state import apply_runtime_state
 from agentscope_rft.types import JSON, Call
 
 logger = logging.getLogger(__name__)
@@ -104,6 +105,9 @@ class GatewayState:
     call's number within the rollout (reproducible exploration)."""
     max_tokens_limit: int | None = None
     """Upper bound on `max_tokens` of attributed calls, also when the app sets none."""
+    runtime_state: str = "keep"
+    """What happens to the runtime-state reminders AgentScope injects into requests: `keep`,
+    `freeze` or `drop` (see `gateway.runtime_state`), before rendering, so it is recorded."""
     created: int = field(default_factory=lambda: int(time.time()))
     counters: collections.Counter[str] = field(default_factory=collections.Counter)
     latencies: collections.deque[float] = field(
@@ -484,8 +488,11 @@ def create_app(state: GatewayState) -> FastAPI:
                 code="model_not_found",
             )
         overrides = _overrides_for(state, rollout_id)
+        messages, rewritten = apply_runtime_state(body.messages, state.runtime_state)
+        if rewritten:
+            state.counters[f"runtime_state_{state.runtime_state}"] += rewritten
         chat = ChatRequest(
-            messages=body.messages,
+            messages=messages,
             sampling=body.sampling(state.sampling_defaults, overrides),
             tools=body.tools,
             tool_choice=body.tool_choice,

@@ -15,6 +15,7 @@ from agentscope_rft.engines.base import Engine
 from agentscope_rft.gateway.app import GatewayState, RolloutClosure, close_rollout, create_app
 from agentscope_rft.gateway.protocol import RequestError
 from agentscope_rft.gateway.recorder import CallRecorder
+from agentscope_rft.gateway.runtime_state import RUNTIME_STATE_MODES
 from agentscope_rft.types import JSON
 
 logger = logging.getLogger(__name__)
@@ -55,8 +56,14 @@ class Gateway:
         sampling_overrides: dict[str, JSON] | None = None,
         seed_base: int | None = None,
         max_tokens_limit: int | None = None,
+        runtime_state: str = "keep",
         log_level: str = "warning",
     ) -> None:
+        if runtime_state not in RUNTIME_STATE_MODES:
+            raise ValueError(
+                f"runtime_state must be one of {', '.join(RUNTIME_STATE_MODES)}, got "
+                f"{runtime_state!r}"
+            )
         self.engine = engine
         self.recorder = recorder or CallRecorder()
         self.api_key = api_key or (secrets.token_urlsafe(24) if generate_api_key else None)
@@ -69,6 +76,7 @@ class Gateway:
             sampling_overrides=sampling_overrides or {},
             seed_base=seed_base,
             max_tokens_limit=max_tokens_limit,
+            runtime_state=runtime_state,
         )
         self.app = create_app(self.state)
         self._host = host

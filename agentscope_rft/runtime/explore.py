@@ -22,6 +22,7 @@ from agentscope_rft.buffer.config import BufferConfig, build_buffer
 from agentscope_rft.config import RunConfig, dump_config
 from agentscope_rft.engines.base import engine_metrics
 from agentscope_rft.engines.factory import build_engine
+from agentscope_rft.explorer.diagnosis import RunDiagnosis
 from agentscope_rft.explorer.explorer import Explorer, ExploreResult
 from agentscope_rft.explorer.runner import ModelSettings
 from agentscope_rft.explorer.tasks import Task, load_tasks, stratified_slice
@@ -157,6 +158,7 @@ async def _explore(
             generate_api_key=True,
             host=host,
             max_tokens_limit=max_tokens_per_call(config, engine.max_model_len),
+            runtime_state=config.gateway.runtime_state,
         ) as gateway:
             settings = episode_settings(config, engine.max_model_len)
             runner = None
@@ -202,6 +204,7 @@ async def _explore(
         await buffer.close()
     summary = ExploreResult(all_rollouts, [], stats, time.perf_counter() - started).metrics()
     summary.update(counters)
+    summary.update(RunDiagnosis(out_dir).first(0, split, all_rollouts))
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     if stop.requested:
         done = len(all_rollouts) // groups

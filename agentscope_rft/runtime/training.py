@@ -28,6 +28,7 @@ from agentscope_rft.data.side import DataSide
 from agentscope_rft.engines.base import Engine, engine_metrics
 from agentscope_rft.engines.factory import build_engine
 from agentscope_rft.engines.threads import in_own_thread
+from agentscope_rft.explorer.diagnosis import RunDiagnosis
 from agentscope_rft.explorer.explorer import Explorer
 from agentscope_rft.explorer.tasks import Task
 from agentscope_rft.gateway.server import Gateway
@@ -135,6 +136,7 @@ class TrainingRun:
         self.rollback = RollbackState()
         self.offline: Iterator[list[Sample]] | None = None
         self.val_tasks, self.val_phase = self._validation_split(checked)
+        self.diagnosis = RunDiagnosis(run_dir)  # the first batch of each phase, reported once
 
     # ------------------------------------------------------------------ the run, top to bottom
     async def run(self) -> dict[str, float]:
@@ -242,6 +244,7 @@ class TrainingRun:
             sampling_overrides=sampling_rules(config),
             seed_base=config.explorer.seed,
             max_tokens_limit=max_tokens_per_call(config, engine.max_model_len),
+            runtime_state=config.gateway.runtime_state,
         )
         await gateway.start()
         self.gateway = gateway
@@ -330,6 +333,7 @@ class TrainingRun:
             for group in groups:
                 await self.buffer.put(group)
             metrics = result.metrics() | step_metrics | data_metrics | engine_metrics(engine)
+            metrics |= self.diagnosis.first(step, "train", result.rollouts)
             await self.produced.put((step, len(groups), metrics))
 
     async def _train_loop(self, progress: Any) -> None:
@@ -481,6 +485,7 @@ class TrainingRun:
         )
         self.rollout_log.write(step, phase, result)
         metrics = {k: v for k, v in result.metrics().items() if not k.startswith("trajectory/")}
+        metrics |= self.diagnosis.first(step, phase, result.rollouts)
         self.monitor.log(step, metrics, phase=phase)
         if phase == "val":
             await in_own_thread(self.best.consider, step, metrics, self.trainer.export_hf)

@@ -53,6 +53,12 @@ def test_explore_writes_results_and_exportable_samples(calc_model_path, tmp_path
     assert all(r["rewards"] == [1.0, 1.0] for r in results)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["explore/rollouts"] == 4 and summary["trajectory/merge_rate"] == 1.0
+    # every group solved alike: the diagnosis says a step would learn nothing, once
+    assert summary["diagnosis/equal_rewards"] == 1.0
+    [record] = [json.loads(x) for x in (out / "diagnosis.jsonl").read_text().splitlines()]
+    assert [f["code"] for f in record["findings"]] == ["equal_rewards"]
+    printed = " ".join((done.stdout + done.stderr).split())  # the console wraps long lines
+    assert printed.count("have equal rewards") == 1
 
     exported = tmp_path / "samples.jsonl"
     done = subprocess.run(

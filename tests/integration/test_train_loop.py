@@ -63,6 +63,9 @@ async def test_reward_goes_up_on_a_learnable_task(tiny_model_path, toy_tasks, tm
     assert (run_dir / "config.yaml").is_file()
     lines = (run_dir / "rollouts.jsonl").read_text().splitlines()
     assert len(lines) == 16 * 32
+    # the first explore step was diagnosed, once (the toy app offers no tools; rewards differ)
+    [record] = [json.loads(x) for x in (run_dir / "diagnosis.jsonl").read_text().splitlines()]
+    assert (record["phase"], record["step"], record["episodes"]) == ("train", 0, 32)
 
 
 async def test_resume_reaches_the_same_parameters(tiny_model_path, toy_tasks, tmp_path):

@@ -1,0 +1,42 @@
+"""The inventory example: its committed data is what its generator writes, and the tool answers."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+HERE = Path(__file__).resolve().parents[2] / "examples" / "inventory"
+
+
+def load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"inventory_{name}", HERE / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_committed_files_are_the_generators_output(tmp_path):
+    data = load("data")
+    stock, splits = data.generate(0)
+    assert json.loads((HERE / "stock.json").read_text()) == stock
+    for split, tasks in splits.items():
+        lines = (HERE / f"tasks_{split}.jsonl").read_text().splitlines()
+        assert [json.loads(line) for line in lines] == tasks
+    assert data.generate(1)[1] != splits  # the seed matters
+
+
+def test_the_splits_ask_about_disjoint_items_and_the_tool_knows_every_answer():
+    data, app = load("data"), load("app")
+    _, splits = data.generate(0)
+    items = {split: {t["item"] for t in tasks} for split, tasks in splits.items()}
+    assert not items["train"] & items["test"] and not items["train"] & items["val"]
+    assert not items["val"] & items["test"]
+    for task in splits["test"]:
+        assert app.check_stock(task["item"].upper(), task["warehouse"]) == str(task["answer"])
+        assert app.score(f"There are {task['answer']} in stock.", task["answer"]) == 1.0
+    assert app.score("There are 12 bolts, not 13.", 12) == 0.0  # the last number counts
+    assert app.check_stock("gold bars", "Leeds") == "unknown item 'gold bars'"
+    assert app.check_stock("oak valves", "Paris").startswith("unknown warehouse 'Paris'")
