@@ -488,8 +488,9 @@ def create_app(state: GatewayState) -> FastAPI:
                 code="model_not_found",
             )
         overrides = _overrides_for(state, rollout_id)
-        messages, rewritten = apply_runtime_state(body.messages, state.runtime_state)
-        if rewritten:
+        messages = body.messages
+        if state.runtime_state != "keep":
+            messages, rewritten = apply_runtime_state(messages, state.runtime_state)
             state.counters[f"runtime_state_{state.runtime_state}"] += rewritten
         chat = ChatRequest(
             messages=messages,
