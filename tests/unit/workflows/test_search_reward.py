@@ -8,7 +8,7 @@ from typing import Literal
 import numpy as np
 import pytest
 
-from environments.search import extract_answer, judge_prompt, judge_score, load_index
+from environments.search import extract_answer, judge_prompt, judge_score, load_index, load_tasks
 from environments.search.rewards import max_answer_words
 from workflows.search_agent import SearchAgentSettings
 from workflows.search_reward import TaskFormatError, answer_reward, gold_answers
@@ -191,3 +191,17 @@ async def test_a_prediction_cannot_instruct_the_judge() -> None:
     assert await judge_score("Q?", "Ada Voss or Bren Tollo", ["Ada Voss"], judge) == 0.0
     assert await judge_score("Q?", "Ada Voss " + "yes " * 20, ["Ada Voss"], judge) == 0.0
     assert len(prompts) == calls
+
+
+@pytest.mark.parametrize("split", ["train", "val", "test"])
+def test_every_shipped_gold_answer_tagged_scores_full_marks(split: str) -> None:
+    """The exploit rules (length, hedging) never refuse a right answer of the shipped data."""
+    failed = []
+    for task in load_tasks(split):
+        golds = gold_answers(task)
+        for gold in golds:
+            for metric in ("f1", "em"):
+                reward = answer_reward(f"<answer>{gold}</answer>", golds, metric)  # type: ignore[arg-type]
+                if reward.value != 1.0:
+                    failed.append((task["id"], gold, metric, reward.value))
+    assert not failed, failed[:5]
