@@ -38,8 +38,8 @@ INDEX = "ARTEFACTS.md"
 def export_artefacts(sweep_dir: Path, out: Path, command: str | None = None) -> list[Path]:
     """Copy `sweep_dir`'s small artefacts into `out` (replacing what an earlier export left).
 
-    `command` is the command line that made the sweep, written into `ARTEFACTS.md` (default: the
-    one `--seeds` command the sweep's config implies). Returns the files written.
+    `command` is the command line that exported them, written into `ARTEFACTS.md` beside the
+    `--seeds` command that makes the sweep. Returns the files written.
 
     Raises:
         SweepError: `sweep_dir` is not a sweep folder, has no summary yet, or `out` is inside it.
@@ -103,10 +103,11 @@ def _index(
     seeds = ",".join(str(s) for s in data["seeds"])
     config = data.get("config", {})
     test = " --test" if any("test" in r for r in summary.get("seeds", {}).values()) else ""
-    remake = command or (
+    remake = (
         f"agentscope-rft train --config <the config> --seeds {seeds}{test} "
         f"--set run.name={config.get('run', {}).get('name', sweep_dir.name)}"
     )
+    default_export = f"agentscope-rft sweep-summary runs/<name> --artefacts {out}"
     lines = [
         f"# Artefacts of the sweep `{sweep_dir.name}`",
         "",
@@ -115,8 +116,8 @@ def _index(
         + ", ".join(f"{k} {v}" for k, v in data.get("status", {}).items())
         + ")",
         f"- metric: `{summary.get('metric')}` ({summary.get('mode')})",
-        f"- re-made by: `{remake}`",
-        f"- then: `agentscope-rft sweep-summary runs/<name>{test} --artefacts {out}`",
+        f"- the sweep: `{remake}`",
+        f"- exported by: `{command or default_export}`",
         "",
         "The table (summary.md):",
         "",
