@@ -154,7 +154,12 @@ def emit_state(key: str, agent: str | None = None) -> None:
     scope.step_states.append(StepState(key=str(key), call_index=step, agent_name=agent))
 
 
-def _import_module_from_file(path: Path) -> Any:
+def import_file(path: Path) -> Any:
+    """Import the Python file `path` as a module (it may import the files beside it).
+
+    Example:
+        >>> report = import_file(Path("examples/web_search/report.py"))  # doctest: +SKIP
+    """
     module_name = f"_agentscope_rft_workflow_{abs(hash(path.resolve()))}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
@@ -182,7 +187,7 @@ def load_callable(spec: str, what: str = "workflow") -> Any:
             path = Path(target).expanduser()
             if not path.is_file():
                 raise WorkflowError(f"{what} file {path} does not exist (from {spec!r})")
-            module = _import_module_from_file(path)
+            module = import_file(path)
         else:
             module = importlib.import_module(target)
     except WorkflowError:

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from agentscope_rft.api import import_file
 from environments.search import load_tasks
 from environments.search.questions import QUESTION_TYPES
 from workflows.search_agent import SearchAgentSettings
@@ -36,11 +36,7 @@ HERE = Path(__file__).resolve().parent
 
 def shipped_settings() -> SearchAgentSettings:
     """`app.py`'s `SETTINGS`: the floors' oracle runs under exactly what the example ships."""
-    spec = importlib.util.spec_from_file_location("web_search_app", HERE / "app.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    settings: SearchAgentSettings = module.SETTINGS
+    settings: SearchAgentSettings = import_file(HERE / "app.py").SETTINGS
     return settings
 
 

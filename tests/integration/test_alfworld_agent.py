@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from agentscope_rft.api import import_file
 from agentscope_rft.check import check_workflow
 from agentscope_rft.engines.embedded import EmbeddedEngine
 from agentscope_rft.explorer.explorer import EpisodeSettings, Explorer
@@ -253,14 +254,7 @@ async def test_real_data_layout_plays_and_a_broken_game_file_is_a_clear_error(
 
 
 def _make_demos_module() -> Any:
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "examples" / "alfworld" / "make_demos.py"
-    spec = importlib.util.spec_from_file_location("alfworld_make_demos", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_file(Path(__file__).resolve().parents[2] / "examples/alfworld/make_demos.py")
 
 
 @pytest.mark.parametrize("context", ["full", "window"])

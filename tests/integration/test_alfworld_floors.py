@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
 
+from agentscope_rft.api import import_file
 from agentscope_rft.explorer.tasks import load_tasks
 from workflows.alfworld_scripted import searcher_reply
 
@@ -15,10 +15,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "alfworld"
 
 
 def _module(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"alfworld_{name}", EXAMPLE / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module: ModuleType = import_file(EXAMPLE / f"{name}.py")
     return module
 
 

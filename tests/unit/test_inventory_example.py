@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
+
+from agentscope_rft.api import import_file
 
 HERE = Path(__file__).resolve().parents[2] / "examples" / "inventory"
 
 
 def load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"inventory_{name}", HERE / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module: ModuleType = import_file(HERE / f"{name}.py")
     return module
 
 

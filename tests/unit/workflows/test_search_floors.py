@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from agentscope_rft.api import import_file
 from environments.search.corpus import save_corpus
 from environments.search.pages import render_pages
 from environments.search.splits import generate_splits
@@ -73,10 +73,7 @@ async def test_floors_flag_comparisons_and_put_multi_hop_apart(
 def test_report_prints_the_floors_and_what_counts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    spec = importlib.util.spec_from_file_location("web_search_report", REPORT)
-    assert spec is not None and spec.loader is not None
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
+    report = import_file(REPORT)
     assert report.shipped_settings().max_turns == 2  # the oracle runs under app.py's settings
     out = tmp_path / "report.json"
     report.main(["--tasks", "val", "--json", str(out)])
