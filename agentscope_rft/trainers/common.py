@@ -156,15 +156,24 @@ def mini_batch_rows(num_rows: int, mini_batches: int) -> list[list[int]]:
 
 
 def batch_metrics(
-    batch: TrainBatch, old: Tensor, ref: Tensor | None, recomputed: bool
+    batch: TrainBatch,
+    old: Tensor,
+    ref: Tensor | None,
+    recomputed: bool,
+    gap: Mapping[str, float] | None = None,
 ) -> dict[str, float]:
-    """Rollout-vs-trainer log-prob gap (when recomputed) and KL to the reference."""
+    """Rollout-vs-trainer log-prob gap and KL to the reference.
+
+    The gap is over the recomputed old log-probs, else over the first update's forward (`gap`:
+    `sum` and `tokens` of its sampled tokens, which ran the weights that explored: free).
+    """
     mask = batch.loss_mask.bool()
-    out = {
-        "train/rollout_trainer_logprob_diff": (
-            float((batch.rollout_logprobs - old)[mask].abs().mean()) if recomputed else 0.0
-        ),
-    }
+    diff = 0.0
+    if recomputed:
+        diff = float((batch.rollout_logprobs - old)[mask].abs().mean())
+    elif gap is not None and gap.get("tokens"):
+        diff = gap["sum"] / gap["tokens"]
+    out = {"train/rollout_trainer_logprob_diff": diff}
     if ref is not None:
         out["kl/mean"] = float(kl_estimate(old, ref, "k3")[mask].mean())
     return out

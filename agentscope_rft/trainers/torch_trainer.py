@@ -392,10 +392,7 @@ class TorchTrainer:
         updates = self.config.epochs * self.config.mini_batches
         metrics.update(step_metrics(sums, updates, batch, time.perf_counter() - started))
         recomputed = self.config.old_logprobs == "recompute"
-        metrics.update(batch_metrics(batch, old, ref, recomputed))
-        if not recomputed and gap["tokens"]:
-            # The first mini-batch's forward ran the weights that explored: its gap is free.
-            metrics["train/rollout_trainer_logprob_diff"] = gap["sum"] / gap["tokens"]
+        metrics.update(batch_metrics(batch, old, ref, recomputed, gap))
         metrics["lr"] = float(self.scheduler.get_last_lr()[0])
         return metrics
 

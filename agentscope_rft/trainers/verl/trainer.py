@@ -183,10 +183,7 @@ class VerlTrainer:
                 lr = self._update(batch, mini, old, ref, advantages, seq_weights, sums, first)
         updates = self.config.epochs * self.config.mini_batches
         metrics.update(step_metrics(sums, updates, batch, time.perf_counter() - started))
-        metrics.update(batch_metrics(batch, old, ref, recompute))
-        if not recompute and gap["tokens"]:
-            # The first mini-batch's forward ran the weights that explored: its gap is free.
-            metrics["train/rollout_trainer_logprob_diff"] = gap["sum"] / gap["tokens"]
+        metrics.update(batch_metrics(batch, old, ref, recompute, gap))
         metrics["lr"] = lr
         return metrics
 
