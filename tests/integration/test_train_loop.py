@@ -50,8 +50,12 @@ def final_weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
 async def test_reward_goes_up_on_a_learnable_task(tiny_model_path, toy_tasks, tmp_path):
     run_dir = tmp_path / "run"
     # Take-off (the first uppercase replies found) comes anywhere from step 3 to step 14 with
-    # the random stream (measured over 9 seeds): 16 steps, so the test does not hang on luck.
-    await train(toy_config(tiny_model_path, toy_tasks, run_dir, "run.steps=16"), run_dir)
+    # the random stream (measured over 9 seeds): 16 steps, so the test does not hang on luck;
+    # deterministic, so which requests the engine batches together (timing) cannot move it.
+    config = toy_config(
+        tiny_model_path, toy_tasks, run_dir, "run.steps=16", "run.deterministic=true"
+    )
+    await train(config, run_dir)
     curve = rewards(run_dir)
     assert len(curve) == 16
     first, final = sum(curve[:3]) / 3, sum(curve[-3:]) / 3

@@ -13,9 +13,7 @@ pytest.importorskip("verl", reason="verl is not installed (pip install 'agentsco
 
 from agentscope_rft.config import VerlTrainerConfig
 from agentscope_rft.runtime.local import train
-from tests.integration.test_train_loop import final_weights, rewards, toy_config, toy_tasks
-
-__all__ = ["toy_tasks"]  # the task-file fixture, shared with the torch loop tests
+from tests.integration.test_train_loop import final_weights, rewards, toy_config
 
 VERL = ("trainer.type=verl", "trainer.device=cpu")
 
@@ -23,8 +21,11 @@ VERL = ("trainer.type=verl", "trainer.device=cpu")
 async def test_verl_trainer_raises_the_toy_reward(tiny_model_path, toy_tasks, tmp_path) -> None:
     run_dir = tmp_path / "run"
     # As in the torch loop's test: where the reward takes off depends on the random stream
-    # (step 3 to 14 measured), so 16 steps.
-    config = toy_config(tiny_model_path, toy_tasks, run_dir, *VERL, "run.steps=16")
+    # (step 3 to 14 measured), so 16 steps; deterministic, so engine batching (timing) cannot
+    # move it (it failed 1 run in 4 under load without).
+    config = toy_config(
+        tiny_model_path, toy_tasks, run_dir, *VERL, "run.steps=16", "run.deterministic=true"
+    )
     assert isinstance(config.trainer, VerlTrainerConfig)
     await train(config, run_dir)
     curve = rewards(run_dir)
