@@ -10,7 +10,9 @@ What varies between two runs of one config without it, and what this module does
   tokens (on a flat distribution, often: tokens 2e-5 apart in the inverse CDF) and reaches the
   loss through the rollout log-probs, and Adam (which divides by the gradient's size) grows it
   into different weights within a few steps. Here the engine computes each request alone
-  (`max_batch_size: 1`, no prefix cache): the price of determinism, in speed.
+  (`max_batch_size: 1`, no prefix cache): the price of determinism, in speed. Episodes then
+  run one after another (`explorer.max_concurrency: 1`): run together, they would only queue
+  for the engine, and a long queue runs into `explorer.episode_timeout`.
 - Samples reach the trainer in a fixed order (`ordered`: by rollout number, then call), not in
   the order their episodes finished or the buffer returned them.
 - `torch.use_deterministic_algorithms` (CUDA: with the cuBLAS workspace it needs).
@@ -88,11 +90,19 @@ def deterministic_config(config: RunConfig) -> RunConfig:
             )
         if changes:
             engine = engine.model_copy(update=changes)
+    explorer = config.explorer
+    if isinstance(engine, EmbeddedEngineConfig) and explorer.max_concurrency > 1:
+        explorer = explorer.model_copy(update={"max_concurrency": 1})
+        logger.info(
+            "run.deterministic: explorer.max_concurrency 1: episodes run one after another (with "
+            "requests computed alone, concurrent episodes only queue for the engine, and queueing "
+            "runs into explorer.episode_timeout, whose timeouts do not repeat)"
+        )
     # cuBLAS needs a fixed workspace for deterministic matmuls; set before CUDA initializes.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
     _warn_what_varies(config)
-    return config.model_copy(update={"engine": engine})
+    return config.model_copy(update={"engine": engine, "explorer": explorer})
 
 
 def _warn_what_varies(config: RunConfig) -> None:

@@ -61,6 +61,8 @@ def test_timed_settings_are_fixed_and_said(caplog):
     assert fixed.engine.max_batch_size == 1  # type: ignore[union-attr]
     assert not fixed.engine.prefix_caching  # type: ignore[union-attr]
     assert "engine.num_threads fixed" in caplog.text and "computed alone" in caplog.text
+    # episodes one at a time: concurrent ones would only queue into their timeout
+    assert fixed.explorer.max_concurrency == 1 and "max_concurrency 1" in caplog.text
     if not torch.cuda.is_available():
         assert fixed.engine.dtype == "float32"
     # A user's own settings stay; without the flag nothing changes.
@@ -68,6 +70,10 @@ def test_timed_settings_are_fixed_and_said(caplog):
         {**BASE, "run": {"deterministic": True}, "engine": {"num_threads": 1, "dtype": "float32"}}
     )
     assert deterministic_config(own).engine.num_threads == 1  # type: ignore[union-attr]
+    vllm = RunConfig.model_validate(
+        {**BASE, "run": {"deterministic": True}, "engine": {"type": "vllm"}}
+    )
+    assert deterministic_config(vllm).explorer.max_concurrency == 32  # not claimed there
     plain = RunConfig.model_validate(BASE)
     assert deterministic_config(plain) is plain
 
