@@ -70,10 +70,32 @@ def run_one(variant: str, seed: int, args: argparse.Namespace) -> dict:
 
 def summarize(run_dir: Path, variant: str, seed: int, returncode: int, seconds: float) -> dict:
     from agentscope_rft.health import read_events
-    from agentscope_rft.monitor.records import per_step, read_metrics, surviving_history
+    from agentscope_rft.monitor.records import (
+        MetricsFileError,
+        per_step,
+        read_metrics,
+        surviving_history,
+    )
     from agentscope_rft.runtime.best import read_best
 
-    records = surviving_history(read_metrics(run_dir / "metrics.jsonl"))
+    try:
+        records = surviving_history(read_metrics(run_dir / "metrics.jsonl"))
+    except MetricsFileError as error:  # the run died before its first step (see its .log)
+        return {
+            "variant": variant,
+            "seed": seed,
+            "returncode": returncode or 1,
+            "error": str(error),
+            "minutes": round(seconds / 60, 1),
+            "detected_at_step": None,
+            "onset_step": None,
+            "rollbacks": 0,
+            "val_curve": [],
+            "val_best": None,
+            "best_step": None,
+            "val_last": None,
+            "entropy": [],
+        }
     val = [(r.step, r.metrics.get("reward/mean")) for r in per_step(records, "val")]
     train = per_step(records, "train")
     events = [e for e in read_events(run_dir) if e.rule == "entropy_collapse"]

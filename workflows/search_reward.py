@@ -136,7 +136,8 @@ async def llm_judge(
         The reward and metrics (`judge_error`, `judge_called`).
 
     Example:
-        >>> settings = JudgeSettings("http://127.0.0.1:9/v1", "judge")  # doctest: +SKIP
+        >>> import asyncio
+        >>> settings = JudgeSettings("http://127.0.0.1:9/v1", "judge")  # an exact match: no call
         >>> asyncio.run(llm_judge({"answer": "Kestrow"}, "<answer>Kestrow</answer>", settings))
         (1.0, {'judge_called': 0.0, 'judge_error': 0.0})
     """

@@ -67,7 +67,7 @@ def apply_kl_penalty(
     outcome reward + sum of its token rewards; token-level estimators discount them per token.
 
     Example:
-        >>> apply_kl_penalty(None, torch.tensor([[0.5, 2.0]]), torch.tensor([[1, 0]]), 0.1)
+        >>> apply_kl_penalty(None, torch.tensor([[0.5, 2.0]]), torch.tensor([[1, 0]]), 0.1) + 0.0
         tensor([[-0.0500,  0.0000]])
     """
     penalty = coef * kl.detach() * loss_mask.to(kl.dtype)

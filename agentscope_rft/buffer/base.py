@@ -43,6 +43,7 @@ class Buffer(Protocol):
     file or any SQLAlchemy URL; crash-safe, shared between processes).
 
     Example:
+        >>> from agentscope_rft.buffer import MemoryBuffer
         >>> buffer = MemoryBuffer()
         >>> await buffer.put(group_samples)  # doctest: +SKIP
         >>> batch = await buffer.get(8, step=1, min_policy_version=0, timeout=30)  # doctest: +SKIP

@@ -94,7 +94,7 @@ def build_buffer(config: BufferConfig, run_dir: str | Path) -> Buffer:
 
     Example:
         >>> buffer = build_buffer(BufferConfig(type="sql"), "runs/demo")  # doctest: +SKIP
-        >>> buffer.where
+        >>> buffer.where  # doctest: +SKIP
         'runs/demo/buffer.db'
     """
     if config.type == "memory":

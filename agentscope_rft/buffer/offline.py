@@ -95,7 +95,7 @@ def load_sft_samples(path: str | Path, renderer: ChatRenderer) -> list[Sample]:
 
     Example:
         >>> samples = load_sft_samples("tests/data/sft_tiny.jsonl", renderer)  # doctest: +SKIP
-        >>> samples[0].kind
+        >>> samples[0].kind  # doctest: +SKIP
         'sft'
     """
     path = Path(path)
@@ -149,9 +149,8 @@ def load_dpo_samples(path: str | Path, renderer: ChatRenderer) -> list[Sample]:
         OfflineDataError: a bad line (names the file, line number and field), or an empty file.
 
     Example:
-        >>> chosen, rejected = load_dpo_samples("tests/data/dpo_tiny.jsonl", renderer)[:2]
-        ...  # doctest: +SKIP
-        >>> chosen.pair_id == rejected.pair_id
+        >>> pair = load_dpo_samples("tests/data/dpo_tiny.jsonl", renderer)  # doctest: +SKIP
+        >>> pair[0].pair_id == pair[1].pair_id  # doctest: +SKIP
         True
     """
     path = Path(path)

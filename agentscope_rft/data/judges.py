@@ -243,6 +243,7 @@ class GroupJudge(_JudgeOperator):
     """One call scores every episode of a group relative to the others (RULER-style).
 
     Example:
+        >>> url = "http://127.0.0.1:8000/v1"
         >>> judge = GroupJudge(JudgeClient(url, model="m"), reference_field="answer")
         >>> groups = await judge(groups)  # doctest: +SKIP
     """
@@ -291,6 +292,7 @@ class RubricJudge(_JudgeOperator):
     mean.
 
     Example:
+        >>> client = JudgeClient("http://127.0.0.1:8000/v1", model="judge")
         >>> judge = RubricJudge(client, rubric={"Answer is correct": 3, "Cites a source": 1})
     """
 

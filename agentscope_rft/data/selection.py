@@ -38,6 +38,7 @@ class TaskSelector(Protocol):
     """Chooses the tasks of each explored batch; resumable.
 
     Example:
+        >>> from agentscope_rft.explorer.tasks import load_tasks
         >>> selector = UniformSelector(load_tasks([{"id": i} for i in range(5)]), seed=0)
         >>> batch = selector.next_batch(3)
         >>> selector.observe(batch[0].id, [1.0, 0.0])
@@ -218,6 +219,7 @@ class UniformSelector(_StatsKeeper):
     task in its own per-epoch order.
 
     Example:
+        >>> from agentscope_rft.explorer.tasks import load_tasks
         >>> selector = UniformSelector(load_tasks([{"id": i} for i in range(5)]), seed=0)
         >>> len(selector.next_batch(3)), selector.state_dict()["position"]
         (3, 3)
@@ -312,6 +314,7 @@ class CurriculumSelector(_StatsKeeper):
     estimate). Unseen tasks score p = 0.5, the maximum, so they are explored first.
 
     Example:
+        >>> from agentscope_rft.explorer.tasks import load_tasks
         >>> tasks = load_tasks([{"id": "easy"}, {"id": "mid"}, {"id": "hard"}])
         >>> selector = CurriculumSelector(tasks, sampling="greedy")
         >>> for task_id, rewards in [("easy", [1, 1, 1, 1]), ("mid", [1, 0, 1, 0]),

@@ -94,6 +94,7 @@ def resource_needs(
     """Ray resources the runners, the vLLM replicas and (a multi-rank verl) trainer will ask for.
 
     Example:
+        >>> from agentscope_rft.config import TorchTrainerConfig
         >>> needs = resource_needs(RuntimeConfig(type="ray", runners=4), TorchTrainerConfig())
         >>> needs.total("CPU")
         2.0
