@@ -166,13 +166,29 @@ def import_file(path: Path) -> Any:
         raise WorkflowError(f"cannot import {path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
-    # Let the file import its neighbours (e.g. `from task import ...` next to app.py).
-    sys.path.insert(0, str(path.parent.resolve()))
+    # Let the file import its neighbours (e.g. `from task import ...` next to app.py), its own
+    # ones even where another folder's `task` or `app` was imported first in this process.
+    folder = path.parent.resolve()
+    shadowed = _shadowed_neighbours(folder)
+    sys.path.insert(0, str(folder))
     try:
         spec.loader.exec_module(module)
     finally:
-        sys.path.remove(str(path.parent.resolve()))
+        sys.path.remove(str(folder))
+        sys.modules.update(shadowed)
     return module
+
+
+def _shadowed_neighbours(folder: Path) -> dict[str, Any]:
+    """Take out of `sys.modules` (and return) the modules named like a file of `folder` but
+    loaded from elsewhere, so the folder's own file is imported; they are put back after."""
+    taken = {}
+    for file in folder.glob("*.py"):
+        loaded = sys.modules.get(file.stem)
+        origin = getattr(loaded, "__file__", None)
+        if loaded is not None and origin and Path(origin).resolve() != file.resolve():
+            taken[file.stem] = sys.modules.pop(file.stem)
+    return taken
 
 
 def load_callable(spec: str, what: str = "workflow") -> Any:

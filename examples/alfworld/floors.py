@@ -19,6 +19,7 @@ a policy.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import sys
@@ -39,11 +40,12 @@ from workflows.alfworld_scripted import searcher_reply  # noqa: E402
 POLICIES = ("random", "searcher", "oracle")
 
 
+@functools.cache
 def _app_settings() -> Any:
-    sys.path.insert(0, str(HERE))
-    from app import FULL_SETTINGS
+    """The app's settings, from this folder's app.py (not another `app` imported first)."""
+    from agentscope_rft.api import import_file
 
-    return FULL_SETTINGS
+    return import_file(HERE / "app.py").FULL_SETTINGS
 
 
 def play_floor(row: dict[str, Any], policy: str) -> bool:

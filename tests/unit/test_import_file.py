@@ -1,0 +1,39 @@
+"""`agentscope_rft.api.import_file`: a file imports its own neighbours, whatever other folder's
+neighbour of the same name (`app`, `task`) this process imported first."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from agentscope_rft.api import import_file
+
+
+def example(folder: Path, answer: str) -> Path:
+    folder.mkdir()
+    (folder / "task.py").write_text(f"ANSWER = {answer!r}\n")
+    (folder / "app.py").write_text(
+        "from task import ANSWER\n\ndef later():\n    import task\n    return task.ANSWER\n"
+    )
+    return folder / "app.py"
+
+
+def test_each_file_gets_its_own_neighbours(tmp_path: Path) -> None:
+    first = import_file(example(tmp_path / "one", "one"))
+    second = import_file(example(tmp_path / "two", "two"))
+    assert (first.ANSWER, second.ANSWER) == ("one", "two")
+    # the first folder's `task` stays the one other code imported under that name
+    assert sys.modules["task"].ANSWER == "one"
+    assert first.later() == "one"
+    sys.modules.pop("task", None)
+
+
+def test_an_installed_module_of_that_name_is_put_back(tmp_path: Path) -> None:
+    import json
+
+    folder = tmp_path / "own"
+    folder.mkdir()
+    (folder / "json.py").write_text("MINE = True\n")
+    (folder / "app.py").write_text("import json\nMINE = json.MINE\n")
+    assert import_file(folder / "app.py").MINE
+    assert sys.modules["json"] is json
