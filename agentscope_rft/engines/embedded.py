@@ -41,9 +41,10 @@ from agentscope_rft.engines.chat import PromptBuilder, TextStream, assemble_choi
 from agentscope_rft.engines.fused import FusedDecoder, fused_decode_unsupported
 from agentscope_rft.engines.packed import pack_linear_weights, packing_unsupported
 from agentscope_rft.engines.prefix_cache import PrefixCache
+from agentscope_rft.engines.structured import GrammarMask, grammar_for
 from agentscope_rft.engines.threads import ThreadPolicy, confine_main_thread, in_own_thread
 from agentscope_rft.models import load_causal_lm, load_tokenizer, resolve_model
-from agentscope_rft.types import SamplingParams
+from agentscope_rft.types import JSON, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -208,6 +209,7 @@ class EmbeddedEngine:
         self.dtype: torch.dtype | None = None
         self.packed_layers = 0  # linear layers with oneDNN-packed weights (see packed.py)
         self.fused_decode = False  # decode steps run `FusedDecoder` (see fused.py)
+        self._grammar_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -338,12 +340,30 @@ class EmbeddedEngine:
         finally:
             job.cancelled = True
 
+    async def _grammar(self, response_format: JSON | None) -> str | None:
+        """The grammar of `response_format`; the first one builds the batcher's token masks
+        (about a second: it indexes the vocabulary), off the event loop."""
+        try:
+            grammar = grammar_for(response_format)
+        except ValueError as exc:
+            raise EngineError(str(exc), param="response_format") from exc
+        batcher = self._running()
+        if grammar is not None and batcher.grammar_mask is None:
+            async with self._grammar_lock:
+                if batcher.grammar_mask is None:
+                    vocab = max(len(self.tokenizer), batcher.vocab_size)
+                    batcher.grammar_mask = await asyncio.to_thread(
+                        GrammarMask, self.tokenizer, vocab, sorted(batcher.stop_token_ids)
+                    )
+        return grammar
+
     async def chat(self, request: ChatRequest) -> AsyncIterator[ChatEvent]:
         try:
             prompt_ids, reused = self.prompts.build(request)
         except ChatFormatError as exc:
             raise EngineError(str(exc), param="messages") from exc
         job = self._job(prompt_ids, request.sampling)
+        job.grammar = await self._grammar(request.response_format)
         yield PromptReady(prompt_ids=prompt_ids, reused_tokens=reused)
 
         parse_tools = bool(request.tools) and request.tool_choice != "none"
