@@ -25,7 +25,7 @@ import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 import llguidance.hf
@@ -33,7 +33,10 @@ import torch
 from llguidance import LLMatcher
 from transformers import PreTrainedTokenizerBase
 
-JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _FORMAT_KEYS = {
     "text": {"type"},
