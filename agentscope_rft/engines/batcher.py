@@ -69,8 +69,9 @@ class GenerationJob:
     loop: asyncio.AbstractEventLoop
     done: asyncio.Future[list[GenerationOutput]]
     on_token: TokenCallback | None = None
-    grammar: str | None = None
-    """An llguidance grammar (`structured.grammar_for`) every choice must follow."""
+    matchers: list[LLMatcher] | None = None
+    """One fresh grammar matcher per choice (`structured.GrammarMask.matcher`): the choices
+    must follow the grammar."""
     outputs: list[GenerationOutput | None] = field(default_factory=list)
     cancelled: bool = False
 
@@ -86,7 +87,7 @@ class _Row:
     top: list[list[tuple[int, float]]] | None = None
     finish_reason: str | None = None
     stop_string: str | None = None
-    matcher: LLMatcher | None = None  # a constrained row's place in `job.grammar`
+    matcher: LLMatcher | None = None  # a constrained row's place in its grammar
     retired: bool = False  # answered; `_compact` removes its batch row before the answer goes out
 
 
@@ -180,7 +181,7 @@ class ContinuousBatcher:
         self._positions = torch.zeros(0, dtype=torch.long, device=self.device)
         self.stats = collections.Counter[str]()
         self.grammar_mask: GrammarMask | None = None
-        """Set (by the engine) before the first job with a grammar is submitted."""
+        """Set (by the engine) before the first job with matchers is submitted."""
 
     # ----------------------------------------------------------------- public (any thread)
     def start(self) -> None:
@@ -568,17 +569,13 @@ class ContinuousBatcher:
                 generator = None
                 if job.sampling.seed is not None:
                     generator = torch.Generator().manual_seed(job.sampling.seed * 1_000_003 + index)
-                matcher = None
-                if job.grammar is not None:
-                    assert self.grammar_mask is not None, "a grammar job needs `grammar_mask`"
-                    matcher = self.grammar_mask.matcher(job.grammar)
                 rows.append(
                     _Row(
                         job=job,
                         index=index,
                         generator=generator or self._rng,
                         policy_version=self.policy_version,
-                        matcher=matcher,
+                        matcher=job.matchers[index] if job.matchers else None,
                     )
                 )
         expand_t = torch.tensor(expand, device=self.device)

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 import torch
+from llguidance import LLMatcher
 from transformers import PreTrainedModel
 
 from agentscope_rft.chat.template import ChatFormatError, ChatRenderer, token_text
@@ -340,22 +341,29 @@ class EmbeddedEngine:
         finally:
             job.cancelled = True
 
-    async def _grammar(self, response_format: JSON | None) -> str | None:
-        """The grammar of `response_format`; the first one builds the batcher's token masks
-        (about a second: it indexes the vocabulary), off the event loop."""
+    async def _matchers(self, response_format: JSON | None, n: int) -> list[LLMatcher] | None:
+        """One grammar matcher per choice for `response_format` (None: unconstrained). The
+        first builds the batcher's token masks (about a second: it indexes the vocabulary);
+        both run off the event loop."""
         try:
             grammar = grammar_for(response_format)
         except ValueError as exc:
             raise EngineError(str(exc), param="response_format") from exc
+        if grammar is None:
+            return None
         batcher = self._running()
-        if grammar is not None and batcher.grammar_mask is None:
+        if batcher.grammar_mask is None:
             async with self._grammar_lock:
                 if batcher.grammar_mask is None:
                     vocab = max(len(self.tokenizer), batcher.vocab_size)
                     batcher.grammar_mask = await asyncio.to_thread(
                         GrammarMask, self.tokenizer, vocab, sorted(batcher.stop_token_ids)
                     )
-        return grammar
+        masks = batcher.grammar_mask
+        try:
+            return await asyncio.to_thread(lambda: [masks.matcher(grammar) for _ in range(n)])
+        except ValueError as exc:
+            raise EngineError(f"response_format: {exc}", param="response_format") from exc
 
     async def chat(self, request: ChatRequest) -> AsyncIterator[ChatEvent]:
         try:
@@ -363,7 +371,7 @@ class EmbeddedEngine:
         except ChatFormatError as exc:
             raise EngineError(str(exc), param="messages") from exc
         job = self._job(prompt_ids, request.sampling)
-        job.grammar = await self._grammar(request.response_format)
+        job.matchers = await self._matchers(request.response_format, request.sampling.n)
         yield PromptReady(prompt_ids=prompt_ids, reused_tokens=reused)
 
         parse_tools = bool(request.tools) and request.tool_choice != "none"

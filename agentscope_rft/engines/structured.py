@@ -66,7 +66,7 @@ def grammar_for(response_format: Mapping[str, Any] | None) -> str | None:
     if response_format is None:
         return None
     kind = response_format.get("type")
-    if kind not in _FORMAT_KEYS:
+    if not isinstance(kind, str) or kind not in _FORMAT_KEYS:
         raise ValueError(
             f"response_format.type {kind!r} is not supported; use one of {sorted(_FORMAT_KEYS)}"
         )
@@ -98,14 +98,21 @@ def grammar_for(response_format: Mapping[str, Any] | None) -> str | None:
         raise ValueError("response_format.json_schema.schema is required (a JSON Schema object)")
     if not isinstance(schema, Mapping):
         raise ValueError("response_format.json_schema.schema must be a JSON Schema object")
-    return _compile(json.dumps(schema, sort_keys=True))
+    try:
+        encoded = json.dumps(schema, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"response_format.json_schema.schema is not JSON: {exc}") from exc
+    return _compile(encoded)
 
 
 @functools.lru_cache(maxsize=256)
 def _compile(schema: str) -> str:
     """Grammar of a JSON-encoded schema, checked (cached: judges send one schema many times)."""
-    grammar = LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
-    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
+    try:
+        grammar = LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+        is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
+    except (TypeError, ValueError, RuntimeError) as exc:  # a schema llguidance cannot read
+        raise ValueError(f"response_format.json_schema.schema is not usable: {exc}") from exc
     if is_error:
         raise ValueError(f"response_format.json_schema.schema is not usable: {messages[0]}")
     return grammar
