@@ -4,7 +4,7 @@ judge on the web-search example. Results go to docs/benchmarks.md.
     python benchmarks/data_side.py curriculum [--seeds 0 1 2] [--steps 16] [--out DIR]
     python benchmarks/data_side.py replay     [--seeds 0 1 2] [--steps 16] [--out DIR]
     python benchmarks/data_side.py judge      [--steps 3] [--out DIR] [--judge-url URL]
-        [--judge-model M] [--free-text]
+        [--judge-model M] [--free-text] [--judge-temperature T]
 
 `curriculum` and `replay` train the tiny random model (`tiny-random`, the test model) on the
 uppercase toy task (`benchmarks/data_mix_app.py`: reward = share of uppercase letters), which a
@@ -244,6 +244,7 @@ async def judge(args: argparse.Namespace) -> dict[str, Any]:
     spec = f"{Path(__file__).resolve()}:snapshot"
     endpoint = (
         f"max_tokens: {args.judge_max_tokens}, max_retries: 1, timeout: 300, "
+        f"temperature: {args.judge_temperature}, "
         f"structured_output: {'false' if args.free_text else 'true'}"
     )
     if args.judge_url:  # another model as judge (default: the policy, through the gateway)
@@ -291,6 +292,7 @@ async def judge(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "steps": args.steps,
         "structured_output": not args.free_text,
+        "judge_temperature": args.judge_temperature,
         "groups": len(pairs),
         "groups_judged": judged,
         "judge_calls": sum(r.get("data/group_judge/calls", 0.0) for r in rows),
@@ -316,6 +318,7 @@ def main() -> None:
     parser.add_argument("--judge-max-tokens", type=int, default=96)
     parser.add_argument("--judge-url", help="OpenAI-compatible base URL of another judge model")
     parser.add_argument("--judge-model", default="judge", help="its model name")
+    parser.add_argument("--judge-temperature", type=float, default=0.0)
     parser.add_argument(
         "--free-text", action="store_true", help="judge without response_format (extract_json)"
     )
