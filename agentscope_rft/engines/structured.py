@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import llguidance
 import llguidance.hf
+import numpy as np
 import torch
 from llguidance import LLMatcher
 from transformers import PreTrainedTokenizerBase
@@ -138,7 +139,6 @@ class GrammarMask:
             eos_token=self.eos_ids,
         )
         self._words = (vocab_size + 31) // 32
-        self._bits = torch.arange(32, dtype=torch.int32)
 
     def matcher(self, grammar: str) -> LLMatcher:
         matcher = LLMatcher(self._tokenizer, grammar, log_level=0)
@@ -148,33 +148,38 @@ class GrammarMask:
 
     def allowed(self, matchers: Sequence[LLMatcher]) -> torch.Tensor:
         """Which tokens each matcher allows next: bool `[len(matchers), vocab_size]`."""
-        bitmask = torch.zeros(len(matchers), self._words, dtype=torch.int32)  # [M, W]
+        return torch.from_numpy(self._allowed(matchers))
+
+    def _allowed(self, matchers: Sequence[LLMatcher]) -> np.ndarray:
+        # numpy, not torch: a few small ops that must not wait for a busy CPU's thread team
+        bitmask = np.zeros((len(matchers), self._words), dtype=np.int32)  # [M, W], 32 tokens/word
         for k, matcher in enumerate(matchers):
-            row = bitmask[k]
-            matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
-        bits = (bitmask.unsqueeze(-1) >> self._bits) & 1  # [M, W, 32]
-        allowed = bits.reshape(len(matchers), -1)[:, : self.vocab_size].bool()  # [M, V]
+            matcher.unsafe_compute_mask_ptr(bitmask[k].ctypes.data, bitmask[k].nbytes)
+        bits = np.unpackbits(bitmask.view(np.uint8), axis=-1, bitorder="little")  # [M, W * 32]
+        allowed = bits[:, : self.vocab_size].view(np.bool_)  # [M, V]
         # A matcher in an error state allows nothing: end the sequence rather than sample NaN.
-        empty = ~allowed.any(dim=-1)
-        if bool(empty.any()):
-            allowed[empty.nonzero().flatten().unsqueeze(-1), torch.tensor(self.eos_ids)] = True
+        empty = ~allowed.any(axis=-1)
+        if empty.any():
+            allowed[np.ix_(empty.nonzero()[0], self.eos_ids)] = True
         return allowed
 
     def apply(self, logits: torch.Tensor, rows: Sequence[tuple[int, LLMatcher]]) -> torch.Tensor:
-        """`logits` ([B, V]) with each listed row's forbidden tokens at -inf (a new tensor).
+        """`logits` ([B, V], sampled from once: changed in place) with each listed row's
+        forbidden tokens at -inf; returns it.
 
         Columns past `vocab_size` (a model's padded vocabulary) are forbidden too.
         """
         if not rows:
             return logits
-        index = torch.tensor([row for row, _ in rows])
-        allowed = self.allowed([matcher for _, matcher in rows])  # [M, V]
+        allowed = self._allowed([matcher for _, matcher in rows])  # [M, V]
         width = logits.shape[-1]
-        if width > self.vocab_size:
-            allowed = torch.cat(
-                [allowed, allowed.new_zeros(len(rows), width - self.vocab_size)], dim=-1
-            )
-        allowed = allowed[:, :width].to(logits.device)
-        masked = logits.clone()
-        masked[index] = logits[index].masked_fill(~allowed, -float("inf"))
-        return masked
+        bias = np.full((len(rows), width), -np.inf, dtype=np.float32)  # [M, width]
+        columns = min(width, self.vocab_size)
+        bias[:, :columns][allowed[:, :columns]] = 0.0
+        index = [row for row, _ in rows]
+        if logits.device.type == "cpu" and logits.dtype == torch.float32:
+            logits.numpy()[index] += bias  # the same memory; numpy stays on this thread
+        else:
+            rows_t = torch.tensor(index, device=logits.device)
+            logits.index_add_(0, rows_t, torch.from_numpy(bias).to(logits.device, logits.dtype))
+        return logits

@@ -85,7 +85,7 @@ def test_apply_masks_only_the_constrained_rows_and_padded_columns(masks) -> None
     grammar = grammar_for({"type": "json_object"})
     assert grammar is not None
     logits = torch.randn(3, VOCAB + 64)  # a model's vocabulary padded past the tokenizer's
-    masked = masks.apply(logits, [(1, masks.matcher(grammar))])
+    masked = masks.apply(logits.clone(), [(1, masks.matcher(grammar))])
     assert torch.equal(masked[0], logits[0]) and torch.equal(masked[2], logits[2])
     allowed = masks.allowed([masks.matcher(grammar)])[0]
     assert torch.isinf(masked[1, :VOCAB][~allowed]).all()
