@@ -158,9 +158,8 @@ class GrammarMask:
         bits = np.unpackbits(bitmask.view(np.uint8), axis=-1, bitorder="little")  # [M, W * 32]
         allowed = bits[:, : self.vocab_size].view(np.bool_)  # [M, V]
         # A matcher in an error state allows nothing: end the sequence rather than sample NaN.
-        empty = ~allowed.any(axis=-1)
-        if empty.any():
-            allowed[np.ix_(empty.nonzero()[0], self.eos_ids)] = True
+        for row in np.flatnonzero(~allowed.any(axis=-1)):
+            allowed[row, self.eos_ids] = True
         return allowed
 
     def apply(self, logits: torch.Tensor, rows: Sequence[tuple[int, LLMatcher]]) -> torch.Tensor:
