@@ -4,7 +4,7 @@ judge on the web-search example. Results go to docs/benchmarks.md.
     python benchmarks/data_side.py curriculum [--seeds 0 1 2] [--steps 16] [--out DIR]
     python benchmarks/data_side.py replay     [--seeds 0 1 2] [--steps 16] [--out DIR]
     python benchmarks/data_side.py judge      [--steps 3] [--out DIR] [--judge-url URL]
-        [--judge-model M]
+        [--judge-model M] [--free-text] [--judge-temperature T]
 
 `curriculum` and `replay` train the tiny random model (`tiny-random`, the test model) on the
 uppercase toy task (`benchmarks/data_mix_app.py`: reward = share of uppercase letters), which a
@@ -16,7 +16,8 @@ step and the wall time at which validation first reaches `--target`. `replay` tr
 tasks only, with and without `buffer.replay`, and reports validation reward against episodes
 explored. `judge` runs the web-search example (SmolLM2-135M on the embedded engine) for a few
 steps with the policy itself as group judge and records each group's F1 rewards before and the
-judge's scores after: rank agreement (Spearman) and the judge's wall time per step.
+judge's scores after: rank agreement (Spearman) and the judge's wall time per step. The judge
+asks for its answer's JSON schema (structured output) unless `--free-text`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import asyncio
 import json
 import shutil
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -240,7 +242,11 @@ async def judge(args: argparse.Namespace) -> dict[str, Any]:
     out.mkdir(parents=True)
     record = out / "judge_rewards.jsonl"
     spec = f"{Path(__file__).resolve()}:snapshot"
-    endpoint = f"max_tokens: {args.judge_max_tokens}, max_retries: 1, timeout: 300"
+    endpoint = (
+        f"max_tokens: {args.judge_max_tokens}, max_retries: 1, timeout: 300, "
+        f"temperature: {args.judge_temperature}, "
+        f"structured_output: {'false' if args.free_text else 'true'}"
+    )
     if args.judge_url:  # another model as judge (default: the policy, through the gateway)
         endpoint += f", base_url: '{args.judge_url}', model: '{args.judge_model}'"
     operators = (
@@ -285,6 +291,8 @@ async def judge(args: argparse.Namespace) -> dict[str, Any]:
             per_group.append(rho)
     return {
         "steps": args.steps,
+        "structured_output": not args.free_text,
+        "judge_temperature": args.judge_temperature,
         "groups": len(pairs),
         "groups_judged": judged,
         "judge_calls": sum(r.get("data/group_judge/calls", 0.0) for r in rows),
@@ -310,11 +318,17 @@ def main() -> None:
     parser.add_argument("--judge-max-tokens", type=int, default=96)
     parser.add_argument("--judge-url", help="OpenAI-compatible base URL of another judge model")
     parser.add_argument("--judge-model", default="judge", help="its model name")
+    parser.add_argument("--judge-temperature", type=float, default=0.0)
+    parser.add_argument(
+        "--free-text", action="store_true", help="judge without response_format (extract_json)"
+    )
     parser.add_argument("--out", type=Path, default=Path("/tmp/agentscope-rft-data-side"))
     args = parser.parse_args()
+    print("command: python benchmarks/data_side.py " + " ".join(sys.argv[1:]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     measure = {"curriculum": curriculum, "replay": replay, "judge": judge}[args.measure]
     result = asyncio.run(measure(args))
+    result["command"] = "python benchmarks/data_side.py " + " ".join(sys.argv[1:])
     path = args.out / f"{args.measure}.json"
     path.write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))

@@ -158,6 +158,9 @@ class JudgeEndpoint(Section):
     """Completion limit of a judge call."""
     concurrency: int = Field(default=8, ge=1)
     """Judge calls in flight at once."""
+    structured_output: bool = True
+    """Ask for the answer's JSON schema as `response_format` (constrained decoding, so even a
+    small judge answers parsable JSON); an endpoint that refuses it is asked without."""
 
     @model_validator(mode="after")
     def _model_named(self) -> JudgeEndpoint:

@@ -2,7 +2,11 @@
 
 Both call any OpenAI-compatible chat endpoint, the policy itself included: `base_url: policy`
 sends the calls to the run's gateway on its unattributed route (`/v1/chat/completions`), which
-records nothing for training. Every call is bounded by a timeout and retried (a failed request,
+records nothing for training. Where the endpoint supports structured outputs (the embedded engine
+and vLLM do; `structured_output: false` turns it off), every call asks for a `response_format`
+JSON schema of exactly the expected answer, so even a small policy answers parsable JSON; an
+endpoint that refuses `response_format` is asked again without it, and `extract_json` finds the
+object in free text. Every call is bounded by a timeout and retried (a failed request,
 a timeout and an answer that is not the asked JSON all count as a failed try); a group whose
 judging fails keeps its rewards (or is dropped, `on_failure: drop`) and the failure is counted;
 a judge never raises into the step.
@@ -62,6 +66,7 @@ class JudgeClient:
         temperature: float = 0.0,
         max_tokens: int = 512,
         concurrency: int = 8,
+        structured_output: bool = True,
     ) -> None:
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
@@ -69,14 +74,19 @@ class JudgeClient:
         self.max_retries = max_retries
         self.temperature = temperature
         self.max_tokens = max_tokens
+        self.structured_output = structured_output
+        """Send `response_format` with the answer's schema (off after the endpoint refuses it)."""
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout))
         self._limit = asyncio.Semaphore(concurrency)
         self.counters = {"calls": 0.0, "retries": 0.0, "failures": 0.0, "seconds": 0.0}
 
-    async def ask_json(self, messages: list[dict[str, str]], check: Any) -> Any:
+    async def ask_json(
+        self, messages: list[dict[str, str]], check: Any, schema: dict[str, Any] | None = None
+    ) -> Any:
         """Ask until `check(parsed_json)` accepts an answer (returns what it returns), at most
-        `1 + max_retries` tries.
+        `1 + max_retries` tries; `schema` (JSON Schema of the answer) constrains the reply when
+        `structured_output` is on.
 
         Raises:
             JudgeError: every try failed (the last reason in the message).
@@ -86,20 +96,45 @@ class JudgeClient:
             if attempt:
                 self.counters["retries"] += 1
             try:
-                text = await self._complete(messages)
+                text = await self._complete(messages, schema)
                 return check(extract_json(text))
             except (httpx.HTTPError, TimeoutError, ValueError, KeyError, TypeError) as exc:
                 last = f"{type(exc).__name__}: {exc}"[:300]
         self.counters["failures"] += 1
         raise JudgeError(f"judge at {self.url} failed {self.max_retries + 1} tries; last: {last}")
 
-    async def _complete(self, messages: list[dict[str, str]]) -> str:
-        body = {
+    async def _complete(
+        self, messages: list[dict[str, str]], schema: dict[str, Any] | None = None
+    ) -> str:
+        body: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
         }
+        if schema is not None and self.structured_output:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "judgement", "schema": schema, "strict": True},
+            }
+        response = await self._post(body)
+        refused = response.status_code == 400 and "response_format" in response.text
+        if refused and "response_format" in body:
+            logger.warning(
+                "judge endpoint %s refuses response_format (%s); asking for free-text JSON",
+                self.url,
+                response.text[:200],
+            )
+            self.structured_output = False
+            del body["response_format"]
+            response = await self._post(body)
+        response.raise_for_status()
+        content = response.json()["choices"][0]["message"]["content"]
+        if not isinstance(content, str):
+            raise ValueError("the judge's reply has no text content")
+        return content
+
+    async def _post(self, body: dict[str, Any]) -> httpx.Response:
         async with self._limit:
             started = time.perf_counter()
             self.counters["calls"] += 1
@@ -108,11 +143,7 @@ class JudgeClient:
                     response = await self._client.post(self.url, json=body)
             finally:
                 self.counters["seconds"] += time.perf_counter() - started
-        response.raise_for_status()
-        content = response.json()["choices"][0]["message"]["content"]
-        if not isinstance(content, str):
-            raise ValueError("the judge's reply has no text content")
-        return content
+        return response
 
     def take_counters(self) -> dict[str, float]:
         """The counters since the last call (reset)."""
@@ -163,6 +194,30 @@ def _fresh_tag(texts: Sequence[str]) -> str:
         tag = f"candidate_{secrets.token_hex(6)}"
         if not any(tag in t for t in texts):
             return tag
+
+
+def scores_schema(keys: Sequence[str]) -> dict[str, Any]:
+    """JSON Schema of `{"scores": {key: score, ...}}` with every key, scores in [0, 1] with at
+    most two decimals (unbounded digits let a small model run out of tokens mid-number).
+
+    Example:
+        >>> scores_schema(["0", "1"])["properties"]["scores"]["required"]
+        ['0', '1']
+    """
+    score = {"type": "number", "minimum": 0, "maximum": 1, "multipleOf": 0.01}
+    return {
+        "type": "object",
+        "properties": {
+            "scores": {
+                "type": "object",
+                "properties": dict.fromkeys(keys, score),
+                "required": list(keys),
+                "additionalProperties": False,
+            }
+        },
+        "required": ["scores"],
+        "additionalProperties": False,
+    }
 
 
 def _score(value: Any) -> float:
@@ -283,7 +338,8 @@ class GroupJudge(_JudgeOperator):
                 raise ValueError(f"the judge left out candidates {missing}")
             return [_score(scores[str(i)]) for i in range(count)]
 
-        scores = await self.client.ask_json(self.messages(group), check)
+        schema = scores_schema([str(i) for i in range(count)])
+        scores = await self.client.ask_json(self.messages(group), check, schema)
         return group.keep([self._mix(e, s) for e, s in zip(group.episodes, scores, strict=True)])
 
 
@@ -345,7 +401,8 @@ class RubricJudge(_JudgeOperator):
             values = [_score(scores[str(i)]) for i in range(len(weights))]
             return sum(w * v for w, v in zip(weights, values, strict=True)) / sum(weights)
 
-        score = await self.client.ask_json(self.messages(task, episode), check)
+        schema = scores_schema([str(i) for i in range(len(weights))])
+        score = await self.client.ask_json(self.messages(task, episode), check, schema)
         return self._mix(episode, score)
 
     async def judge_group(self, group: Group) -> Group:

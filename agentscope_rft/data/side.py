@@ -135,6 +135,7 @@ def build_operator(
             temperature=endpoint.temperature,
             max_tokens=endpoint.max_tokens,
             concurrency=endpoint.concurrency,
+            structured_output=endpoint.structured_output,
         )
         common: dict[str, Any] = {
             "question_field": config.question_field,

@@ -60,6 +60,9 @@ class ChatRequest:
     request_id: str = ""
     stream: bool = False
     """Whether the caller wants `ContentDelta` events (they cost a decode per token)."""
+    response_format: JSON | None = None
+    """OpenAI `response_format` (`json_object` / `json_schema`), already checked with
+    `engines.structured.grammar_for`; None: unconstrained."""
 
 
 @dataclass(slots=True)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
+from llguidance import LLMatcher
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from agentscope_rft.engines.base import EngineError, GenerationOutput
@@ -46,6 +47,7 @@ from agentscope_rft.engines.prefill import (
 )
 from agentscope_rft.engines.prefix_cache import CachedBlock, PrefixCache
 from agentscope_rft.engines.sampling import sample_next
+from agentscope_rft.engines.structured import GrammarMask
 from agentscope_rft.engines.threads import ThreadPolicy
 from agentscope_rft.types import SamplingParams
 
@@ -67,6 +69,9 @@ class GenerationJob:
     loop: asyncio.AbstractEventLoop
     done: asyncio.Future[list[GenerationOutput]]
     on_token: TokenCallback | None = None
+    matchers: list[LLMatcher] | None = None
+    """One fresh grammar matcher per choice (`structured.GrammarMask.matcher`): the choices
+    must follow the grammar."""
     outputs: list[GenerationOutput | None] = field(default_factory=list)
     cancelled: bool = False
 
@@ -82,6 +87,7 @@ class _Row:
     top: list[list[tuple[int, float]]] | None = None
     finish_reason: str | None = None
     stop_string: str | None = None
+    matcher: LLMatcher | None = None  # a constrained row's place in its grammar
     retired: bool = False  # answered; `_compact` removes its batch row before the answer goes out
 
 
@@ -150,6 +156,7 @@ class ContinuousBatcher:
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
         self._tokenizer = tokenizer
         self._num_layers = int(model.config.get_text_config().num_hidden_layers)
+        self.vocab_size = int(model.config.get_text_config().vocab_size)
         self._rng = torch.Generator().manual_seed(seed)
         self.policy_version = 0
         self.prefix_cache = prefix_cache
@@ -173,6 +180,8 @@ class ContinuousBatcher:
         self._next_ids = torch.zeros(0, dtype=torch.long, device=self.device)
         self._positions = torch.zeros(0, dtype=torch.long, device=self.device)
         self.stats = collections.Counter[str]()
+        self.grammar_mask: GrammarMask | None = None
+        """Set (by the engine) before the first job with matchers is submitted."""
 
     # ----------------------------------------------------------------- public (any thread)
     def start(self) -> None:
@@ -218,6 +227,7 @@ class ContinuousBatcher:
             "prefill_chunks": float(self.stats["prefill_chunks"]),
             "decode_steps": float(self.stats["decode_steps"]),
             "decode_tokens": float(self.stats["decode_tokens"]),
+            "constrained_tokens": float(self.stats["constrained_tokens"]),
         }
         if self.prefix_cache is not None:
             out.update(self.prefix_cache.metrics())
@@ -565,6 +575,7 @@ class ContinuousBatcher:
                         index=index,
                         generator=generator or self._rng,
                         policy_version=self.policy_version,
+                        matcher=job.matchers[index] if job.matchers else None,
                     )
                 )
         expand_t = torch.tensor(expand, device=self.device)
@@ -621,10 +632,19 @@ class ContinuousBatcher:
     def _accept(self, logits: torch.Tensor, row_ids: list[int]) -> None:
         """Sample a token for each of `row_ids` and retire rows that finished."""
         rows = [self._rows[r] for r in row_ids]
+        constrained = [(k, row.matcher) for k, row in enumerate(rows) if row.matcher is not None]
+        if constrained:
+            assert self.grammar_mask is not None
+            logits = self.grammar_mask.apply(logits, constrained)
+            self.stats["constrained_tokens"] += len(constrained)
         sampled = sample_next(logits, [r.job.sampling for r in rows], [r.generator for r in rows])
         finished = []
         for k, (row_id, row) in enumerate(zip(row_ids, rows, strict=True)):
             token = sampled.token_ids[k]
+            if row.matcher is not None and not row.matcher.consume_token(token):
+                # The mask allowed only what the matcher accepts; end rather than go off-grammar.
+                logger.error("grammar rejected a masked token: %s", row.matcher.get_error())
+                row.finish_reason = "stop"
             row.out_ids.append(token)
             row.logprobs.append(sampled.logprobs[k])
             if row.job.sampling.top_logprobs:
@@ -640,6 +660,8 @@ class ContinuousBatcher:
             self._retire(finished)
 
     def _check_finished(self, row: _Row, total_len: int) -> None:
+        if row.finish_reason is not None:
+            return
         token = row.out_ids[-1]
         if token in self.stop_token_ids and not row.job.sampling.ignore_eos:
             row.finish_reason = "stop"

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 import torch
+from llguidance import LLMatcher
 from transformers import PreTrainedModel
 
 from agentscope_rft.chat.template import ChatFormatError, ChatRenderer, token_text
@@ -41,9 +42,10 @@ from agentscope_rft.engines.chat import PromptBuilder, TextStream, assemble_choi
 from agentscope_rft.engines.fused import FusedDecoder, fused_decode_unsupported
 from agentscope_rft.engines.packed import pack_linear_weights, packing_unsupported
 from agentscope_rft.engines.prefix_cache import PrefixCache
+from agentscope_rft.engines.structured import GrammarMask, grammar_for
 from agentscope_rft.engines.threads import ThreadPolicy, confine_main_thread, in_own_thread
 from agentscope_rft.models import load_causal_lm, load_tokenizer, resolve_model
-from agentscope_rft.types import SamplingParams
+from agentscope_rft.types import JSON, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -208,6 +210,7 @@ class EmbeddedEngine:
         self.dtype: torch.dtype | None = None
         self.packed_layers = 0  # linear layers with oneDNN-packed weights (see packed.py)
         self.fused_decode = False  # decode steps run `FusedDecoder` (see fused.py)
+        self._grammar_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -338,12 +341,37 @@ class EmbeddedEngine:
         finally:
             job.cancelled = True
 
+    async def _matchers(self, response_format: JSON | None, n: int) -> list[LLMatcher] | None:
+        """One grammar matcher per choice for `response_format` (None: unconstrained). The
+        first builds the batcher's token masks (about a second: it indexes the vocabulary);
+        both run off the event loop."""
+        try:
+            grammar = grammar_for(response_format)
+        except ValueError as exc:
+            raise EngineError(str(exc), param="response_format") from exc
+        if grammar is None:
+            return None
+        batcher = self._running()
+        if batcher.grammar_mask is None:
+            async with self._grammar_lock:
+                if batcher.grammar_mask is None:
+                    vocab = max(len(self.tokenizer), batcher.vocab_size)
+                    batcher.grammar_mask = await asyncio.to_thread(
+                        GrammarMask, self.tokenizer, vocab, sorted(batcher.stop_token_ids)
+                    )
+        masks = batcher.grammar_mask
+        try:
+            return await asyncio.to_thread(lambda: [masks.matcher(grammar) for _ in range(n)])
+        except ValueError as exc:
+            raise EngineError(f"response_format: {exc}", param="response_format") from exc
+
     async def chat(self, request: ChatRequest) -> AsyncIterator[ChatEvent]:
         try:
             prompt_ids, reused = self.prompts.build(request)
         except ChatFormatError as exc:
             raise EngineError(str(exc), param="messages") from exc
         job = self._job(prompt_ids, request.sampling)
+        job.matchers = await self._matchers(request.response_format, request.sampling.n)
         yield PromptReady(prompt_ids=prompt_ids, reused_tokens=reused)
 
         parse_tools = bool(request.tools) and request.tool_choice != "none"

@@ -60,7 +60,7 @@ from agentscope_rft.engines.vllm_env import find_vllm_python
 from agentscope_rft.engines.vllm_launch import VLLMLaunch
 from agentscope_rft.engines.vllm_server import OnRestart, VLLMServer, free_port
 from agentscope_rft.models import load_tokenizer, resolve_model
-from agentscope_rft.types import SamplingParams
+from agentscope_rft.types import JSON, SamplingParams
 
 if TYPE_CHECKING:
     import torch
@@ -478,13 +478,19 @@ class VLLMEngine:
         return await self._complete(prompt_ids, sampling, None)
 
     async def _complete(
-        self, prompt_ids: list[int], sampling: SamplingParams, rollout_id: str | None
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        rollout_id: str | None,
+        response_format: JSON | None = None,
     ) -> list[GenerationOutput]:
         room = self._room(len(prompt_ids))
         max_tokens = min(sampling.max_tokens or room, room)
         replica = self._pick(rollout_id)
         async with self._admitted(replica) as (version, model):
             body = wire.completions_body(model, prompt_ids, sampling, max_tokens)
+            if response_format is not None:
+                body["response_format"] = response_format
             data = await self._post(replica, "/v1/completions", body)
         choices = sorted(data["choices"], key=lambda c: c.get("index", 0))
         return [wire.parse_completion(c, sampling.top_logprobs, version) for c in choices]
@@ -500,7 +506,9 @@ class VLLMEngine:
             raise EngineError(str(exc), param="messages") from exc
         self._room(len(prompt_ids))
         yield PromptReady(prompt_ids=prompt_ids, reused_tokens=reused)
-        outputs = await self._complete(prompt_ids, request.sampling, request.rollout_id)
+        outputs = await self._complete(
+            prompt_ids, request.sampling, request.rollout_id, request.response_format
+        )
         parse_tools = bool(request.tools) and request.tool_choice != "none"
         choices = [
             assemble_choice(
@@ -528,6 +536,8 @@ class VLLMEngine:
             body = wire.chat_body(
                 model, request.messages, request.tools, request.tool_choice, sampling, max_tokens
             )
+            if request.response_format is not None:
+                body["response_format"] = request.response_format
             data = await self._post(replica, "/v1/chat/completions", body)
         yield PromptReady(prompt_ids=[int(t) for t in data.get("prompt_token_ids") or []])
         for raw in sorted(data["choices"], key=lambda c: c.get("index", 0)):

@@ -33,6 +33,10 @@ _SCHEDULING_FLAGS = (
 )
 
 
+STRUCTURED_OUTPUTS = '{"backend": "guidance", "disable_any_whitespace": true}'
+"""vLLM's `--structured-outputs-config` unless `extra_args` sets one."""
+
+
 @dataclass(frozen=True)
 class VLLMLaunch:
     """The settings of one replica's `vllm.entrypoints.openai.api_server` process.
@@ -84,6 +88,10 @@ class VLLMLaunch:
             "--enable-auto-tool-choice",
             "--tool-call-parser", self.tool_call_parser,
         ]  # fmt: skip
+        if not any(a.split("=")[0] == "--structured-outputs-config" for a in self.extra_args):
+            # response_format as the embedded engine serves it: the same grammar library
+            # (llguidance), compact JSON (engines/structured.py).
+            command += ["--structured-outputs-config", STRUCTURED_OUTPUTS]
         if self.max_model_len:
             command += ["--max-model-len", str(self.max_model_len)]
         given = any(a.split("=")[0] in _SCHEDULING_FLAGS for a in self.extra_args)

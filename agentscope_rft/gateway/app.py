@@ -192,6 +192,19 @@ async def close_rollout(
     return RolloutClosure(rollout_id, late_calls=late, aborted_calls=aborted)
 
 
+def constrained_training_call(rollout_id: str) -> RequestError:
+    """Why an attributed call may not ask for structured output (see docs/gateway.md)."""
+    return RequestError(
+        f"response_format is not allowed on an attributed (training) call (rollout "
+        f"{rollout_id!r}): the grammar mask changes the distribution the tokens are sampled "
+        "from, which the trainer cannot reproduce. Drop response_format and parse the text "
+        "(or use a tool call), or send calls that are not to be trained on, such as a judge's, "
+        "to the unattributed route /v1/chat/completions",
+        param="response_format",
+        code="structured_output_in_training",
+    )
+
+
 def _overrides_for(state: GatewayState, rollout_id: str | None) -> JSON | None:
     if rollout_id is None:
         return None
@@ -487,6 +500,8 @@ def create_app(state: GatewayState) -> FastAPI:
                 param="model",
                 code="model_not_found",
             )
+        if rollout_id is not None and body.constraint is not None:
+            raise constrained_training_call(rollout_id)
         overrides = _overrides_for(state, rollout_id)
         messages = body.messages
         if state.runtime_state != "keep":
@@ -501,6 +516,7 @@ def create_app(state: GatewayState) -> FastAPI:
             agent_name=request.headers.get(AGENT_HEADER),
             request_id=f"chatcmpl-{uuid.uuid4().hex}",
             stream=body.stream,
+            response_format=body.constraint,
         )
         exchange = _Exchange(state, body, chat)
         if not body.stream:

@@ -4,7 +4,8 @@ Requests are validated strictly (unknown fields and wrong types are 400 errors t
 field) but accept every documented OpenAI parameter, ignoring the ones that do not change what is
 sampled (`user`, `metadata`, `parallel_tool_calls`, ...). Parameters that would change the sampling
 distribution in ways we do not implement (penalties, logit bias) are rejected rather than silently
-ignored, because training needs the exact distribution.
+ignored, because training needs the exact distribution. `response_format` (structured outputs) is
+checked here, so a bad schema is a 400 whichever engine serves.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agentscope_rft.engines.base import ChoiceResult
+from agentscope_rft.engines.structured import grammar_for
 from agentscope_rft.types import JSON, SamplingParams
 
 
@@ -81,6 +83,7 @@ class ChatCompletionRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     return_token_ids: bool = False
     ignore_eos: bool = False
+    response_format: dict[str, Any] | None = None
     # Accepted and ignored: they do not change what is sampled.
     parallel_tool_calls: bool | None = None
     user: str | None = None
@@ -88,7 +91,6 @@ class ChatCompletionRequest(BaseModel):
     store: bool | None = None
     service_tier: str | None = None
     reasoning_effort: str | None = None
-    response_format: dict[str, Any] | None = None
     modalities: list[str] | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
@@ -110,6 +112,19 @@ class ChatCompletionRequest(BaseModel):
         if value:
             raise ValueError("logit_bias is not supported (it changes the sampling distribution)")
         return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _known_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        grammar_for(value)  # raises ValueError naming what is wrong
+        return value
+
+    @property
+    def constraint(self) -> dict[str, Any] | None:
+        """The `response_format` that constrains sampling (None for none or `text`)."""
+        if self.response_format is None or self.response_format.get("type") == "text":
+            return None
+        return self.response_format
 
     @field_validator("modalities")
     @classmethod

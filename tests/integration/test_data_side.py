@@ -21,22 +21,33 @@ APP = "tests/integration/toy_app.py:run"
 
 async def test_policy_as_group_judge_is_served_not_recorded(tiny_gateway) -> None:
     gateway = tiny_gateway
-    client = JudgeClient(
-        gateway.base_url, model="tiny", api_key=gateway.api_key, timeout=60, max_tokens=24,
-        max_retries=1,
-    )  # fmt: skip
-    judge = GroupJudge(client)
     sample = Sample([1, 2], [0, 1], [0.0, -0.1], 0.5, "r0", "t", group_id="g", sample_id="s")
     group = Group("g", {"question": "2+2?"}, (Episode("r0", (sample,), "4", 0.5),))
-    kept, metrics = await Pipeline([judge])([group])
-    # A tiny random model writes no JSON: both tries are answered, neither parses; the group
-    # keeps its reward and nothing raised.
+
+    def judge(structured: bool) -> GroupJudge:
+        client = JudgeClient(
+            gateway.base_url, model="tiny", api_key=gateway.api_key, timeout=60, max_tokens=24,
+            max_retries=1, structured_output=structured,
+        )  # fmt: skip
+        return GroupJudge(client)
+
+    # Free text: a tiny random model writes no JSON; both tries are answered, neither parses;
+    # the group keeps its reward and nothing raised.
+    free = judge(structured=False)
+    kept, metrics = await Pipeline([free])([group])
     assert metrics["data/group_judge/calls"] == 2.0
     assert metrics["data/group_judge/failures"] == 1.0
     assert kept[0].episodes[0].reward == 0.5
-    assert judge.last_error is not None and "no JSON object" in judge.last_error  # answered
+    assert free.last_error is not None and "no JSON object" in free.last_error  # answered
+    # Structured output (the default): the same model's answer is the asked JSON at once.
+    constrained = judge(structured=True)
+    kept, metrics = await Pipeline([constrained])([group])
+    assert metrics["data/group_judge/calls"] == 1.0
+    assert metrics["data/group_judge/failures"] == 0.0
+    assert 0.0 <= kept[0].episodes[0].reward <= 1.0
     assert gateway.recorder.rollout_ids == []  # the judge's calls are nobody's rollout
-    await judge.close()
+    await free.close()
+    await constrained.close()
 
 
 @pytest.fixture(scope="module")

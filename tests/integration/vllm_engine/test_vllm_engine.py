@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from agentscope_rft.chat.template import HERMES_CHATML_TEMPLATE
 from agentscope_rft.engines.base import ChatRequest, PromptReady
 from agentscope_rft.engines.vllm import VLLMEngine
 from agentscope_rft.models import load_causal_lm
@@ -155,3 +157,58 @@ async def test_seeded_requests_too_long_for_one_step_together(vllm_engine: VLLME
     assert all(len(out.completion_ids) == 6 for [out] in together)
     [alone] = await vllm_engine.generate(prompts[3], sampling[3])
     assert alone.completion_ids == together[3][0].completion_ids
+
+
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "answer": {"type": "string", "maxLength": 40},
+        "confident": {"type": "boolean"},
+    },
+    "required": ["answer", "confident"],
+    "additionalProperties": False,
+}
+ANSWER_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA, "strict": True},
+}
+
+
+async def test_response_format_agrees_with_the_embedded_engine(
+    vllm_engine: VLLMEngine, smollm2_path: Path
+) -> None:
+    """Both engines constrain with llguidance to compact JSON: greedy, the same answer."""
+    import jsonschema
+
+    from agentscope_rft.engines.embedded import EmbeddedEngine
+
+    def request() -> ChatRequest:
+        return ChatRequest(
+            messages=QUESTION,
+            sampling=SamplingParams(temperature=0, max_tokens=64),
+            response_format=ANSWER_FORMAT,
+        )
+
+    texts = {}
+    for rendering in ("engine", "vllm"):
+        vllm_engine.chat_rendering = rendering  # type: ignore[assignment]
+        try:
+            [choice] = choices_of(await collect(vllm_engine, request()))
+        finally:
+            vllm_engine.chat_rendering = "engine"
+        assert choice.finish_reason == "stop"
+        assert choice.completion_ids[-1] == vllm_engine.tokenizer.eos_token_id
+        texts[rendering] = choice.text
+    embedded = EmbeddedEngine(
+        smollm2_path, dtype="float32", device="cpu", chat_template=HERMES_CHATML_TEMPLATE
+    )
+    await embedded.start()
+    try:
+        [choice] = choices_of(await collect(embedded, request()))
+    finally:
+        await embedded.close()
+    texts["embedded"] = choice.text
+    answer = json.loads(texts["embedded"])
+    jsonschema.validate(answer, ANSWER_SCHEMA)
+    assert json.dumps(answer, separators=(",", ":"), ensure_ascii=False) == texts["embedded"]
+    assert texts["engine"] == texts["vllm"] == texts["embedded"], texts

@@ -23,7 +23,8 @@ from agentscope_rft.types import Sample
 class JudgeServer:
     """An OpenAI-style `/v1/chat/completions` whose replies follow a script of modes:
     `good` (scores: 1 for candidates containing "Paris", else 0.2), `fenced` (the same, in prose
-    and a ```json fence), `malformed`, `missing` (leaves out a candidate), `slow` (answers after
+    and a ```json fence), `no_format` (400 to a request with `response_format`, else good),
+    `malformed`, `missing` (leaves out a candidate), `slow` (answers after
     the client's timeout), `error` (HTTP 500). The last mode repeats."""
 
     def __init__(self, modes: list[str]) -> None:
@@ -41,6 +42,13 @@ class JudgeServer:
                 server.requests.append(body)
                 server.auth.append(self.headers.get("Authorization"))
                 mode = server.modes.pop(0) if len(server.modes) > 1 else server.modes[0]
+                if mode == "no_format" and "response_format" in body:
+                    data = b'{"error": {"message": "response_format is not supported"}}'
+                    self.send_response(400)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
                 if mode == "slow":
                     time.sleep(1.5)
                 if mode == "error":
@@ -134,6 +142,49 @@ async def test_group_judge_scores_a_whole_group_in_one_call(server: JudgeServer)
     assert metrics["data/group_judge/seconds"] > 0
     prompt = server.requests[0]["messages"][-1]["content"]
     assert 'Reference answer: "Paris"' in prompt
+    await judge.close()
+
+
+async def test_judges_ask_for_the_schema_of_their_answer(server: JudgeServer) -> None:
+    import jsonschema
+
+    group_judge = GroupJudge(client(server), reference_field="answer")
+    await group_judge([a_group()])
+    rubric = RubricJudge(client(server), rubric={"Correct": 3, "Short": 1})
+    await rubric([a_group()])
+    group_format = server.requests[0]["response_format"]
+    assert group_format["type"] == "json_schema" and group_format["json_schema"]["strict"]
+    schema = group_format["json_schema"]["schema"]
+    assert schema["properties"]["scores"]["required"] == ["0", "1", "2"]
+    jsonschema.validate({"scores": {"0": 1, "1": 0.25, "2": 0}}, schema)
+    with pytest.raises(jsonschema.ValidationError):  # every candidate, scores in [0, 1]
+        jsonschema.validate({"scores": {"0": 1, "1": 0.25}}, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"scores": {"0": 1, "1": 1.5, "2": 0}}, schema)
+    rubric_schema = server.requests[1]["response_format"]["json_schema"]["schema"]
+    assert rubric_schema["properties"]["scores"]["required"] == ["0", "1"]
+    await group_judge.close()
+    await rubric.close()
+
+
+@pytest.mark.parametrize("server", [["no_format"]], indirect=True)
+async def test_an_endpoint_refusing_response_format_is_asked_without(
+    server: JudgeServer,
+) -> None:
+    judge = GroupJudge(client(server), reference_field="answer")
+    kept, metrics = await Pipeline([judge])([a_group(), a_group()])
+    assert [e.reward for e in kept[0].episodes] == [1.0, 0.2, 0.2]
+    assert metrics["data/group_judge/failures"] == 0.0
+    assert not judge.client.structured_output
+    # the first call is refused once; every later one goes without response_format
+    assert ["response_format" in r for r in server.requests][-2:] == [False, False]
+    await judge.close()
+
+
+async def test_structured_output_off_sends_no_response_format(server: JudgeServer) -> None:
+    judge = GroupJudge(client(server, structured_output=False))
+    await judge([a_group()])
+    assert "response_format" not in server.requests[0]
     await judge.close()
 
 

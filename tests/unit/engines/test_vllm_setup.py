@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -49,6 +50,13 @@ def test_server_command_has_the_flags_token_capture_needs(tiny_model_path: str) 
     ):  # fmt: skip
         assert flag in line
     assert command[-2:] == ["--max-num-seqs", "64"]
+    # response_format served as the embedded engine serves it (llguidance, compact JSON)
+    at = command.index("--structured-outputs-config")
+    assert json.loads(command[at + 1]) == {"backend": "guidance", "disable_any_whitespace": True}
+    own = VLLMEngine(
+        tiny_model_path, extra_args=["--structured-outputs-config", '{"backend": "xgrammar"}']
+    ).server_command(Path("/venv/bin/python"), 8123)
+    assert own.count("--structured-outputs-config") == 1
     env = engine.server_env()
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
