@@ -38,8 +38,10 @@ EXACT = (
     "run.checkpoint_every=1",
     "trainer.lr=1e-2",
     # engine log-probs depend (at 1e-7) on which requests shared a batch: the ratio uses the
-    # trainer's own, as the exact-resume test does
+    # trainer's own, as the exact-resume test does; and deterministic, so that batching (timing)
+    # cannot flip a sampled token either (this failed under load without it)
     "trainer.old_logprobs=recompute",
+    "run.deterministic=true",
 )
 
 

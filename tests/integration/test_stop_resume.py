@@ -109,7 +109,9 @@ def test_signal_mid_run_saves_and_resume_trains_every_step_once(
 async def test_stop_request_then_resume_reaches_the_same_parameters(
     tiny_model_path, toy_tasks, tmp_path
 ):
+    # deterministic: the engine's batching (timing) must not flip a sampled token between runs
     extra = ("run.steps=3", "trainer.lr=1e-2", "trainer.old_logprobs=recompute")
+    extra += ("run.deterministic=true",)
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     await train(toy_config(tiny_model_path, toy_tasks, straight, *extra), straight)
 

@@ -74,13 +74,15 @@ async def test_reward_goes_up_on_a_learnable_task(tiny_model_path, toy_tasks, tm
 
 async def test_resume_reaches_the_same_parameters(tiny_model_path, toy_tasks, tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    # The ratio uses trainer-recomputed log-probs: the engine's log-probs depend (at 1e-7) on
-    # which requests shared a batch, which timing decides.
+    # Deterministic: otherwise the engine's fp32 logits depend (at 1e-7) on which requests shared
+    # a batch, which timing decides, and that flips sampled tokens on the tiny model's flat
+    # distribution (this failed under load without it).
     extra = (
         "run.steps=4",
         "run.checkpoint_every=2",
         "trainer.lr=1e-2",
         "trainer.old_logprobs=recompute",
+        "run.deterministic=true",
     )
     await train(toy_config(tiny_model_path, toy_tasks, straight, *extra), straight)
 

@@ -124,7 +124,7 @@ async def test_a_run_killed_during_the_warmup_resumes_with_the_next_demonstratio
     from safetensors.torch import load_file
 
     extra = ("offline.warmup_steps=3", "run.steps=4", "run.checkpoint_every=1")
-    extra += ("run.keep_checkpoints=4",)
+    extra += ("run.keep_checkpoints=4", "run.deterministic=true")  # batching follows timing
     straight = config(tiny_model_path, tmp_path / "a", *extra)
     await train(straight, Path(straight.run.dir))
     killed = config(tiny_model_path, tmp_path / "b", *extra)
