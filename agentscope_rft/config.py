@@ -259,8 +259,8 @@ class RunSettings(Section):
     """Two runs with one seed give the same metrics and weights (wall times, throughput and engine
     queue counters aside) with the embedded engine, the torch trainer and `mode: sync`: engine
     threads and dtype are fixed instead of timed, the engine computes each request alone (batch 1,
-    no prefix cache: much slower exploration), samples are trained in rollout order, torch uses
-    deterministic algorithms. Each change is said in a log line; what still varies:
+    no prefix cache) and episodes run one at a time (~5x the wall time on the quickstart),
+    samples are trained in rollout order, torch uses deterministic algorithms. Each change is said in a log line; what still varies:
     docs/lifecycle.md."""
 
 
