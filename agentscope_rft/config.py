@@ -260,8 +260,8 @@ class RunSettings(Section):
     queue counters aside) with the embedded engine, the torch trainer and `mode: sync`: engine
     threads and dtype are fixed instead of timed, the engine computes each request alone (batch 1,
     no prefix cache) and episodes run one at a time (~5x the wall time on the quickstart),
-    samples are trained in rollout order, torch uses deterministic algorithms. Each change is said in a log line; what still varies:
-    docs/lifecycle.md."""
+    samples are trained in rollout order, torch uses deterministic algorithms. Each change is
+    said in a log line; what still varies: docs/lifecycle.md."""
 
 
 EXPLORING_MODES = ("sync", "one_step_off", "async")
