@@ -78,29 +78,16 @@ def summarize(run_dir: Path, variant: str, seed: int, returncode: int, seconds: 
     )
     from agentscope_rft.runtime.best import read_best
 
+    error = None
     try:
         records = surviving_history(read_metrics(run_dir / "metrics.jsonl"))
-    except MetricsFileError as error:  # the run died before its first step (see its .log)
-        return {
-            "variant": variant,
-            "seed": seed,
-            "returncode": returncode or 1,
-            "error": str(error),
-            "minutes": round(seconds / 60, 1),
-            "detected_at_step": None,
-            "onset_step": None,
-            "rollbacks": 0,
-            "val_curve": [],
-            "val_best": None,
-            "best_step": None,
-            "val_last": None,
-            "entropy": [],
-        }
+    except MetricsFileError as exc:  # the run died before its first step (see its .log)
+        records, error = [], str(exc)
     val = [(r.step, r.metrics.get("reward/mean")) for r in per_step(records, "val")]
     train = per_step(records, "train")
     events = [e for e in read_events(run_dir) if e.rule == "entropy_collapse"]
     best = read_best(run_dir)
-    return {
+    row = {
         "variant": variant,
         "seed": seed,
         "returncode": returncode,
@@ -114,6 +101,9 @@ def summarize(run_dir: Path, variant: str, seed: int, returncode: int, seconds: 
         "val_last": val[-1][1] if val else None,
         "entropy": [round(r.metrics.get("entropy/mean", float("nan")), 3) for r in train],
     }
+    if error is not None:  # never kept as done: a re-run makes it again
+        row |= {"returncode": returncode or 1, "error": error}
+    return row
 
 
 def table(rows: list[dict]) -> str:

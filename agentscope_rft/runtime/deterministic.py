@@ -66,7 +66,7 @@ def deterministic_config(config: RunConfig) -> RunConfig:
     switched to deterministic algorithms. A no-op unless `run.deterministic`."""
     if not config.run.deterministic:
         return config
-    engine = config.engine
+    engine, explorer = config.engine, config.explorer
     if isinstance(engine, EmbeddedEngineConfig):
         changes: dict[str, object] = {}
         if engine.num_threads is None:
@@ -90,14 +90,13 @@ def deterministic_config(config: RunConfig) -> RunConfig:
             )
         if changes:
             engine = engine.model_copy(update=changes)
-    explorer = config.explorer
-    if isinstance(engine, EmbeddedEngineConfig) and explorer.max_concurrency > 1:
-        explorer = explorer.model_copy(update={"max_concurrency": 1})
-        logger.info(
-            "run.deterministic: explorer.max_concurrency 1: episodes run one after another (with "
-            "requests computed alone, concurrent episodes only queue for the engine, and queueing "
-            "runs into explorer.episode_timeout, whose timeouts do not repeat)"
-        )
+        if explorer.max_concurrency > 1:
+            explorer = explorer.model_copy(update={"max_concurrency": 1})
+            logger.info(
+                "run.deterministic: explorer.max_concurrency 1: episodes run one after another "
+                "(with requests computed alone, concurrent episodes only queue for the engine, and "
+                "queueing runs into explorer.episode_timeout, whose timeouts do not repeat)"
+            )
     # cuBLAS needs a fixed workspace for deterministic matmuls; set before CUDA initializes.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
