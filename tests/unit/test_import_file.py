@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from agentscope_rft.api import import_file
 
 
@@ -18,7 +20,11 @@ def example(folder: Path, answer: str) -> Path:
     return folder / "app.py"
 
 
-def test_each_file_gets_its_own_neighbours(tmp_path: Path) -> None:
+def test_each_file_gets_its_own_neighbours(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # start as a fresh process would: no `task` or `app` imported yet (other tests import
+    # example folders' modules of those names); monkeypatch puts theirs back afterwards
+    for name in ("task", "app"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
     first = import_file(example(tmp_path / "one", "one"))
     second = import_file(example(tmp_path / "two", "two"))
     assert (first.ANSWER, second.ANSWER) == ("one", "two")
