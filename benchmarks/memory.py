@@ -17,7 +17,8 @@ SmolLM2-135M-Instruct on CPU, trainer dtype `auto` (the quickstart's setting):
   (chunked + grouped-head attention), and after with `--budget` as `memory_budget_gib`.
 - `logprobs`: the log-prob + entropy pass alone over 1,500 trained tokens, dense vs chunked.
 - `seq`: one sample of N tokens (all trained; beside a 64-token one): the step's peak RSS above
-  the fixed memory, for each N (linear growth = no quadratic attention buffer).
+  the fixed memory, for each N (linear growth = no quadratic attention buffer). With `--device
+  cuda`, the trainer runs on the GPU (bf16) and the figures are torch's allocated GPU memory.
 
 Prints Markdown tables for docs/benchmarks.md.
 """
@@ -118,7 +119,7 @@ def _trainer(args: argparse.Namespace, **settings: object):  # type: ignore[no-u
 
         module.use_training_attention = lambda model, device: False  # type: ignore[assignment]
     config = TorchTrainerConfig.model_validate(
-        {"lr": 1e-5, "device": "cpu", "dtype": args.dtype, **settings}
+        {"lr": 1e-5, "device": args.device, "dtype": args.dtype, **settings}
     )
     return TorchTrainer(resolve_model(args.model), config, AlgorithmConfig(), total_steps=8)
 
@@ -210,14 +211,28 @@ def child_seq(args: argparse.Namespace) -> dict:
         ]
 
     trainer.step(row(64, 0), 0)  # gradients and AdamW state exist from here on
-    fixed = current_rss()
-    before = peak_rss()
-    started = time.perf_counter()
-    trainer.step(row(args.length, 1), 1)
+    if args.device.startswith("cuda"):  # GPU memory: allocated by torch, not the process RSS
+        import torch
+
+        torch.cuda.synchronize()
+        fixed = torch.cuda.memory_allocated() / GB
+        before = torch.cuda.max_memory_allocated() / GB
+        torch.cuda.reset_peak_memory_stats()
+        started = time.perf_counter()
+        trainer.step(row(args.length, 1), 1)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() / GB
+    else:
+        fixed = current_rss()
+        before = peak_rss()
+        started = time.perf_counter()
+        trainer.step(row(args.length, 1), 1)
+        peak = peak_rss()
     return {
         "length": args.length,
+        "device": args.device,
         "fixed_gb": fixed,
-        "peak_gb": peak_rss(),
+        "peak_gb": peak,
         "warmup_peak_gb": before,
         "step_s": time.perf_counter() - started,
     }
@@ -233,7 +248,8 @@ CHILDREN = {
 
 
 def spawn(args: argparse.Namespace, part: str, *extra: str) -> dict:
-    argv = [sys.executable, __file__, "--child", part, "--model", args.model, *extra]
+    argv = [sys.executable, __file__, "--child", part, "--model", args.model]
+    argv += ["--device", args.device, *extra]
     out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -253,6 +269,9 @@ def main() -> None:
     parser.add_argument("--micro-batch-tokens", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--length", type=int, default=1024)
+    parser.add_argument(
+        "--device", default="cpu", help="cuda: the `seq` part measures GPU memory (bf16)"
+    )
     args = parser.parse_args()
     if args.child:
         print(json.dumps(CHILDREN[args.child](args)))

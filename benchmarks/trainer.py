@@ -35,18 +35,24 @@ PROMPTS = [
 ]
 
 
-def matmul_flops() -> float:
+def matmul_flops(device: str = "cpu") -> float:
+    """This device's measured bf16 matmul FLOP/s (the MFU-style figure's denominator)."""
     import torch
 
-    a = torch.randn(1024, 1024, dtype=torch.bfloat16)
-    b = torch.randn(1024, 1024, dtype=torch.bfloat16)
+    size = 1024 if device == "cpu" else 8192
+    a = torch.randn(size, size, dtype=torch.bfloat16, device=device)
+    b = torch.randn(size, size, dtype=torch.bfloat16, device=device)
     for _ in range(3):
         a @ b
     runs = 20
+    if device != "cpu":
+        torch.cuda.synchronize()
     started = time.perf_counter()
     for _ in range(runs):
         a @ b
-    return 2 * 1024**3 * runs / (time.perf_counter() - started)
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return 2 * size**3 * runs / (time.perf_counter() - started)
 
 
 # ----------------------------------------------------------------------------- ours
@@ -96,6 +102,8 @@ def run_ours(args: argparse.Namespace, work: Path) -> dict:
             "monitor.plot_every=0",
             "monitor.console=false",
             "tasks.shuffle=false",
+            f"engine.device={args.device}",
+            f"trainer.device={args.device}",
         ],
     )
     started = time.perf_counter()
@@ -127,7 +135,7 @@ def run_trl(args: argparse.Namespace, work: Path) -> dict:
 
     path = resolve_model(EMBEDDED_MODEL)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(args.device)
     data = Dataset.from_list(
         [{"prompt": [{"role": "user", "content": p}]} for p in PROMPTS[: args.prompts]]
         * (args.steps + 2)
@@ -157,7 +165,7 @@ def run_trl(args: argparse.Namespace, work: Path) -> dict:
         logging_steps=1,
         save_strategy="no",
         report_to=[],
-        use_cpu=True,
+        use_cpu=args.device == "cpu",
         bf16=bf16,
         temperature=1.0,
         beta=0.0,
@@ -186,10 +194,22 @@ def run_trl(args: argparse.Namespace, work: Path) -> dict:
     }
 
 
+def where(device: str) -> str:
+    if device == "cpu":
+        return f"{os.cpu_count()} CPUs"
+    import torch
+
+    return torch.cuda.get_device_name()
+
+
 def child(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         result = run_ours(args, Path(tmp)) if args.child == "ours" else run_trl(args, Path(tmp))
     result["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    if args.device != "cpu":
+        import torch
+
+        result["peak_gpu_gb"] = torch.cuda.max_memory_allocated() / 1024**3
     print("RESULT " + json.dumps(result))
 
 
@@ -197,7 +217,7 @@ def main(args: argparse.Namespace) -> None:
     from agentscope_rft.models import EMBEDDED_MODEL, load_causal_lm, resolve_model
 
     params = sum(p.numel() for p in load_causal_lm(resolve_model(EMBEDDED_MODEL)).parameters())
-    flops = matmul_flops()
+    flops = matmul_flops(args.device)
     results = []
     for side in args.sides:
         cmd = [sys.executable, __file__, "--child", side, *sys.argv[1:]]
@@ -210,8 +230,8 @@ def main(args: argparse.Namespace) -> None:
     base = results[-1]["s_per_step"]
     print(
         f"\nSmolLM2-135M ({params / 1e6:.1f}M params), {args.prompts} prompts x {args.group} "
-        f"completions x {args.tokens} tokens, {args.steps} measured steps, {os.cpu_count()} "
-        f"CPUs, bf16 matmul {flops / 1e9:.0f} GFLOP/s\n"
+        f"completions x {args.tokens} tokens, {args.steps} measured steps, {where(args.device)}, "
+        f"bf16 matmul {flops / 1e9:.0f} GFLOP/s\n"
     )
     print("| | s/step | trained tokens/s | peak RSS (GB) | MFU-style | speed-up vs TRL |")
     print("|---|---:|---:|---:|---:|---:|")
@@ -222,6 +242,9 @@ def main(args: argparse.Namespace) -> None:
             f"| {r['name']} | {r['s_per_step']:.1f} | {tps:.1f} | {r['peak_rss_gb']:.2f} | "
             f"{mfu:.1%} | {base / r['s_per_step']:.2f}x |"
         )
+    for r in results:
+        if "peak_gpu_gb" in r:
+            print(f"\n{r['name']}: peak GPU memory {r['peak_gpu_gb']:.2f} GiB")
     for r in results:
         if "split" in r:
             parts = ", ".join(f"{k} {v:.1f} s" for k, v in r["split"].items())
@@ -235,6 +258,9 @@ if __name__ == "__main__":
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--trl-bf16", action="store_true")
+    parser.add_argument(
+        "--device", default="cpu", help="cuda: both sides on the GPU (ours in bf16, `auto`)"
+    )
     parser.add_argument("--sides", nargs="+", default=["ours", "trl"])
     parser.add_argument("--child", choices=["ours", "trl"])
     parsed = parser.parse_args()
