@@ -46,8 +46,10 @@ else
     || failed+=("end-to-end training (rc $?)")
   if (( benchmarks )); then
     echo "== train-step GPU memory against sequence length =="
-    timeout 180 "$python" benchmarks/memory.py --parts seq --device cuda \
-      --seq-lengths 1024,2048,4096,8192 --seq-attention sdpa,gqa || failed+=("memory sweep (rc $?)")
+    # One child process per length (~20-40 s each); GPU_CHECK_SEQ_LENGTHS narrows it.
+    timeout 300 "$python" benchmarks/memory.py --parts seq --device cuda \
+      --seq-lengths "${GPU_CHECK_SEQ_LENGTHS:-1024,2048,4096,8192}" --seq-attention gqa \
+      || failed+=("memory sweep (rc $?)")
     echo "== GRPO step vs TRL GRPOTrainer, bf16 both =="
     if "$python" -c "import trl" 2>/dev/null; then
       timeout 240 "$python" benchmarks/trainer.py --device cuda --trl-bf16 --steps 3 \

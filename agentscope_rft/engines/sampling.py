@@ -60,14 +60,17 @@ def sample_next(
     """
     batch = logits.shape[0]
     logits = logits.float()
-    greedy = torch.tensor([p.temperature == 0.0 for p in params])
-    temperature = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params])
+    device = logits.device  # the settings go where the logits are (a GPU engine's are on CUDA)
+    greedy = torch.tensor([p.temperature == 0.0 for p in params], device=device)
+    temperature = torch.tensor(
+        [p.temperature if p.temperature > 0 else 1.0 for p in params], device=device
+    )
     scaled = logits
     if bool((temperature != 1.0).any()):
         scaled = logits / temperature.unsqueeze(-1)  # [B, V]
     vocab = logits.shape[-1]
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params])
-    top_p = torch.tensor([p.top_p for p in params])
+    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
+    top_p = torch.tensor([p.top_p for p in params], device=device)
     sampling_rows = ~greedy
     if bool(((top_k < vocab) & sampling_rows).any()):
         scaled = _apply_top_k(scaled, torch.where(sampling_rows, top_k, vocab))
@@ -83,22 +86,28 @@ def sample_next(
     greedy_rows = [row for row in range(batch) if params[row].temperature == 0.0]
     token_ids = [0] * batch
     if greedy_rows:
-        picked = logits if len(greedy_rows) == batch else logits[torch.tensor(greedy_rows)]
+        picked = (
+            logits
+            if len(greedy_rows) == batch
+            else logits[torch.tensor(greedy_rows, device=device)]
+        )
         for row, token in zip(greedy_rows, picked.argmax(dim=-1).tolist(), strict=True):
             token_ids[row] = token
     if sampled_rows:
         rows = logprobs_all
         if len(sampled_rows) < batch:
-            rows = logprobs_all[torch.tensor(sampled_rows)]
+            rows = logprobs_all[torch.tensor(sampled_rows, device=device)]
         cdf = rows.exp().cumsum(dim=-1)  # [S, V]
+        # The generators stay on the CPU (a seed draws the same stream on any device).
         uniform = torch.cat([torch.rand(1, generator=generators[row]) for row in sampled_rows])
+        uniform = uniform.to(device)
         # Right-side search: a token of probability 0 (a flat step of the CDF) is never picked.
         drawn = torch.searchsorted(cdf, (uniform * cdf[:, -1]).unsqueeze(-1), right=True)
         for row, token in zip(
             sampled_rows, drawn.squeeze(-1).clamp(max=vocab - 1).tolist(), strict=True
         ):
             token_ids[row] = token
-    chosen = torch.tensor(token_ids)
+    chosen = torch.tensor(token_ids, device=device)
     logprobs = logprobs_all.gather(-1, chosen.unsqueeze(-1)).squeeze(-1).tolist()
 
     top: list[list[tuple[int, float]] | None] = [None] * batch
