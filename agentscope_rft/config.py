@@ -246,9 +246,10 @@ class RunSettings(Section):
     eval_every: int = Field(default=0, ge=0)
     """Evaluate on `tasks.val` every N steps and after the last (0: never; also before the first
     step if set). Without `tasks.val`: on `tasks.eval`, for monitoring only."""
-    best_metric: str = "val/reward/mean"
+    best_metric: str | list[str] = "val/reward/mean"
     """The validation metric the run keeps `checkpoints/best` by: `val/<metric>` of the
-    validation phase (e.g. `val/success_rate`)."""
+    validation phase (e.g. `val/success_rate`), or a list whose mean is the criterion (e.g. the
+    per-stratum rewards `val/reward/by_<tasks.stratify_field>/<value>` of the strata that count)."""
     best_mode: Literal["max", "min"] = "max"
     """Whether a higher (`max`) or lower `best_metric` is better."""
     overwrite: bool = False
@@ -419,10 +420,13 @@ class RunConfig(Section):
                     "and leave kl_coef and entropy_coef null (a rollback then restores the "
                     "checkpoint alone)"
                 )
-        if not self.run.best_metric.startswith("val/") or self.run.best_metric == "val/":
+        best = self.run.best_metric
+        best = [best] if isinstance(best, str) else best
+        if not best or any(not m.startswith("val/") or m == "val/" for m in best):
             raise ValueError(
                 f"run.best_metric {self.run.best_metric!r} must be a validation metric "
-                "`val/<name>`, e.g. val/reward/mean or val/success_rate"
+                "`val/<name>` (or a non-empty list of them: their mean), e.g. val/reward/mean, "
+                "val/success_rate or [val/reward/by_type/a, val/reward/by_type/b]"
             )
         self._check_data(exploring)
         if mode == "train_only" and self.buffer.type != "sql":

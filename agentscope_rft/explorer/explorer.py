@@ -174,9 +174,46 @@ class ExploreResult:
             "entropy/sampled": sum(sampled) / len(sampled) if sampled else 0.0,
             "time/explore": self.seconds,
         }
+        out.update(workflow_metrics(ok))
         out.update(self.trajectory.metrics())
         out.update(self.runtime)
         return out
+
+
+def workflow_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
+    """`workflow/<name>`: the mean of each metric the workflow's `Reward(metrics=...)` gave, over
+    the episodes that gave it (finite numbers only).
+
+    Example:
+        >>> rows = [Rollout("r1", "a", {}, [], 0.0, metrics={"searches": 2.0}),
+        ...         Rollout("r2", "b", {}, [], 1.0, metrics={"searches": 1.0, "hedged": 1.0})]
+        >>> workflow_metrics(rows)
+        {'workflow/hedged': 1.0, 'workflow/searches': 1.5}
+    """
+    values: dict[str, list[float]] = {}
+    for rollout in rollouts:
+        for name, value in rollout.metrics.items():
+            if isinstance(value, int | float) and math.isfinite(value):
+                values.setdefault(name, []).append(float(value))
+    return {f"workflow/{k}": sum(v) / len(v) for k, v in sorted(values.items())}
+
+
+def stratum_metrics(rollouts: Sequence[Rollout], field: str) -> dict[str, float]:
+    """`reward/by_<field>/<value>`: the mean reward of the finished episodes of each value of the
+    task field `field` (e.g. a question type), so a validation metric can leave out a stratum.
+
+    Example:
+        >>> rows = [Rollout("r1", "a", {"type": "x"}, [], 1.0),
+        ...         Rollout("r2", "b", {"type": "y"}, [], 0.0),
+        ...         Rollout("r3", "c", {"type": "x"}, [], 0.5)]
+        >>> stratum_metrics(rows, "type")
+        {'reward/by_type/x': 0.75, 'reward/by_type/y': 0.0}
+    """
+    rewards: dict[str, list[float]] = {}
+    for rollout in rollouts:
+        if rollout.ok and field in rollout.task:
+            rewards.setdefault(str(rollout.task[field]), []).append(rollout.reward)
+    return {f"reward/by_{field}/{k}": sum(v) / len(v) for k, v in sorted(rewards.items())}
 
 
 def _error_text(exc: BaseException) -> str:

@@ -1,6 +1,7 @@
 """The best checkpoint by a validation metric: `checkpoints/best/` and `best.json`.
 
-After every validation (`run.eval_every`) the run compares `run.best_metric` with the best so
+After every validation (`run.eval_every`) the run compares `run.best_metric` (one metric, or the
+mean of several, e.g. the per-type rewards of the question types a claim counts) with the best so
 far; a better value exports the current policy to `checkpoints/best/model` (an HF folder you can
 serve) and records `{"step", "metric", "value", "mode"}` in `<run_dir>/best.json`. The folder is
 outside the `step-*` checkpoints, so `run.keep_checkpoints` never deletes it. Commands that take a
@@ -13,7 +14,7 @@ import json
 import logging
 import math
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +37,10 @@ class BestCheckpoint:
         True
     """
 
-    def __init__(self, run_dir: Path, metric: str, mode: str) -> None:
+    def __init__(self, run_dir: Path, metric: str | Sequence[str], mode: str) -> None:
         self.run_dir = run_dir
-        self.metric = metric
-        self.name = metric.removeprefix("val/")
+        self.metric = metric_label(metric)
+        self.names = [m.removeprefix("val/") for m in metric_names(metric)]
         self.mode = mode
         self.record = read_best(run_dir)
         if self.record is not None and self.record.get("metric") != metric:
@@ -63,15 +64,17 @@ class BestCheckpoint:
     ) -> bool:
         """Keep the policy of `step` as the best if its validation `metrics` beat the best so far
         (`export(folder)` writes the policy as an HF model folder). Returns whether it did."""
-        value = metrics.get(self.name)
-        if value is None:
+        missing = [name for name in self.names if name not in metrics]
+        if missing:
             logger.warning(
-                "run.best_metric %s was not logged by the validation (it logged: %s); no best "
+                "run.best_metric %s: the validation did not log %s (it logged: %s); no best "
                 "checkpoint kept",
                 self.metric,
-                ", ".join(sorted(metrics)[:12]),
+                ", ".join(missing),
+                ", ".join(sorted(metrics)[:24]),
             )
             return False
+        value = sum(float(metrics[name]) for name in self.names) / len(self.names)
         if not self.better(float(value)):
             return False
         folder = self.run_dir / "checkpoints" / BEST_DIR
@@ -91,6 +94,24 @@ class BestCheckpoint:
         self.record = record
         logger.info("best checkpoint: step %d, %s = %.4g", step, self.metric, value)
         return True
+
+
+def metric_names(metric: str | Sequence[str]) -> list[str]:
+    """The metrics `run.best_metric` names: one, or several whose mean is the criterion."""
+    return [metric] if isinstance(metric, str) else list(metric)
+
+
+def metric_label(metric: str | Sequence[str]) -> str:
+    """How `best.json`, logs and summaries name the criterion.
+
+    Example:
+        >>> metric_label("val/reward/mean")
+        'val/reward/mean'
+        >>> metric_label(["val/reward/by_type/a", "val/reward/by_type/b"])
+        'mean(val/reward/by_type/a, val/reward/by_type/b)'
+    """
+    names = metric_names(metric)
+    return names[0] if len(names) == 1 else f"mean({', '.join(names)})"
 
 
 def write_json(path: Path, data: Mapping[str, Any]) -> None:

@@ -23,7 +23,7 @@ from agentscope_rft.config import RunConfig, dump_config
 from agentscope_rft.engines.base import engine_metrics
 from agentscope_rft.engines.factory import build_engine
 from agentscope_rft.explorer.diagnosis import RunDiagnosis
-from agentscope_rft.explorer.explorer import Explorer, ExploreResult
+from agentscope_rft.explorer.explorer import Explorer, ExploreResult, stratum_metrics
 from agentscope_rft.explorer.runner import ModelSettings
 from agentscope_rft.explorer.tasks import Task, load_tasks, stratified_slice
 from agentscope_rft.explorer.trajectory import TrajectoryStats
@@ -203,6 +203,8 @@ async def _explore(
         await engine.close()
         await buffer.close()
     summary = ExploreResult(all_rollouts, [], stats, time.perf_counter() - started).metrics()
+    if config.tasks.stratify_field:
+        summary.update(stratum_metrics(all_rollouts, config.tasks.stratify_field))
     summary.update(counters)
     summary.update(RunDiagnosis(out_dir).first(0, split, all_rollouts))
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))

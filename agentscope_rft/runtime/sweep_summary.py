@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agentscope_rft.monitor.records import METRICS_FILE, per_step, read_metrics, surviving_history
+from agentscope_rft.runtime.best import metric_label, metric_names
 from agentscope_rft.runtime.components import CHECKPOINTS, STATE_FILE, checkpoint_dir, read_state
 from agentscope_rft.runtime.sweep import SweepError, read_sweep
 
@@ -56,20 +57,22 @@ def spread(values: Sequence[float]) -> dict[str, float | int | None]:
     return {"mean": statistics.fmean(finite), "std": std, "n": len(finite)}
 
 
-def seed_result(run_dir: Path, metric: str, mode: str) -> dict[str, Any]:
-    """One seed's curve of `metric`, its best point and its value at the last checkpoint.
+def seed_result(run_dir: Path, metric: str | Sequence[str], mode: str) -> dict[str, Any]:
+    """One seed's curve of `metric` (several: their mean), its best point and its value at the
+    last checkpoint.
 
     The best point is `best.json` when the run kept a best checkpoint, else the best validation
     record (and the model is the last checkpoint's). Phase `val` falls back to `eval` (older runs).
     """
-    phase, name = split_metric(metric)
+    split = [split_metric(m) for m in metric_names(metric)]
+    phase, names = split[0][0], [name for _, name in split]
     records = surviving_history(read_metrics(run_dir / METRICS_FILE))
     if phase == "val" and not any(r.phase == "val" for r in records):
         phase = "eval"
     curve = [
-        (r.step, float(r.metrics[name]))
+        (r.step, sum(float(r.metrics[name]) for name in names) / len(names))
         for r in per_step(records, phase)
-        if name in r.metrics and math.isfinite(r.metrics[name])
+        if all(name in r.metrics and math.isfinite(r.metrics[name]) for name in names)
     ]
     last_step = int(read_state(run_dir)["step"]) if (run_dir / STATE_FILE).is_file() else None
     last_model = checkpoint_dir(run_dir, last_step) / "model" if last_step is not None else None
@@ -113,7 +116,8 @@ def summarize(sweep_dir: Path, *, test: bool = False) -> dict[str, Any]:
     """
     data = read_sweep(sweep_dir)
     run = data["config"].get("run", {})
-    metric = run.get("best_metric") or DEFAULT_METRIC
+    criterion = run.get("best_metric") or DEFAULT_METRIC
+    metric = metric_label(criterion)
     mode = run.get("best_mode") or DEFAULT_MODE
     seeds: dict[str, dict[str, Any]] = {}
     for seed in data["seeds"]:
@@ -121,7 +125,7 @@ def summarize(sweep_dir: Path, *, test: bool = False) -> dict[str, Any]:
         status = data["status"].get(key, "pending")
         result: dict[str, Any] = {"status": status, "run": run_dir.name}
         if status == "done" and (run_dir / METRICS_FILE).is_file():
-            result.update(seed_result(run_dir, metric, mode))
+            result.update(seed_result(run_dir, criterion, mode))
             if test:
                 result["test"] = evaluate_best(run_dir, result["best_model"])
             elif (run_dir / "test-best" / "summary.json").is_file():

@@ -29,7 +29,7 @@ from agentscope_rft.engines.base import Engine, engine_metrics
 from agentscope_rft.engines.factory import build_engine
 from agentscope_rft.engines.threads import in_own_thread
 from agentscope_rft.explorer.diagnosis import RunDiagnosis
-from agentscope_rft.explorer.explorer import Explorer
+from agentscope_rft.explorer.explorer import Explorer, stratum_metrics
 from agentscope_rft.explorer.tasks import Task
 from agentscope_rft.gateway.server import Gateway
 from agentscope_rft.health.rollback import RollbackState
@@ -485,6 +485,8 @@ class TrainingRun:
         )
         self.rollout_log.write(step, phase, result)
         metrics = {k: v for k, v in result.metrics().items() if not k.startswith("trajectory/")}
+        if self.config.tasks.stratify_field:
+            metrics |= stratum_metrics(result.rollouts, self.config.tasks.stratify_field)
         metrics |= self.diagnosis.first(step, phase, result.rollouts)
         self.monitor.log(step, metrics, phase=phase)
         if phase == "val":

@@ -146,10 +146,16 @@ async def test_the_best_checkpoint_is_chosen_on_validation_only(
 
     val, test = tmp_path / "val.jsonl", tmp_path / "test.jsonl"
     val.write_text(
-        "".join(json.dumps({"id": f"v{i}", "prompt": f"Say it {i}"}) + "\n" for i in range(6))
+        "".join(
+            json.dumps({"id": f"v{i}", "prompt": f"Say it {i}", "kind": "ab"[i >= 4]}) + "\n"
+            for i in range(6)
+        )
     )
     test.write_text(
-        "".join(json.dumps({"id": f"x{i}", "prompt": f"Tell {i}"}) + "\n" for i in range(4))
+        "".join(
+            json.dumps({"id": f"x{i}", "prompt": f"Tell {i}", "kind": "ab"[i % 2]}) + "\n"
+            for i in range(4)
+        )
     )
     run_dir = tmp_path / "run"
     extra = [
@@ -159,6 +165,7 @@ async def test_the_best_checkpoint_is_chosen_on_validation_only(
         "run.checkpoint_every=1",
         f"tasks.val={val}",
         "tasks.val_limit=4",
+        "tasks.stratify_field=kind",
         f"tasks.test={test}",
         "run.best_metric=val/reward/mean",
     ]
@@ -175,9 +182,14 @@ async def test_the_best_checkpoint_is_chosen_on_validation_only(
     assert folders == ["best", "step-000003"]  # keep_checkpoints: 1 never deletes best
     rollouts = [json.loads(x) for x in (run_dir / "rollouts.jsonl").read_text().splitlines()]
     assert not any(r["task_id"].startswith("x") for r in rollouts)  # the test split: never
-    assert {r["task_id"] for r in rollouts if r["phase"] == "val"} == {"v0", "v1", "v3", "v4"}
+    # the slice keeps both kinds' shares (4 a, 2 b -> 3 a, 1 b), and each kind is a metric
+    assert {r["task_id"] for r in rollouts if r["phase"] == "val"} == {"v0", "v1", "v2", "v4"}
+    for record in per_step(records, "val"):
+        kinds = record.metrics["reward/by_kind/a"], record.metrics["reward/by_kind/b"]
+        assert record.metrics["reward/mean"] == pytest.approx((3 * kinds[0] + kinds[1]) / 4)
     # the best checkpoint is a model `explore` (and serve) can load
     config = load_config(run_dir / "config.yaml")
     config.model.name_or_path = str(resolve_checkpoint("best", run_dir))
     summary = await explore(config, tmp_path / "on-test", split="test", limit=2)
     assert summary["explore/rollouts"] == 2
+    assert {"reward/by_kind/a", "reward/by_kind/b"} <= set(summary)

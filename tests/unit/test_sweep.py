@@ -182,6 +182,26 @@ def test_summary_of_fixture_seeds(tmp_path):
     assert (sweep / SEEDS_PLOT).stat().st_size > 10_000
 
 
+def test_summary_by_the_mean_of_several_validation_metrics(tmp_path):
+    sweep = tmp_path / "sweep"
+    metric = "run.best_metric=[val/reward/by_type/a, val/reward/by_type/b]"
+    open_sweep(config(tmp_path, metric), sweep, [0])
+
+    def by_type(step: int, a: float, b: float, c: float) -> dict:
+        types = {"reward/by_type/a": a, "reward/by_type/b": b, "reward/by_type/c": c}
+        return {"step": step, "time": 1.0, "phase": "val", "reward/mean": c, **types}
+
+    # type c (not counted) peaks at step 2; the counted mean peaks at step 4
+    write_run(sweep / "seed-0", [by_type(2, 0.1, 0.1, 0.9), by_type(4, 0.5, 0.3, 0.1)], 4)
+    data = read_sweep(sweep)
+    data["status"] = {"0": "done"}
+    (sweep / "sweep.json").write_text(json.dumps(data))
+    summary = summarize(sweep)
+    assert summary["metric"] == "mean(val/reward/by_type/a, val/reward/by_type/b)"
+    assert summary["seeds"]["0"]["best"] == {"step": 4, "value": pytest.approx(0.4)}
+    assert summary["seeds"]["0"]["curve"] == [[2, pytest.approx(0.1)], [4, pytest.approx(0.4)]]
+
+
 def test_artefacts_export_refuses_what_it_would_damage(tmp_path):
     sweep = tmp_path / "sweep"
     open_sweep(config(tmp_path), sweep, [0])

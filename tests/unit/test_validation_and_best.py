@@ -86,3 +86,32 @@ def test_checkpoint_names_resolve_to_model_folders(tmp_path):
     assert resolve_checkpoint(step / "model") == step / "model"
     with pytest.raises(CheckpointNotFoundError, match="not a run folder"):
         resolve_checkpoint(tmp_path / "nothing")
+
+
+def test_the_best_checkpoint_by_the_mean_of_several_metrics(tmp_path, caplog):
+    counted = ["val/reward/by_type/single_hop", "val/reward/by_type/two_hop"]
+    best = BestCheckpoint(tmp_path, counted, "max")
+    by_type = {"reward/by_type/single_hop": 0.4, "reward/by_type/two_hop": 0.2}
+    # a trivial stratum that rises does not move the criterion
+    assert best.consider(0, {**by_type, "reward/by_type/comparison": 0.1}, export_to)
+    assert not best.consider(2, {**by_type, "reward/by_type/comparison": 0.9}, export_to)
+    assert best.consider(
+        4, {"reward/by_type/single_hop": 0.6, "reward/by_type/two_hop": 0.1}, export_to
+    )
+    record = read_best(tmp_path)
+    assert record is not None and record["step"] == 4
+    assert record["value"] == pytest.approx(0.35)
+    assert record["metric"] == f"mean({', '.join(counted)})"
+    # one of them missing: no best, and the log names it
+    assert not best.consider(6, {"reward/by_type/single_hop": 1.0}, export_to)
+    assert "did not log reward/by_type/two_hop" in caplog.text
+
+
+@pytest.mark.parametrize("metric", [[], ["val/reward/mean", "reward/mean"], "loss"])
+def test_best_metric_must_name_validation_metrics(metric):
+    from agentscope_rft.config import RunConfig
+
+    fine = {"workflow": "app.py:run", "tasks": {"train": "t.jsonl"}}
+    RunConfig.model_validate({**fine, "run": {"best_metric": ["val/a", "val/b"]}})
+    with pytest.raises(ValueError, match="must be a validation metric"):
+        RunConfig.model_validate({**fine, "run": {"best_metric": metric}})

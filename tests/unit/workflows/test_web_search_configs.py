@@ -39,7 +39,12 @@ def test_cpu_config_trains_mixed_validates_on_val_and_never_reads_test() -> None
     assert config.tasks.shuffle is True
     assert config.tasks.stratify_field == "type" and config.tasks.val_limit is not None
     assert all("type" in row for row in rows["val"])
-    assert config.run.best_metric.startswith("val/")
+    # the checkpoint is chosen on the validation rewards of the counted types alone
+    assert config.run.best_metric == [
+        "val/reward/by_type/single_hop",
+        "val/reward/by_type/two_hop",
+    ]
+    assert {"single_hop", "two_hop"} <= {row["type"] for row in rows["val"]}
     assert config.tasks.eval_limit is None  # the test split is only for `explore --split test`
 
 
