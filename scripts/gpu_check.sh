@@ -10,7 +10,8 @@
 #   bash scripts/gpu_check.sh --dry-run  # on CPU: everything but CUDA (the tests collect and skip,
 #                                        # the same training path on a tiny model, ~1 min)
 #
-# PYTHON picks the interpreter (default .venv/bin/python).
+# PYTHON picks the interpreter (default .venv/bin/python). On a GPU machine without a package
+# index, `bash scripts/gpu_bundle.sh` packs what it needs (see there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-.venv/bin/python}
