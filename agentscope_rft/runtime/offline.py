@@ -25,10 +25,16 @@ def offline_batches(config: RunConfig, start: int = 0) -> Iterator[list[Sample]]
         >>> batch = next(offline_batches(config))  # doctest: +SKIP
     """
     from agentscope_rft.buffer.offline import load_dpo_samples, load_sft_samples
+    from agentscope_rft.engines.factory import read_chat_template
     from agentscope_rft.review.training import load_review_samples, review_use
 
     assert config.offline.path is not None
-    renderer = ChatRenderer(load_tokenizer(resolve_model(config.model.name_or_path)))
+    # The engine's template (`model.chat_template`), so demonstrations are trained in the token
+    # layout the policy is later sampled in.
+    renderer = ChatRenderer(
+        load_tokenizer(resolve_model(config.model.name_or_path)),
+        read_chat_template(config.model.chat_template),
+    )
     if config.offline.format == "review":
         exploring = config.run.mode in EXPLORING_MODES
         use = review_use(config.algorithm.objective, exploring)
