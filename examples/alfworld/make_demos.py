@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -29,32 +28,8 @@ sys.path.insert(0, str(ROOT))
 
 from rich.progress import Progress  # noqa: E402
 
-from agentscope_rft.explorer.explorer import EpisodeSettings, Explorer  # noqa: E402
+from agentscope_rft import demos  # noqa: E402
 from agentscope_rft.explorer.tasks import load_tasks  # noqa: E402
-from agentscope_rft.gateway.server import Gateway  # noqa: E402
-
-
-def conversations(requests: list[Any], reply: Any) -> list[list[dict[str, Any]]]:
-    """The distinct conversations of one episode's calls, each ending with the player's reply.
-
-    Full history: every call extends the one before, so the episode is one conversation (its last
-    call plus the reply). A sliding window starts a fresh prompt each turn: each call is its own.
-    """
-    out: list[list[dict[str, Any]]] = []
-    for i, request in enumerate(requests):
-        messages = [
-            *request.messages,
-            {"role": "assistant", "content": reply(request.messages, request.tools)},
-        ]
-        following = requests[i + 1].messages if i + 1 < len(requests) else None
-        if (
-            following is not None
-            and len(following) > len(request.messages)
-            and following[: len(request.messages)] == request.messages
-        ):
-            continue  # the next call carries this turn
-        out.append(messages)
-    return out
 
 
 async def play(
@@ -65,45 +40,18 @@ async def play(
     before_each: Any = None,
 ) -> tuple[list[Any], dict[str, list[Any]]]:
     """Play `tasks` through the app's `workflow_name` with `reply` as the model (real gateway and
-    game engine); returns the rollouts and each rollout's recorded calls, in call order.
-
-    `before_each(task)` runs before each game (then the games run one at a time)."""
-    from agentscope_rft.api import load_workflow
-    from agentscope_rft.testing import ScriptedEngine
-
-    workflow = load_workflow(f"{ROOT}/examples/alfworld/app.py:{workflow_name}")
-    engine = ScriptedEngine(reply)
-    await engine.start()
-    greedy = {"": {"temperature": 0.0, "max_tokens": 16}}
-    try:
-        async with Gateway(engine, sampling_overrides=greedy) as gateway:
-            settings = EpisodeSettings(
-                max_concurrency=concurrency, max_retries=0, episode_timeout=3600
-            )
-            explorer = Explorer(workflow, gateway, settings)
-            with Progress() as progress:
-                bar = progress.add_task(f"{workflow_name}: playing games", total=len(tasks))
-
-                async def one(task: Any) -> Any:
-                    rollout = await explorer.run_episode(task)
-                    progress.advance(bar)
-                    return rollout
-
-                if before_each is None:
-                    rollouts = await asyncio.gather(*(one(t) for t in tasks))
-                else:
-                    rollouts = []
-                    for task in tasks:
-                        before_each(task)
-                        rollouts.append(await one(task))
-            await explorer.close()
-    finally:
-        await engine.close()
-    calls: dict[str, list[Any]] = {}
-    for request in engine.requests:  # in call order
-        if request.rollout_id is not None:
-            calls.setdefault(request.rollout_id, []).append(request)
-    return rollouts, calls
+    game engine), with a progress bar; `agentscope_rft.demos.play`."""
+    with Progress() as progress:
+        bar = progress.add_task(f"{workflow_name}: playing games", total=len(tasks))
+        return await demos.play(
+            f"{ROOT}/examples/alfworld/app.py:{workflow_name}",
+            tasks,
+            reply,
+            concurrency=concurrency,
+            max_tokens=16,
+            before_each=before_each,
+            progress=lambda done, total: progress.update(bar, completed=done),
+        )
 
 
 async def make_demos(args: argparse.Namespace) -> dict[str, Any]:
@@ -137,18 +85,7 @@ async def make_demos(args: argparse.Namespace) -> dict[str, Any]:
         rollouts, calls = await play(args.replay_in, won_tasks, replay, 1, before_each)
         reply = _Replayed(calls, rollouts, commands)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    written = 0
-    tmp = out.with_name(out.name + ".tmp")
-    with tmp.open("w") as f:
-        for rollout in rollouts:
-            if not rollout.success:
-                continue
-            for messages in conversations(calls.get(rollout.rollout_id, []), reply):
-                record = {"id": rollout.task_id, "messages": messages}
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
-                written += 1
-    os.replace(tmp, out)
+    written = demos.write_demos(rollouts, calls, reply, out)
     won = sum(r.success for r in rollouts)
     return {
         "games": len(tasks),

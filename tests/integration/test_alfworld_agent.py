@@ -266,17 +266,19 @@ async def test_demonstrations_train_exactly_the_tokens_the_agent_produces(
     # same tokens trained: the warm start teaches the commands in the app's own prompts.
     from agentscope_rft.buffer.offline import load_sft_samples
     from agentscope_rft.chat.template import ChatRenderer
+    from agentscope_rft.demos import conversations as demo_conversations
 
     # (without the worked game: SFT trains every assistant turn, the worked game's included)
     settings = AlfworldAgentSettings(max_steps=12, context=context, window=12, demo=False)
     [rollout], engine = await _explore(make_workflow(settings), TASKS[:1], concurrent=False)
     assert rollout.success or context == "window"  # (the searcher plays full history only)
     requests = [r for r in engine.requests if r.rollout_id == rollout.rollout_id]
-    conversations = _make_demos_module().conversations(requests, searcher_reply)
+    conversations = demo_conversations(requests, searcher_reply)
     recorded, _ = build_samples(rollout)
     assert len(conversations) == len(recorded) == (1 if context == "full" else len(requests))
+    assert all(tools is None for _, tools in conversations)  # the game offers no tools
     path = tmp_path / "demos.jsonl"
-    path.write_text("".join(json.dumps({"messages": m}) + "\n" for m in conversations))
+    path.write_text("".join(json.dumps({"messages": m}) + "\n" for m, _ in conversations))
     demos = load_sft_samples(path, ChatRenderer(engine.tokenizer))
     for demo, sample in zip(demos, recorded, strict=True):
         n = len(sample.token_ids)
