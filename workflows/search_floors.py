@@ -52,7 +52,7 @@ def entity_names(task: Mapping[str, Any]) -> list[str]:
     return [str(title) for title in task["supporting_titles"][:named]]
 
 
-def _lead_facts(search_output: str, title: str) -> dict[str, str] | None:
+def lead_facts(search_output: str, title: str) -> dict[str, str] | None:
     """The fact box lines of `title`'s hit in search results (a cut last line dropped)."""
     blocks = search_output.split("\n[")
     for block in blocks:
@@ -81,7 +81,7 @@ class _Budget:
             return None
         self.left -= 1
         found = await self.tools.search(title)
-        facts = _lead_facts(found, title)
+        facts = lead_facts(found, title)
         if facts is not None and label in facts:
             return facts[label]
         hit = next((doc_id for name, doc_id in parse_hits(found) if name == title), None)

@@ -1,0 +1,97 @@
+"""A scripted search agent for demonstrations: it reads the task's `program` (the generator's
+solution) and plays it as tool calls through the agent's own conversation.
+
+Given the conversation so far, `oracle_reply(tasks)` answers as the model would: the next
+`search` call of the question's chain (one entity per call, the name copied from the question or
+read from the last result's fact box), or `<answer>...</answer>` once the asked fact is read. It
+reads only what the agent saw (the tool results in the messages), so an episode it wins is one
+the policy could have played under the same settings.
+
+Example:
+    >>> reply = oracle_reply([{"question": "In what year was Ada Voss born?", "answer": "1749",
+    ...                        "program": ["start:Ada Voss", "get:born"]}])
+    >>> print(reply([{"role": "user", "content": "In what year was Ada Voss born?"}]))
+    <tool_call>
+    {"name": "search", "arguments": {"query": "Ada Voss"}}
+    </tool_call>
+    >>> reply([{"role": "user", "content": "In what year was Ada Voss born?"},
+    ...        {"role": "assistant", "content": None},
+    ...        {"role": "tool", "content": "[1] Ada Voss (id: d1)\\nType: person\\nBorn: 1749"}])
+    '<answer>1749</answer>'
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from environments.search.pages import LABELS
+from workflows.search_floors import lead_facts
+
+GIVE_UP = "<answer>unknown</answer>"
+"""The reply when the chain cannot go on (a fact not in the result): the episode is lost."""
+
+
+def _text(message: Mapping[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list):  # OpenAI content blocks
+        return "".join(str(block.get("text", "")) for block in content if isinstance(block, dict))
+    return "" if content is None else str(content)
+
+
+def search_call(query: str) -> str:
+    """A `search` tool call as the model writes it (Hermes `<tool_call>` block)."""
+    call = {"name": "search", "arguments": {"query": query}}
+    return f"<tool_call>\n{json.dumps(call, ensure_ascii=False)}\n</tool_call>"
+
+
+def next_action(task: Mapping[str, Any], results: Sequence[str]) -> str:
+    """The scripted reply after `results` (the episode's tool results so far, in order)."""
+    program = [str(step).split(":", 1) for step in task["program"]]
+    if program[0][0] == "compare":
+        names = [value for op, value in program if op == "compare"]
+        key = next(value for op, value in program if op == "get")
+        pick = next(value for op, value in program if op == "pick")
+        values = []
+        for k, name in enumerate(names):
+            if k >= len(results):
+                return search_call(name)
+            facts = lead_facts(results[k], name)
+            if facts is None or LABELS[key] not in facts:
+                return GIVE_UP
+            values.append((int(facts[LABELS[key]]), name))
+        return f"<answer>{(min if pick == 'min' else max)(values)[1]}</answer>"
+    title = program[0][1]
+    for j, (op, key) in enumerate(program[1:]):
+        if j >= len(results):
+            return search_call(title)
+        facts = lead_facts(results[j], title)
+        if facts is None or LABELS[key] not in facts:
+            return GIVE_UP
+        if op == "get":
+            return f"<answer>{facts[LABELS[key]]}</answer>"
+        title = facts[LABELS[key]]
+    return GIVE_UP
+
+
+def oracle_reply(
+    tasks: Iterable[Mapping[str, Any]],
+) -> Callable[[list[dict[str, Any]], Any], str]:
+    """A scripted model for the search agent: the episode's question (the last user turn that is
+    one of `tasks`' questions, after any worked examples in memory) is looked up, and its program
+    played."""
+    by_question = {str(task["question"]).strip(): task for task in tasks}
+
+    def reply(messages: list[dict[str, Any]], tools: Any = None) -> str:
+        users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+        start = next(
+            (i for i in reversed(users) if _text(messages[i]).strip() in by_question), None
+        )
+        if start is None:
+            return GIVE_UP
+        task = by_question[_text(messages[start]).strip()]
+        results = [_text(m) for m in messages[start + 1 :] if m.get("role") == "tool"]
+        return next_action(task, results)
+
+    return reply
