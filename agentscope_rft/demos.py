@@ -79,7 +79,7 @@ async def play(
     """
     from agentscope_rft.testing import ScriptedEngine
 
-    app = load_workflow(workflow) if isinstance(workflow, str) else workflow
+    app = load_workflow(workflow)
     engine = ScriptedEngine(reply)
     await engine.start()
     greedy: dict[str, dict[str, Any]] = {"": {"temperature": 0.0}}
