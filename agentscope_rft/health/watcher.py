@@ -50,6 +50,11 @@ class HealthWatcher:
         config: The `health:` section.
         run_dir: Where `health.jsonl` is appended.
         history: Training steps already logged (a resumed run passes what survived).
+        policy_from: The first step of the RL objective (`offline.warmup_steps`; an offline run
+            has none): the rules that
+            judge the policy (every rule but `non_finite`, custom ones included) see only the
+            steps from it on. SFT on demonstrations lowers the entropy by design; a warm start
+            must not be taken for a collapse, nor set the entropy baseline.
 
     Example:
         >>> watcher = HealthWatcher(HealthConfig(), Path("runs/demo"))  # doctest: +SKIP
@@ -61,8 +66,10 @@ class HealthWatcher:
         config: HealthConfig,
         run_dir: Path,
         history: Sequence[StepMetrics] = (),
+        policy_from: int = 0,
     ) -> None:
         self.config = config
+        self.policy_from = policy_from
         self.path = run_dir / HEALTH_FILE
         self.rules: list[tuple[str, str, Callable[[Sequence[StepMetrics]], Any]]] = []
         # The acting rules again without patience: a streak marks its steps unhealthy from its
@@ -117,8 +124,11 @@ class HealthWatcher:
         return events
 
     def _run_rule(self, name: str, rule: Callable[[Sequence[StepMetrics]], Any]) -> Finding | None:
+        history = self.history
+        if name != "non_finite":  # (a NaN is a NaN in any objective)
+            history = [h for h in history if h.step >= self.policy_from]
         try:
-            finding = rule(self.history)
+            finding = rule(history)
         except Exception as exc:  # a user's rule must not end the run it watches
             logger.warning("health rule %s raised %s: %s (ignored)", name, type(exc).__name__, exc)
             return None

@@ -218,7 +218,11 @@ class TrainingRun:
             resume=self.resume,
         )
         self.health = HealthWatcher(
-            config.health, run_dir, history_from_metrics(run_dir) if self.resume else ()
+            config.health,
+            run_dir,
+            history_from_metrics(run_dir) if self.resume else (),
+            # the RL steps: after a warm start; none in an offline (SFT or DPO) run
+            policy_from=config.run.steps if self.mode == "offline" else config.offline.warmup_steps,
         )
         self.best = BestCheckpoint(run_dir, config.run.best_metric, config.run.best_mode)
         if config.health.rolls_back():

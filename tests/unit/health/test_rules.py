@@ -133,6 +133,28 @@ def test_watcher_fires_once_per_streak_and_marks_suspect_steps(tmp_path):
     assert [h.step for h in watcher.history] == [0]
 
 
+def test_a_warm_start_is_not_a_collapse_but_a_nan_in_it_is_caught(tmp_path):
+    # Steps 0-3 are SFT on demonstrations (offline.warmup_steps: 4): entropy falls by design.
+    config = HealthConfig.model_validate(
+        {"rules": {"entropy_collapse": {"patience": 1, "action": "rollback"}}}
+    )
+    watcher = HealthWatcher(config, tmp_path, policy_from=4)
+    for step, entropy in enumerate([1.5, 0.6, 0.1, 0.05]):
+        assert watcher.observe(step, {"entropy/mean": entropy}) == []
+    # the RL steps' own start is the baseline: 0.05 -> 0.04 is no collapse, 0.005 is
+    assert watcher.observe(4, {"entropy/mean": 0.05}) == []
+    assert watcher.observe(5, {"entropy/mean": 0.04}) == []
+    [event] = watcher.observe(6, {"entropy/mean": 0.005})
+    assert (event.rule, event.onset) == ("entropy_collapse", 6)
+    # without the warm start marked, the SFT steps read as a collapse
+    unmarked = HealthWatcher(config, tmp_path / "unmarked")
+    events = [unmarked.observe(s, {"entropy/mean": e}) for s, e in enumerate([1.5, 0.6, 0.1])]
+    assert [e.rule for e in events[-1]] == ["entropy_collapse"]
+    # a NaN during the warm start still stops the run
+    [nan] = HealthWatcher(config, tmp_path / "nan", policy_from=4).observe(1, {"loss": math.nan})
+    assert (nan.rule, nan.action) == ("non_finite", "stop")
+
+
 def test_health_metrics_and_the_strongest_action(tmp_path):
     config = HealthConfig.model_validate(
         {
