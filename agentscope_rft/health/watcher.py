@@ -51,10 +51,9 @@ class HealthWatcher:
         run_dir: Where `health.jsonl` is appended.
         history: Training steps already logged (a resumed run passes what survived).
         policy_from: The first step of the RL objective (`offline.warmup_steps`; an offline run
-            has none): the rules that
-            judge the policy (every rule but `non_finite`, custom ones included) see only the
-            steps from it on. SFT on demonstrations lowers the entropy by design; a warm start
-            must not be taken for a collapse, nor set the entropy baseline.
+            has none): the rules that judge the policy (every rule but `non_finite`, custom ones
+            included) see only the steps from it on. SFT on demonstrations lowers the entropy by
+            design; a warm start must not be taken for a collapse, nor set the entropy baseline.
 
     Example:
         >>> watcher = HealthWatcher(HealthConfig(), Path("runs/demo"))  # doctest: +SKIP

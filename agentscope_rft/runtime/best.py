@@ -43,11 +43,11 @@ class BestCheckpoint:
         self.names = [m.removeprefix("val/") for m in metric_names(metric)]
         self.mode = mode
         self.record = read_best(run_dir)
-        if self.record is not None and self.record.get("metric") != metric:
+        if self.record is not None and self.record.get("metric") != self.metric:
             logger.warning(
                 "best.json was chosen by %s, this run chooses by %s: starting the best anew",
                 self.record.get("metric"),
-                metric,
+                self.metric,
             )
             self.record = None
 
@@ -74,8 +74,9 @@ class BestCheckpoint:
                 ", ".join(sorted(metrics)[:24]),
             )
             return False
-        value = sum(float(metrics[name]) for name in self.names) / len(self.names)
-        if not self.better(float(value)):
+        value = criterion_value(metrics, self.names)
+        assert value is not None  # (every name was logged)
+        if not self.better(value):
             return False
         folder = self.run_dir / "checkpoints" / BEST_DIR
         staging = folder.with_name(BEST_DIR + ".tmp")
@@ -99,6 +100,14 @@ class BestCheckpoint:
 def metric_names(metric: str | Sequence[str]) -> list[str]:
     """The metrics `run.best_metric` names: one, or several whose mean is the criterion."""
     return [metric] if isinstance(metric, str) else list(metric)
+
+
+def criterion_value(metrics: Mapping[str, float], names: Sequence[str]) -> float | None:
+    """The mean of `metrics[name]` over `names` (the criterion's value), or None when one is
+    missing."""
+    if any(name not in metrics for name in names):
+        return None
+    return sum(float(metrics[name]) for name in names) / len(names)
 
 
 def metric_label(metric: str | Sequence[str]) -> str:

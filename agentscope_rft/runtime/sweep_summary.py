@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agentscope_rft.monitor.records import METRICS_FILE, per_step, read_metrics, surviving_history
-from agentscope_rft.runtime.best import metric_label, metric_names
+from agentscope_rft.runtime.best import criterion_value, metric_label, metric_names
 from agentscope_rft.runtime.components import CHECKPOINTS, STATE_FILE, checkpoint_dir, read_state
 from agentscope_rft.runtime.sweep import SweepError, read_sweep
 
@@ -69,11 +69,8 @@ def seed_result(run_dir: Path, metric: str | Sequence[str], mode: str) -> dict[s
     records = surviving_history(read_metrics(run_dir / METRICS_FILE))
     if phase == "val" and not any(r.phase == "val" for r in records):
         phase = "eval"
-    curve = [
-        (r.step, sum(float(r.metrics[name]) for name in names) / len(names))
-        for r in per_step(records, phase)
-        if all(name in r.metrics and math.isfinite(r.metrics[name]) for name in names)
-    ]
+    values = [(r.step, criterion_value(r.metrics, names)) for r in per_step(records, phase)]
+    curve = [(step, v) for step, v in values if v is not None and math.isfinite(v)]
     last_step = int(read_state(run_dir)["step"]) if (run_dir / STATE_FILE).is_file() else None
     last_model = checkpoint_dir(run_dir, last_step) / "model" if last_step is not None else None
     best_file = run_dir / BEST_FILE

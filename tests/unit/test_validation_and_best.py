@@ -105,6 +105,10 @@ def test_the_best_checkpoint_by_the_mean_of_several_metrics(tmp_path, caplog):
     # one of them missing: no best, and the log names it
     assert not best.consider(6, {"reward/by_type/single_hop": 1.0}, export_to)
     assert "did not log reward/by_type/two_hop" in caplog.text
+    # a resumed run with the same criterion keeps the best it had
+    resumed = BestCheckpoint(tmp_path, counted, "max")
+    assert resumed.record == record
+    assert not resumed.consider(8, {**by_type, "reward/by_type/two_hop": 0.25}, export_to)
 
 
 @pytest.mark.parametrize("metric", [[], ["val/reward/mean", "reward/mean"], "loss"])
