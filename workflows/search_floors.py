@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 import statistics
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
 from environments.search import SearchTools
@@ -94,6 +94,41 @@ class _Budget:
         return values.get(label)
 
 
+def solve_program(task: Mapping[str, Any]) -> Generator[tuple[str, str], str | None, str | None]:
+    """Walks the task's `program`: yields each `(page title, fact label)` it must read, is sent
+    the value read (None: it could not be read), and returns the answer (None: no answer).
+
+    Example:
+        >>> walk = solve_program({"program": ["start:Ada Voss", "follow:birthplace",
+        ...                                   "get:founded"]})
+        >>> next(walk), walk.send("Mikist")
+        (('Ada Voss', 'Birthplace'), ('Mikist', 'Founded'))
+        >>> try:
+        ...     walk.send("1458")
+        ... except StopIteration as done:
+        ...     print(done.value)
+        1458
+    """
+    program = [str(step).split(":", 1) for step in task["program"]]
+    if program[0][0] == "compare":
+        key = next(value for op, value in program if op == "get")
+        pick = next(value for op, value in program if op == "pick")
+        values = []
+        for name in (value for op, value in program if op == "compare"):
+            value = yield name, LABELS[key]
+            if value is None:
+                return None
+            values.append((int(value), name))
+        return (min if pick == "min" else max)(values)[1]
+    title = program[0][1]
+    for op, key in program[1:]:
+        value = yield title, LABELS[key]
+        if value is None or op == "get":
+            return value
+        title = value
+    return None
+
+
 async def shipped_oracle(task: Mapping[str, Any], settings: SearchAgentSettings) -> str:
     """Runs the task's `program` through the agent's tools under `settings` (`""`: it could not).
 
@@ -102,24 +137,13 @@ async def shipped_oracle(task: Mapping[str, Any], settings: SearchAgentSettings)
         '1749'
     """
     budget = _Budget(settings)
-    program = [str(step).split(":", 1) for step in task["program"]]
-    if program[0][0] == "compare":
-        key = next(value for op, value in program if op == "get")
-        pick = next(value for op, value in program if op == "pick")
-        values = []
-        for name in (value for op, value in program if op == "compare"):
-            value = await budget.read(name, LABELS[key])
-            if value is None:
-                return ""
-            values.append((int(value), name))
-        return (min if pick == "min" else max)(values)[1]
-    title = program[0][1]
-    for op, key in program[1:]:
-        value = await budget.read(title, LABELS[key])
-        if value is None or op == "get":
-            return value or ""
-        title = value
-    return ""
+    walk = solve_program(task)
+    try:
+        title, label = next(walk)
+        while True:
+            title, label = walk.send(await budget.read(title, label))
+    except StopIteration as done:
+        return done.value or ""
 
 
 def _f1(answer: str, golds: Sequence[str]) -> float:

@@ -26,8 +26,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from environments.search.pages import LABELS
-from workflows.search_floors import lead_facts
+from workflows.search_floors import lead_facts, solve_program
 
 GIVE_UP = "<answer>unknown</answer>"
 """The reply when the chain cannot go on (a fact not in the result): the episode is lost."""
@@ -47,32 +46,17 @@ def search_call(query: str) -> str:
 
 
 def next_action(task: Mapping[str, Any], results: Sequence[str]) -> str:
-    """The scripted reply after `results` (the episode's tool results so far, in order)."""
-    program = [str(step).split(":", 1) for step in task["program"]]
-    if program[0][0] == "compare":
-        names = [value for op, value in program if op == "compare"]
-        key = next(value for op, value in program if op == "get")
-        pick = next(value for op, value in program if op == "pick")
-        values = []
-        for k, name in enumerate(names):
-            if k >= len(results):
-                return search_call(name)
-            facts = lead_facts(results[k], name)
-            if facts is None or LABELS[key] not in facts:
-                return GIVE_UP
-            values.append((int(facts[LABELS[key]]), name))
-        return f"<answer>{(min if pick == 'min' else max)(values)[1]}</answer>"
-    title = program[0][1]
-    for j, (op, key) in enumerate(program[1:]):
-        if j >= len(results):
-            return search_call(title)
-        facts = lead_facts(results[j], title)
-        if facts is None or LABELS[key] not in facts:
-            return GIVE_UP
-        if op == "get":
-            return f"<answer>{facts[LABELS[key]]}</answer>"
-        title = facts[LABELS[key]]
-    return GIVE_UP
+    """The scripted reply after `results` (the episode's tool results so far, in order): the
+    program's next read as a search, or its answer once every read is done."""
+    walk = solve_program(task)
+    try:
+        title, label = next(walk)
+        for result in results:
+            facts = lead_facts(result, title)
+            title, label = walk.send(None if facts is None else facts.get(label))
+    except StopIteration as done:
+        return GIVE_UP if done.value is None else f"<answer>{done.value}</answer>"
+    return search_call(title)
 
 
 def oracle_reply(
