@@ -123,6 +123,8 @@ def batch_advantages(
     if not algorithm.is_rl():
         return advantages, None
     rl = (batch.sample_kinds == 0).nonzero().squeeze(-1)
+    if rl.numel() == 0:  # sft_rl_mix with every RL group dropped as equal: an SFT-only step
+        return advantages, None
     token_rewards = batch.token_rewards[rl]
     if algorithm.kl is not None and algorithm.kl.apply_to == "reward" and ref is not None:
         kl = kl_estimate(old[rl], ref[rl], algorithm.kl.estimator)

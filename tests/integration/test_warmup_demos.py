@@ -86,6 +86,37 @@ async def test_sft_rl_mix_trains_demonstrations_beside_every_rl_batch(tiny_model
         assert "sft/loss" in row and "reward/mean" in row
 
 
+async def test_sft_rl_mix_trains_the_demonstrations_when_every_group_is_equal(
+    tiny_model_path, tmp_path
+):
+    # An SFT-only control (mu 1.0) whose explored groups all score the same: the step drops
+    # every RL group and trains its demonstrations (it once failed on an empty RL batch).
+    tasks = tmp_path / "solved.jsonl"
+    tasks.write_text(
+        "".join(
+            json.dumps({"id": f"s{i}", "prompt": "Hi", "kind": "solved"}) + "\n" for i in range(4)
+        )
+    )
+    cfg = config(
+        tiny_model_path,
+        tmp_path,
+        "workflow=tests/integration/toy_app.py:by_kind",
+        f"tasks.train={tasks}",
+        "algorithm.objective=sft_rl_mix",
+        "algorithm.sft_mix.mu_peak=1.0",
+        "algorithm.sft_mix.mu_valley=1.0",
+        "run.steps=2",
+    )
+    last = await train(cfg, tmp_path / "run")
+    assert last["policy_version"] == 2.0  # both steps updated the weights
+    steps = [r for r in rows(tmp_path / "run", "metrics.jsonl") if "train/samples" in r]
+    assert len(steps) == 2
+    for row in steps:  # both groups equal and dropped; the 2 demonstrations train
+        assert row["train/zero_variance_groups"] == 2.0 and row["reward/mean"] == 1.0
+        assert row["train/samples"] == 2.0 and "train/skipped" not in row
+        assert torch.isfinite(torch.tensor([row["sft/loss"], row["loss"]])).all()
+
+
 @pytest.mark.parametrize(
     ("extra", "error", "match"),
     [

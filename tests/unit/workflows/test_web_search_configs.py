@@ -72,3 +72,31 @@ def test_gpu_recipe_validates_with_search_r1_settings(monkeypatch: pytest.Monkey
     # The tasks are Search-R1's parquet files, not the generated ones: preflight names them.
     assert config.tasks.train is not None and config.tasks.train.endswith(".parquet")
     assert not Path(config.tasks.train).exists()
+
+
+def test_the_warm_start_reads_training_questions_only_and_ends_at_a_validation() -> None:
+    config = load_config(EXAMPLE / "config.yaml")
+    assert config.offline.path is not None and 0 < config.offline.warmup_steps < config.run.steps
+    demos = [json.loads(line) for line in Path(config.offline.path).read_text().splitlines()]
+    train_ids = {task["id"] for task in load_tasks("train")}
+    assert {demo["id"] for demo in demos} <= train_ids  # no validation or test question
+    assert config.offline.warmup_steps * config.offline.batch_size <= len(demos)
+    # The validation after the warm-up shows what SFT alone reached, before any RL step.
+    assert config.offline.warmup_steps % config.run.eval_every == 0
+
+
+def test_the_sft_control_differs_from_the_rl_arm_only_in_the_rl_weight() -> None:
+    rl = load_config(EXAMPLE / "config.yaml").model_dump(mode="json")
+    control = load_config(EXAMPLE / "config_sft_control.yaml").model_dump(mode="json")
+    assert (rl["algorithm"].pop("objective"), control["algorithm"].pop("objective")) == (
+        "rl",
+        "sft_rl_mix",
+    )
+    mix = control["algorithm"].pop("sft_mix")  # loss = 0 x RL + 1 x the warm-up's plain SFT
+    assert (mix["mu_peak"], mix["mu_valley"], mix["phi_weighting"]) == (1.0, 1.0, False)
+    rl["algorithm"].pop("sft_mix")  # unused by objective rl
+    assert (rl["run"].pop("name"), control["run"].pop("name")) == (
+        "web_search",
+        "web_search_sft_control",
+    )
+    assert rl == control  # the same tasks, demonstrations, steps, schedule and validation
