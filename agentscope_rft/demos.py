@@ -67,6 +67,7 @@ async def play(
     *,
     concurrency: int = 4,
     max_tokens: int | None = None,
+    runtime_state: str = "keep",
     before_each: Callable[[Task], None] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[list[Rollout], dict[str, list[Any]]]:
@@ -74,8 +75,9 @@ async def play(
     returns the rollouts and each rollout's recorded calls, in call order.
 
     `max_tokens` caps every reply as the gateway caps the policy's (a longer reply is cut there,
-    as the policy's would be); `before_each(task)` runs before each episode (the episodes then run
-    one at a time); `progress(done, total)` after each.
+    as the policy's would be); `runtime_state` is the run's `gateway.runtime_state` (the
+    demonstrations then show the prompts the policy will see); `before_each(task)` runs before
+    each episode (the episodes then run one at a time); `progress(done, total)` after each.
     """
     from agentscope_rft.testing import ScriptedEngine
 
@@ -87,7 +89,9 @@ async def play(
         greedy[""]["max_tokens"] = max_tokens
     done = 0
     try:
-        async with Gateway(engine, sampling_overrides=greedy) as gateway:
+        async with Gateway(
+            engine, sampling_overrides=greedy, runtime_state=runtime_state
+        ) as gateway:
             settings = EpisodeSettings(
                 max_concurrency=concurrency, max_retries=0, episode_timeout=3600
             )
@@ -152,6 +156,7 @@ async def record_demos(
     *,
     concurrency: int = 4,
     max_tokens: int | None = None,
+    runtime_state: str = "keep",
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Play `tasks` with the script and write its won episodes to `out`; returns a summary."""
@@ -162,6 +167,7 @@ async def record_demos(
         reply,
         concurrency=concurrency,
         max_tokens=max_tokens,
+        runtime_state=runtime_state,
         progress=progress,
     )
     written = write_demos(rollouts, calls, reply, out)
