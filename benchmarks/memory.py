@@ -1,6 +1,6 @@
 """Where the quickstart's memory goes: peak RSS per component, each in its own process.
 
-    python benchmarks/memory.py [--parts imports,engine,trainer,logprobs,seq]
+    python benchmarks/memory.py [--parts imports,engine,trainer,logprobs,seq,quickstart]
         [--seq-lengths 1024,2048,4096,8192] [--json out.json]
 
 Every part runs in a fresh child process (so its peak RSS, `ru_maxrss`, is its own) on
@@ -16,6 +16,10 @@ SmolLM2-135M-Instruct on CPU, trainer dtype `auto` (the quickstart's setting):
   `sdpa`, which copies K/V per query head under a padding mask), with chunked log-probs, after
   (chunked + grouped-head attention), and after with `--budget` as `memory_budget_gib`.
 - `logprobs`: the log-prob + entropy pass alone over 1,500 trained tokens, dense vs chunked.
+- `quickstart`: README command 1's training run cut to `--steps` steps (no validation) under
+  `/usr/bin/time -v`, the engine with its own copy of the weights and sharing the trainer's
+  (`engine.share_trainer_weights`), one after the other; `--budget` sets `memory_budget_gib` in
+  both. Peak RSS of the whole run, wall time, and each step's reward (the same rollouts expected).
 - `seq`: one sample of N tokens (all trained; beside a 64-token one): the step's peak RSS above
   the fixed memory, for each N (linear growth = no quadratic attention buffer). With `--device
   cuda`, the trainer runs on the GPU (bf16) and the figures are torch's allocated GPU memory.
@@ -247,6 +251,34 @@ CHILDREN = {
 }
 
 
+def quickstart_run(steps: int, budget: float | None, share: bool) -> dict:
+    """README command 1's run, `steps` steps, under `/usr/bin/time -v`: peak RSS and wall."""
+    import re
+    import tempfile
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with tempfile.TemporaryDirectory(prefix="memory-quickstart-") as run_dir:
+        argv = ["/usr/bin/time", "-v", sys.executable, "-m", "agentscope_rft.cli", "train"]
+        argv += ["--config", os.path.join(root, "examples/quickstart/config.yaml")]
+        sets = [f"run.steps={steps}", "run.eval_every=0", f"run.dir={run_dir}"]
+        sets.append(f"engine.share_trainer_weights={str(share).lower()}")
+        if budget is not None:
+            sets.append(f"trainer.memory_budget_gib={budget}")
+        for item in sets:
+            argv += ["--set", item]
+        started = time.perf_counter()
+        done = subprocess.run(argv, capture_output=True, text=True, cwd=root)
+        wall = time.perf_counter() - started
+        if done.returncode != 0:
+            raise RuntimeError(f"quickstart run failed:\n{done.stderr[-3000:]}")
+        kb = re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)
+        assert kb is not None, done.stderr[-2000:]
+        with open(os.path.join(run_dir, "metrics.jsonl")) as handle:
+            rows = [json.loads(line) for line in handle]
+    rewards = [round(r["reward/mean"], 4) for r in rows if "reward/mean" in r and "loss" in r]
+    return {"peak_gb": int(kb.group(1)) * 1024 / GB, "wall_s": wall, "rewards": rewards}
+
+
 def spawn(args: argparse.Namespace, part: str, *extra: str) -> dict:
     argv = [sys.executable, __file__, "--child", part, "--model", args.model]
     argv += ["--device", args.device, *extra]
@@ -299,6 +331,10 @@ def main() -> None:
         for name, extra in variants.items():
             results[f"trainer_{name}"] = spawn(args, "trainer", *extra)
             print(f"trainer {name}", results[f"trainer_{name}"], flush=True)
+    if "quickstart" in parts:
+        for name, share in (("copy", False), ("shared", True)):
+            results[f"quickstart_{name}"] = quickstart_run(args.steps, args.budget, share)
+            print(f"quickstart {name}", results[f"quickstart_{name}"], flush=True)
     if "seq" in parts:
         for length in args.seq_lengths.split(","):
             for attention in args.seq_attention.split(","):
@@ -340,6 +376,12 @@ def report(results: dict) -> None:
     print("\n| component | peak RSS (GB) | above its floor (GB) |\n|---|---:|---:|")
     for label, peak, above in rows:
         print(f"| {label} | {peak:.2f} | {above:.2f} |")
+    runs = {k: v for k, v in results.items() if k.startswith("quickstart_")}
+    if runs:
+        print("\n| quickstart run | peak RSS (GB) | wall (s) | step rewards |\n|---|---:|---:|---|")
+        for name, r in runs.items():
+            label = name.removeprefix("quickstart_")
+            print(f"| {label} | {r['peak_gb']:.2f} | {r['wall_s']:.0f} | {r['rewards']} |")
     seq = {k: v for k, v in results.items() if k.startswith("seq_")}
     if seq:
         print("\n| tokens | attention | step peak above fixed (GB) | GB per 1k tokens | s |")

@@ -8,8 +8,10 @@ in-process between batches.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -37,6 +39,7 @@ from agentscope_rft.engines.batcher import (
     GenerationJob,
     _WeightSwap,
     copy_weights,
+    share_weights,
 )
 from agentscope_rft.engines.chat import PromptBuilder, TextStream, assemble_choice
 from agentscope_rft.engines.fused import FusedDecoder, fused_decode_unsupported
@@ -210,6 +213,7 @@ class EmbeddedEngine:
         self.dtype: torch.dtype | None = None
         self.packed_layers = 0  # linear layers with oneDNN-packed weights (see packed.py)
         self.fused_decode = False  # decode steps run `FusedDecoder` (see fused.py)
+        self.shared_weight_bytes = 0  # of the trainer's weights it computes with (share_weights)
         self._grammar_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ lifecycle
@@ -434,6 +438,64 @@ class EmbeddedEngine:
         batcher.request_swap(release)
         await release.done
 
+    async def share_weights(self, weights: Mapping[str, torch.Tensor]) -> int:
+        """Compute with `weights` in place from now on (the trainer's live tensors, same device
+        and dtype) and free the engine's own copy; returns the bytes shared. Whoever writes them
+        holds the engine meanwhile (`idle_for_training`); `load_weights` of these same tensors then
+        copies nothing and retakes the derived copies (packed, fused)."""
+        batcher = self._running()
+        loop = asyncio.get_running_loop()
+        shared: list[int] = []
+        swap = _WeightSwap(
+            apply=lambda: shared.append(share_weights(batcher.model, weights)),
+            version=batcher.policy_version,
+            loop=loop,
+            done=loop.create_future(),
+            requested_at=time.perf_counter(),
+        )
+        batcher.request_swap(swap)
+        await swap.done
+        self.shared_weight_bytes = shared[0]
+        return shared[0]
+
+    @contextlib.asynccontextmanager
+    async def idle_for_training(self) -> AsyncIterator[None]:
+        """Around a synchronous trainer step: the prefix and batch caches are freed (their KV
+        belongs to the weights the step replaces, and the step needs the memory), and when the
+        engine shares the trainer's weights its thread waits until the step is over, so no
+        request reads weights the optimizer is writing (requests queue meanwhile)."""
+        if not self.shared_weight_bytes:
+            await self.release_caches()
+            yield
+            return
+        batcher = self._running()
+        loop = asyncio.get_running_loop()
+        parked: asyncio.Future[float] = loop.create_future()
+        release = threading.Event()
+
+        def park() -> None:  # in the engine thread, between steps, no row running
+            batcher.drop_idle_cache()
+            loop.call_soon_threadsafe(_set_once, parked)
+            release.wait()
+
+        swap = _WeightSwap(
+            apply=park,
+            version=batcher.policy_version,
+            loop=loop,
+            done=loop.create_future(),
+            requested_at=time.perf_counter(),
+        )
+        batcher.request_swap(swap)
+        try:
+            await asyncio.wait({parked, swap.done}, return_when=asyncio.FIRST_COMPLETED)
+            if not parked.done():
+                swap.done.result()  # the engine stopped before it parked: its error
+            yield
+        finally:
+            release.set()
+            with contextlib.suppress(EngineError):  # stopped meanwhile: its next call says so
+                await swap.done
+
     async def load_weights(self, weights: Mapping[str, torch.Tensor] | Path, version: int) -> float:
         batcher = self._running()
         state = load_weights_dir(weights) if isinstance(weights, Path) else weights
@@ -447,3 +509,8 @@ class EmbeddedEngine:
         )
         batcher.request_swap(swap)
         return await swap.done
+
+
+def _set_once(future: asyncio.Future[float]) -> None:
+    if not future.done():
+        future.set_result(0.0)

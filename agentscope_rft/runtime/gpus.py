@@ -225,8 +225,10 @@ async def room_for_training(engine: object, config: RunConfig) -> AsyncIterator[
         finally:
             await sleeper.wake_up()
         return
-    release = getattr(engine, "release_caches", None)
-    if release is not None and config.run.mode == "sync":
-        await release()
-        release_freed_memory()
+    idle = getattr(engine, "idle_for_training", None)
+    if idle is not None and config.run.mode == "sync":
+        async with idle():  # caches freed; held while the step writes weights it shares
+            release_freed_memory()
+            yield
+        return
     yield

@@ -56,7 +56,7 @@ from agentscope_rft.runtime.components import (
 )
 from agentscope_rft.runtime.deterministic import ordered
 from agentscope_rft.runtime.gpus import room_for_training
-from agentscope_rft.runtime.memory import release_freed_memory
+from agentscope_rft.runtime.memory import release_freed_memory, share_trainer_weights
 from agentscope_rft.runtime.offline import offline_batches
 from agentscope_rft.runtime.preflight import Checked
 from agentscope_rft.runtime.sample_log import SampleLog
@@ -237,6 +237,7 @@ class TrainingRun:
             self.ray_runtime.host_engine(engine)  # vLLM replicas under actors on the cluster
         await engine.start()
         self.engine = engine
+        await share_trainer_weights(config, engine, self.trainer)  # one copy less, where it can
         if self.start:
             await sync_weights(engine, self.trainer, version=self.start)
         gateway = Gateway(
@@ -536,7 +537,13 @@ class TrainingRun:
         self.health.record(_rolled_back(event, target))
         folder = checkpoint_dir(self.run_dir, target)
         saved = json.loads((folder / RUN_STATE_FILE).read_text())
-        await in_own_thread(self.trainer.load, folder)
+        engine_idle = (  # the engine may compute with the weights being loaded
+            room_for_training(self.engine, self.config)
+            if self.engine is not None
+            else contextlib.nullcontext()
+        )
+        async with engine_idle:
+            await in_own_thread(self.trainer.load, folder)
         self.rollback = self.rollback.after(settings)
         await self._apply_rollback_changes()
         if self.mode == "train_only":  # the groups trained since go back (a durable buffer)

@@ -4,6 +4,8 @@ colocated layouts are accepted and reach vLLM's command line, environment and sl
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -152,8 +154,11 @@ def test_a_sync_run_frees_the_embedded_engines_caches_before_the_step() -> None:
         def __init__(self) -> None:
             self.calls: list[str] = []
 
-        async def release_caches(self) -> None:
-            self.calls.append("release")
+        @contextlib.asynccontextmanager
+        async def idle_for_training(self) -> AsyncIterator[None]:
+            self.calls.append("release")  # caches freed (held too, when weights are shared)
+            yield
+            self.calls.append("resume")
 
     async def step(mode: str) -> list[str]:
         engine = Embedded()
@@ -164,7 +169,7 @@ def test_a_sync_run_frees_the_embedded_engines_caches_before_the_step() -> None:
             engine.calls.append("train")
         return engine.calls
 
-    assert asyncio.run(step("sync")) == ["release", "train"]
+    assert asyncio.run(step("sync")) == ["release", "train", "resume"]
     assert asyncio.run(step("one_step_off")) == ["train"]  # it explores during the step
 
 

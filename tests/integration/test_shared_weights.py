@@ -1,0 +1,124 @@
+"""The embedded engine computing with the trainer's weights in place
+(`engine.share_trainer_weights`): the same results as its own copy, one copy less, and no
+request runs while the trainer writes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+import torch
+
+from agentscope_rft.engines.base import EngineError
+from agentscope_rft.engines.embedded import EmbeddedEngine
+from agentscope_rft.models import load_causal_lm
+from agentscope_rft.runtime.local import train
+from agentscope_rft.types import SamplingParams
+
+from .test_deterministic import repeated_metrics
+from .test_train_loop import final_weights, toy_config
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+PROMPT = list(range(100, 140))
+
+
+@pytest.fixture(autouse=True)
+def _torch_settings_restored():
+    yield
+    torch.use_deterministic_algorithms(False)  # run.deterministic switches it on process-wide
+
+
+def engine_for(path: str) -> EmbeddedEngine:
+    return EmbeddedEngine(path, dtype="float32", device="cpu", max_batch_size=4)
+
+
+async def test_a_shared_engine_answers_with_the_weights_the_trainer_writes(tiny_model_path):
+    trainer_model = load_causal_lm(tiny_model_path, dtype=torch.float32)
+    weights = {k: v.detach() for k, v in trainer_model.state_dict().items()}
+    shared, own = engine_for(tiny_model_path), engine_for(tiny_model_path)
+    await shared.start()
+    await own.start()
+    try:
+        freed = await shared.share_weights(weights)
+        params = dict(shared.batcher.model.named_parameters())
+        assert freed == sum(p.numel() * 4 for p in params.values())
+        assert all(p.data_ptr() == weights[n].data_ptr() for n, p in params.items())
+        [a] = await shared.generate(PROMPT, GREEDY)
+        [b] = await own.generate(PROMPT, GREEDY)
+        assert a.completion_ids == b.completion_ids and a.logprobs == b.logprobs
+
+        # The "trainer" writes its weights in place while the engine is held, then syncs.
+        async with shared.idle_for_training():
+            with torch.no_grad():
+                for p in trainer_model.parameters():
+                    p.add_(0.05 * torch.randn_like(p))
+        await shared.load_weights(weights, version=1)  # copies nothing: they are its own
+        await own.load_weights({k: v.clone() for k, v in weights.items()}, version=1)
+        [a] = await shared.generate(PROMPT, GREEDY)
+        [b] = await own.generate(PROMPT, GREEDY)
+        assert a.policy_version == b.policy_version == 1
+        assert a.completion_ids == b.completion_ids and a.logprobs == b.logprobs
+    finally:
+        await shared.close()
+        await own.close()
+
+
+async def test_requests_wait_while_the_trainer_holds_a_shared_engine(tiny_model_path):
+    trainer_model = load_causal_lm(tiny_model_path, dtype=torch.float32)
+    engine = engine_for(tiny_model_path)
+    await engine.start()
+    try:
+        await engine.share_weights(dict(trainer_model.state_dict()))
+        async with engine.idle_for_training():
+            request = asyncio.create_task(engine.generate(PROMPT, GREEDY))
+            await asyncio.sleep(0.3)
+            assert not request.done()  # parked: no forward on weights being written
+            assert engine.batcher.num_running == 0
+        [out] = await asyncio.wait_for(request, timeout=120)
+        assert len(out.completion_ids) == GREEDY.max_tokens
+    finally:
+        await engine.close()
+
+
+async def test_weights_that_do_not_match_are_refused_and_nothing_changes(tiny_model_path):
+    engine = engine_for(tiny_model_path)
+    await engine.start()
+    try:
+        bf16 = load_causal_lm(tiny_model_path, dtype=torch.bfloat16).state_dict()
+        with pytest.raises(EngineError, match=r"cannot share these weights: .*bfloat16"):
+            await engine.share_weights(bf16)
+        fp32 = load_causal_lm(tiny_model_path, dtype=torch.float32).state_dict()
+        del fp32["model.norm.weight"]
+        with pytest.raises(EngineError, match=r"model.norm.weight: .* vs missing"):
+            await engine.share_weights(fp32)
+        assert engine.shared_weight_bytes == 0
+        [out] = await engine.generate(PROMPT, GREEDY)  # still serving its own copy
+        assert len(out.completion_ids) == GREEDY.max_tokens
+    finally:
+        await engine.close()
+
+
+async def test_a_run_sharing_weights_repeats_a_run_with_a_copy(
+    tiny_model_path, toy_tasks, tmp_path, caplog
+):
+    caplog.set_level(logging.INFO, logger="agentscope_rft.runtime.memory")
+    runs = {}
+    for share in (True, False):
+        run_dir = tmp_path / f"share-{share}"
+        config = toy_config(
+            tiny_model_path,
+            toy_tasks,
+            run_dir,
+            "run.steps=3",
+            "run.deterministic=true",
+            f"engine.share_trainer_weights={str(share).lower()}",
+        )
+        await train(config, run_dir)
+        runs[share] = repeated_metrics(run_dir)
+    said = caplog.text
+    assert "engine computes with the trainer's weights in place" in said
+    assert "engine keeps its own copy of the weights: engine.share_trainer_weights is off" in said
+    assert len(runs[True]) == 3 and runs[True] == runs[False]  # same episodes, losses, rewards
+    a, b = final_weights(tmp_path / "share-True", 3), final_weights(tmp_path / "share-False", 3)
+    assert all(torch.equal(a[name], b[name]) for name in a)
