@@ -43,7 +43,7 @@ from agentscope_rft.engines.batcher import (
 )
 from agentscope_rft.engines.chat import PromptBuilder, TextStream, assemble_choice
 from agentscope_rft.engines.fused import FusedDecoder, fused_decode_unsupported
-from agentscope_rft.engines.packed import pack_linear_weights, packing_unsupported
+from agentscope_rft.engines.packed import pack_linear_weights, packing_unsupported, repack
 from agentscope_rft.engines.prefix_cache import PrefixCache
 from agentscope_rft.engines.structured import GrammarMask, grammar_for
 from agentscope_rft.engines.threads import ThreadPolicy, confine_main_thread, in_own_thread
@@ -463,7 +463,8 @@ class EmbeddedEngine:
         """Around a synchronous trainer step: the prefix and batch caches are freed (their KV
         belongs to the weights the step replaces, and the step needs the memory), and when the
         engine shares the trainer's weights its thread waits until the step is over, so no
-        request reads weights the optimizer is writing (requests queue meanwhile)."""
+        request reads weights the optimizer is writing (requests queue meanwhile); its fused
+        weight copies are freed for the step too and retaken from the new weights after it."""
         if not self.shared_weight_bytes:
             await self.release_caches()
             yield
@@ -475,8 +476,13 @@ class EmbeddedEngine:
 
         def park() -> None:  # in the engine thread, between steps, no row running
             batcher.drop_idle_cache()
+            if batcher.fused is not None:
+                batcher.fused.release()  # its q/k/v and gate/up copies: retaken below
             loop.call_soon_threadsafe(_set_once, parked)
-            release.wait()
+            try:
+                release.wait()
+            finally:
+                repack(batcher.model)  # derived copies of the weights as the trainer left them
 
         swap = _WeightSwap(
             apply=park,

@@ -162,6 +162,11 @@ class FusedDecoder:
         self.refresh()
         on_repack(model, self.refresh)
 
+    def release(self) -> None:
+        """Free the fused weight copies until the next `refresh` (no decode may run meanwhile:
+        the engine is parked while a trainer that shares its weights steps)."""
+        self.layers = []
+
     def refresh(self) -> None:
         """Retake the fused weights from the model's current parameters."""
         with torch.no_grad():

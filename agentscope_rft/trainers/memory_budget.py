@@ -131,9 +131,9 @@ def plan_step(
     for checkpointing in (False, True):
         per_token = footprint.activation_bytes_per_token(checkpointing) + extra_bytes_per_token
         tokens = int(left // per_token) - reserved_tokens
-        tokens -= tokens % 64 if tokens > 64 else 0
-        if tokens >= longest_row:
-            return StepPlan(min(configured_tokens, tokens), checkpointing)
+        if tokens >= longest_row:  # (rounded down to 64 tokens where the longest row still fits)
+            rounded = tokens - tokens % 64
+            return StepPlan(min(configured_tokens, max(rounded, longest_row)), checkpointing)
     need = fixed + (longest_row + reserved_tokens) * footprint.activation_bytes_per_token(True)
     raise MemoryBudgetError(
         f"a {longest_row}-token sample needs ~{need / GIB:.2f} GiB even with gradient "

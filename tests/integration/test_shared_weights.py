@@ -75,8 +75,11 @@ async def test_requests_wait_while_the_trainer_holds_a_shared_engine(tiny_model_
             await asyncio.sleep(0.3)
             assert not request.done()  # parked: no forward on weights being written
             assert engine.batcher.num_running == 0
+            fused = engine.batcher.fused
+            assert fused is not None and fused.layers == []  # its weight copies freed meanwhile
         [out] = await asyncio.wait_for(request, timeout=120)
         assert len(out.completion_ids) == GREEDY.max_tokens
+        assert len(fused.layers) == len(trainer_model.model.layers)  # retaken after the hold
     finally:
         await engine.close()
 

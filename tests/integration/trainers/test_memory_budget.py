@@ -59,6 +59,15 @@ def test_plan_checkpoints_only_when_one_row_does_not_fit() -> None:
     assert plan.micro_batch_tokens >= 2000
 
 
+def test_a_row_that_fits_is_never_refused_by_the_rounding_to_64_tokens() -> None:
+    # 150 tokens fit, rounded down that is 128: a 139-token row still fits, as is, unsplit.
+    budget = _budget_for(SMOLLM2, 150.5)
+    plan = plan_step(SMOLLM2, budget, 2048, longest_row=139)
+    assert (plan.micro_batch_tokens, plan.checkpointing) == (139, False)
+    # Where the rounded size holds the longest row, the size is a multiple of 64.
+    assert plan_step(SMOLLM2, budget, 2048, longest_row=100).micro_batch_tokens == 128
+
+
 def test_plan_refuses_a_budget_below_the_fixed_part_and_names_the_key() -> None:
     with pytest.raises(MemoryBudgetError, match=r"memory_budget_gib=1 .*AdamW"):
         plan_step(SMOLLM2, 1.0, 2048, 100)
