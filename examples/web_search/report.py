@@ -4,6 +4,13 @@
         --checkpoint best --out runs/web_search/explore-best
     python examples/web_search/report.py trained=runs/web_search/explore-best
     python examples/web_search/report.py --tasks val          # the floors alone
+    python examples/web_search/report.py untrained=... seed0=... control0=... \
+        --baseline untrained --group rl=seed --group control=control --compare seed0:control0
+
+`--baseline` prints each run's counted F1 minus the baseline's; `--group LABEL=PREFIX` the mean,
+std, min and max of the runs whose names start with PREFIX (a seed table); `--compare A:B` the
+difference A - B in counted F1 with a 95% paired bootstrap interval over the counted questions
+both answered (the same test questions, resampled together).
 
 Each folder's `rollouts.jsonl` holds the episodes (their `f1` and `em` metrics); the question
 types come from the task file. A training run's folder works too, with `#STEP` for its greedy
@@ -66,6 +73,41 @@ def explored_scores(rollouts: list[dict[str, Any]], types: dict[str, str]) -> di
     return {group: statistics.mean(values) for group, values in scores.items()}
 
 
+def question_f1(rollouts: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean F1 of each question's episodes (a failed or timed-out episode counts as 0)."""
+    by_task: dict[str, list[float]] = defaultdict(list)
+    for rollout in rollouts:
+        by_task[rollout["task_id"]].append(float((rollout.get("metrics") or {}).get("f1", 0.0)))
+    return {task_id: statistics.mean(values) for task_id, values in by_task.items()}
+
+
+def paired_difference(
+    a: dict[str, float], b: dict[str, float], questions: set[str], samples: int = 10_000
+) -> dict[str, float]:
+    """Mean of a - b over `questions` both answered, with a 95% paired bootstrap interval
+    (questions resampled with replacement, the same draw for both; seeded, so it repeats).
+
+    Example:
+        >>> d = paired_difference({"q1": 1.0, "q2": 0.5}, {"q1": 0.0, "q2": 0.5}, {"q1", "q2"})
+        >>> d["diff"], d["questions"]
+        (0.5, 2)
+    """
+    import random
+
+    shared = sorted(questions & a.keys() & b.keys())
+    if not shared:
+        return {"diff": float("nan"), "low": float("nan"), "high": float("nan"), "questions": 0}
+    diffs = [a[q] - b[q] for q in shared]
+    rng = random.Random(0)
+    means = sorted(statistics.fmean(rng.choices(diffs, k=len(diffs))) for _ in range(samples))
+    return {
+        "diff": statistics.fmean(diffs),
+        "low": means[int(0.025 * samples)],
+        "high": means[int(0.975 * samples) - 1],
+        "questions": len(shared),
+    }
+
+
 def counted(scores: dict[str, float], counts: dict[str, int], flags: dict[str, str]) -> float:
     """Mean F1 over the questions of the unflagged types (NaN when none is left)."""
     kept = [t for t in QUESTION_TYPES if counts.get(t) and t not in flags and t in scores]
@@ -92,6 +134,7 @@ def report(runs: list[str], tasks_spec: str) -> dict[str, Any]:
     tasks = {str(t["id"]): t for t in load_tasks(tasks_spec)}
     types = {task_id: str(t.get("type", "unknown")) for task_id, t in tasks.items()}
     rows: dict[str, dict[str, float]] = {}
+    per_question: dict[str, dict[str, float]] = {}
     covered: set[str] = set()
     for item in runs:
         name, _, spec = item.partition("=")
@@ -99,6 +142,7 @@ def report(runs: list[str], tasks_spec: str) -> dict[str, Any]:
             raise SystemExit(f"{item!r}: give a run as name=folder (e.g. trained=runs/x/out)")
         rollouts = read_rollouts(spec)
         rows[name] = explored_scores(rollouts, types)
+        per_question[name] = question_f1(rollouts)
         covered |= {r["task_id"] for r in rollouts}
     subset = [task for task_id, task in tasks.items() if not runs or task_id in covered]
     floors = asyncio.run(floor_scores(subset, shipped_settings()))
@@ -107,7 +151,59 @@ def report(runs: list[str], tasks_spec: str) -> dict[str, Any]:
     for task in subset:
         counts[str(task.get("type", "unknown"))] += 1
     flags = flag_types(floors)
-    return {"tasks": tasks_spec, "counts": dict(counts), "flags": flags, "scores": rows}
+    counted_questions = {
+        task_id for task_id, kind in types.items() if kind not in flags and task_id in covered
+    }
+    result: dict[str, Any] = {
+        "tasks": tasks_spec,
+        "counts": dict(counts),
+        "flags": flags,
+        "scores": rows,
+    }
+    if runs:  # each question's F1 per run, for paired comparisons
+        result["per_question"] = per_question
+        result["counted_questions"] = sorted(counted_questions)
+    return result
+
+
+def comparisons(
+    result: dict[str, Any], baseline: str | None, groups: list[str], pairs: list[str]
+) -> dict[str, Any]:
+    """The seed-table numbers: gains over `baseline`, group statistics, paired differences."""
+    counts, flags, scores = result["counts"], result["flags"], result["scores"]
+    value = {name: counted(scores[name], counts, flags) for name in result["per_question"]}
+    out: dict[str, Any] = {"counted": value}
+    if baseline is not None:
+        if baseline not in value:
+            raise SystemExit(f"--baseline {baseline!r} is not one of the runs: {sorted(value)}")
+        out["gain"] = {n: v - value[baseline] for n, v in value.items() if n != baseline}
+    out["groups"] = {}
+    for spec in groups:
+        label, _, prefix = spec.partition("=")
+        members = [n for n in value if n.startswith(prefix or label)]
+        if not members:
+            raise SystemExit(f"--group {spec!r} matches no run: {sorted(value)}")
+        values = [value[n] for n in members]
+        stats = {
+            "runs": members,
+            "mean": statistics.fmean(values),
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "min": min(values),
+            "max": max(values),
+        }
+        if baseline is not None:
+            stats["min_gain"] = min(values) - value[baseline]
+            stats["mean_gain"] = stats["mean"] - value[baseline]
+        out["groups"][label] = stats
+    out["pairs"] = {}
+    questions = set(result["counted_questions"])
+    for spec in pairs:
+        a, sep, b = spec.partition(":")
+        if not sep or a not in value or b not in value:
+            raise SystemExit(f"--compare {spec!r}: give A:B of two runs from {sorted(value)}")
+        per = result["per_question"]
+        out["pairs"][spec] = paired_difference(per[a], per[b], questions)
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -115,6 +211,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("runs", nargs="*", help="name=explore_folder (e.g. trained=runs/x/out)")
     parser.add_argument("--tasks", default="test", help="'test', 'val', 'train' or a JSONL path")
     parser.add_argument("--json", type=Path, help="also write the numbers to this JSON file")
+    parser.add_argument("--baseline", help="a run's name: print every run's gain over it")
+    parser.add_argument(
+        "--group", action="append", default=[], help="LABEL=PREFIX: seed-table statistics"
+    )
+    parser.add_argument(
+        "--compare", action="append", default=[], help="A:B: paired difference in counted F1"
+    )
     args = parser.parse_args(argv)
     result = report(args.runs, args.tasks)
     counts, flags = result["counts"], result["flags"]
@@ -125,8 +228,29 @@ def main(argv: list[str] | None = None) -> None:
         print(f"* {question_type}: not counted ({why})")
     kept = [t for t in QUESTION_TYPES if counts.get(t) and t not in flags]
     print(f"counted: {', '.join(kept) or 'none'} ({sum(counts[t] for t in kept)} questions)")
+    if args.baseline or args.group or args.compare:
+        result["comparisons"] = comparisons(result, args.baseline, args.group, args.compare)
+        print_comparisons(result["comparisons"], args.baseline)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def print_comparisons(out: dict[str, Any], baseline: str | None) -> None:
+    for name, gain in out.get("gain", {}).items():
+        print(f"{name}: counted F1 {out['counted'][name]:.3f} ({gain:+.3f} over {baseline})")
+    for label, g in out["groups"].items():
+        line = (
+            f"{label} ({len(g['runs'])} runs): counted F1 {g['mean']:.3f} ± {g['std']:.3f} "
+            f"(min {g['min']:.3f}, max {g['max']:.3f})"
+        )
+        if "min_gain" in g:
+            line += f"; gain over {baseline}: mean {g['mean_gain']:+.3f}, min {g['min_gain']:+.3f}"
+        print(line)
+    for spec, d in out["pairs"].items():
+        print(
+            f"{spec}: {d['diff']:+.3f} counted F1 [95% paired bootstrap {d['low']:+.3f}, "
+            f"{d['high']:+.3f}] over {d['questions']} questions"
+        )
 
 
 if __name__ == "__main__":

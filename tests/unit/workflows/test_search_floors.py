@@ -22,6 +22,7 @@ from workflows.search_floors import (
 )
 
 REPORT = Path(__file__).resolve().parents[3] / "examples" / "web_search" / "report.py"
+ROOT_DATA = Path(__file__).resolve().parents[3] / "environments" / "search" / "data"
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +86,54 @@ def test_report_prints_the_floors_and_what_counts(
     assert saved["counts"]["multi_hop"] > 0 and set(saved["flags"]) == {"comparison", "multi_hop"}
     # The README's floors are the committed artefact, which is what the command makes.
     assert saved == json.loads((REPORT.parent / "results" / "floors_val.json").read_text())
+
+
+def _explored(folder: Path, f1: dict[str, float]) -> str:
+    folder.mkdir(parents=True)
+    lines = [
+        json.dumps({"task_id": q, "metrics": {"f1": v}, "phase": "eval"}) for q, v in f1.items()
+    ]
+    (folder / "rollouts.jsonl").write_text("\n".join(lines) + "\n")
+    return str(folder)
+
+
+def test_report_compares_runs_question_by_question(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = import_file(REPORT)
+    rows = [json.loads(line) for line in (ROOT_DATA / "val.jsonl").read_text().splitlines()]
+    by_type: dict[str, list[str]] = {}
+    for row in rows:
+        by_type.setdefault(row["type"], []).append(str(row["id"]))
+    single, two, comparison = (
+        by_type["single_hop"][:4],
+        by_type["two_hop"][:4],
+        by_type["comparison"][:2],
+    )
+    asked = single + two + comparison
+    base = _explored(tmp_path / "base", dict.fromkeys(asked, 0.0))
+    # seed a answers every counted question; seed b half of them; both copy the comparisons.
+    a = _explored(
+        tmp_path / "a", {**dict.fromkeys(single + two, 1.0), **dict.fromkeys(comparison, 1.0)}
+    )
+    half = {q: float(i % 2 == 0) for i, q in enumerate(single + two)}
+    b = _explored(tmp_path / "b", {**half, **dict.fromkeys(comparison, 1.0)})
+    out = tmp_path / "report.json"
+    report.main(
+        [f"untrained={base}", f"seed_a={a}", f"seed_b={b}", "--tasks", "val", "--json", str(out),
+         "--baseline", "untrained", "--group", "rl=seed_", "--compare", "seed_a:seed_b"]
+    )  # fmt: skip
+    printed = capsys.readouterr().out
+    saved = json.loads(out.read_text())["comparisons"]
+    # The comparisons (trivially solved) are not counted: 8 counted questions.
+    assert saved["counted"] == {"untrained": 0.0, "seed_a": 1.0, "seed_b": 0.5}
+    assert saved["gain"] == {"seed_a": 1.0, "seed_b": 0.5}
+    group = saved["groups"]["rl"]
+    assert group["runs"] == ["seed_a", "seed_b"] and group["mean"] == 0.75
+    assert group["min_gain"] == 0.5 and group["std"] == pytest.approx(0.3536, abs=1e-4)
+    pair = saved["pairs"]["seed_a:seed_b"]
+    assert pair["diff"] == 0.5 and pair["questions"] == 8
+    assert 0.0 <= pair["low"] < 0.5 < pair["high"] <= 1.0
+    assert "seed_a:seed_b: +0.500 counted F1 [95% paired bootstrap" in printed
+    with pytest.raises(SystemExit, match="matches no run"):
+        report.main([f"x={base}", "--tasks", "val", "--group", "rl=seed"])
