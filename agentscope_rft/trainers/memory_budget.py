@@ -55,11 +55,13 @@ class ModelFootprint:
     vocab: int
     compute_bytes: int
     """2 under bf16 autocast, 4 in fp32."""
+    optimizer_bytes: int = 8
+    """AdamW state per trained parameter: two fp32 moments (8), or two bf16 moments (4)."""
 
     def fixed_bytes(self) -> int:
         """fp32 weights (+ a reference copy), gradients and AdamW moments of trained weights."""
         weights = 4 * self.parameters * (2 if self.reference else 1)
-        return weights + 4 * self.trainable + 8 * self.trainable
+        return weights + 4 * self.trainable + self.optimizer_bytes * self.trainable
 
     def workspace_bytes(self) -> int:
         """The output projection's pass: its weight cast to the compute dtype and its gradient,
@@ -126,7 +128,8 @@ def plan_step(
             f"trainer.memory_budget_gib={budget_gib:g} is below the trainer's fixed footprint "
             f"({fixed / GIB:.2f} GiB: fp32 weights, gradients and AdamW moments of "
             f"{footprint.trainable / 1e6:.0f}M trained parameters, plus the output projection's "
-            "workspace); raise the budget, or train LoRA adapters (trainer.lora)"
+            "workspace); raise the budget, keep AdamW's moments in bf16 "
+            "(trainer.optimizer_state_dtype: bfloat16), or train LoRA adapters (trainer.lora)"
         )
     for checkpointing in (False, True):
         per_token = footprint.activation_bytes_per_token(checkpointing) + extra_bytes_per_token
@@ -143,7 +146,11 @@ def plan_step(
 
 
 def footprint_of(
-    model: PreTrainedModel, trainable: int, reference: bool, compute_bytes: int
+    model: PreTrainedModel,
+    trainable: int,
+    reference: bool,
+    compute_bytes: int,
+    optimizer_bytes: int = 8,
 ) -> ModelFootprint:
     """The footprint of a loaded HF causal LM (the base model under any peft wrapper)."""
     text = model.config.get_text_config()
@@ -161,4 +168,5 @@ def footprint_of(
         kv_width=kv_heads * head_dim,
         vocab=int(text.vocab_size),
         compute_bytes=compute_bytes,
+        optimizer_bytes=optimizer_bytes,
     )

@@ -63,6 +63,7 @@ from agentscope_rft.trainers.memory_budget import (
     footprint_of,
     plan_step,
 )
+from agentscope_rft.trainers.optim import BF16StateAdamW, optimizer_bytes_per_parameter
 from agentscope_rft.types import Sample
 
 logger = logging.getLogger(__name__)
@@ -197,9 +198,19 @@ class TorchTrainer:
                     "lr": config.lr * algorithm.critic.lr_multiplier,
                 }
             )
-        self.optimizer = torch.optim.AdamW(
-            groups, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
-        )
+        self.optimizer: torch.optim.Optimizer
+        if config.optimizer_state_dtype == "bfloat16":
+            self.optimizer = BF16StateAdamW(
+                groups,
+                lr=config.lr,
+                betas=config.betas,
+                weight_decay=config.weight_decay,
+                seed=seed,
+            )
+        else:
+            self.optimizer = torch.optim.AdamW(
+                groups, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
+            )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, LRSchedule.of(config, total_optimizer_steps(config, total_steps))
         )
@@ -210,7 +221,11 @@ class TorchTrainer:
         if config.memory_budget_gib is not None:
             compute_bytes = 4 if self.autocast_dtype is None else 2
             self.footprint = footprint_of(
-                self._base(), trainable, self.reference is not None, compute_bytes
+                self._base(),
+                trainable,
+                self.reference is not None,
+                compute_bytes,
+                optimizer_bytes_per_parameter(config.optimizer_state_dtype),
             )
         self.plan = StepPlan(config.micro_batch_tokens, config.gradient_checkpointing)
         logger.info(

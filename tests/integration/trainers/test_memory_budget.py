@@ -4,6 +4,7 @@ one sample would not fit) so a step stays within the budget, with the same resul
 from __future__ import annotations
 
 import pytest
+import torch
 
 from agentscope_rft.algorithms import AlgorithmConfig
 from agentscope_rft.config import TorchTrainerConfig
@@ -117,3 +118,27 @@ def test_the_trainer_checkpoints_when_one_sample_does_not_fit(tiny_model_path: s
     assert trainer._base().is_gradient_checkpointing
     for key in ("loss", "grad_norm"):
         assert metrics[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
+
+
+def test_bf16_optimizer_state_trains_counts_half_and_resumes(tiny_model_path, tmp_path) -> None:
+    trainer, metrics = _run(
+        tiny_model_path, optimizer_state_dtype="bfloat16", memory_budget_gib=64.0
+    )
+    assert metrics["loss"] == metrics["loss"] and metrics["grad_norm"] > 0  # finite, trained
+    states = list(trainer.optimizer.state.values())
+    assert states and all(
+        s["exp_avg"].dtype == s["exp_avg_sq"].dtype == torch.bfloat16 for s in states
+    )
+    footprint = trainer.footprint
+    assert footprint is not None and footprint.optimizer_bytes == 4
+    fp32 = _run(tiny_model_path, memory_budget_gib=64.0)[0].footprint
+    assert fp32 is not None
+    assert fp32.fixed_bytes() - footprint.fixed_bytes() == 4 * footprint.trainable
+    # A checkpoint keeps the bf16 moments as they were.
+    trainer.export_hf(tmp_path / "ckpt" / "model")  # (a run's checkpoint: weights, then state)
+    trainer.save(tmp_path / "ckpt")
+    again, _ = _run(tiny_model_path, optimizer_state_dtype="bfloat16")
+    again.load(tmp_path / "ckpt")
+    for before, after in zip(states, again.optimizer.state.values(), strict=True):
+        assert after["exp_avg_sq"].dtype == torch.bfloat16
+        assert torch.equal(before["exp_avg_sq"], after["exp_avg_sq"])

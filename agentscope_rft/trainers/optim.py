@@ -1,0 +1,136 @@
+"""AdamW with its two moments kept in bf16: half the optimizer memory of torch's AdamW.
+
+A full fine-tune's fixed memory is fp32 weights (4 bytes a parameter), gradients (4) and AdamW's
+two fp32 moments (8): 16 bytes a parameter, 2.15 GB for SmolLM2-135M, most of what a small laptop
+can give a run. `trainer.optimizer_state_dtype: bfloat16` keeps both moments in bf16 (4 bytes a
+parameter instead of 8). Each step computes in fp32 (one parameter's moments at a time, so the
+fp32 temporaries are one parameter's size) and stores the moments back with stochastic rounding:
+rounding to the nearest bf16 would lose the second moment's decay (with beta2 = 0.999 a step
+changes it by 0.1%, under bf16's 0.4% resolution) and freeze it; stochastic rounding keeps every
+stored moment unbiased, so their expectation follows fp32 AdamW. The weights stay fp32.
+
+Example:
+    >>> import torch
+    >>> w = torch.nn.Parameter(torch.ones(4))
+    >>> opt = BF16StateAdamW([w], lr=0.1)
+    >>> w.grad = torch.ones(4)
+    >>> opt.step()
+    >>> opt.state[w]["exp_avg"].dtype, round(float(w[0]), 4)
+    (torch.bfloat16, 0.9)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+def stochastic_round_to_bf16(value: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """`value` (fp32) rounded to bf16 at random, up or down with the probabilities that make the
+    result's expectation `value` (random low 16 bits added to the fp32 pattern, then cut)."""
+    bits = value.contiguous().view(torch.int32)
+    noise = torch.randint(0, 1 << 16, bits.shape, dtype=torch.int32, device=bits.device,
+                          generator=generator)  # fmt: skip
+    rounded = (bits + noise) & -65536  # keep the high 16 bits: sign, exponent, 7 mantissa bits
+    finite = torch.isfinite(value)  # inf/nan pass through unrounded (bits + noise could wrap)
+    out = torch.where(finite, rounded, bits & -65536).view(torch.float32)
+    return out.to(torch.bfloat16)
+
+
+class BF16StateAdamW(torch.optim.Optimizer):
+    """Decoupled-weight-decay Adam (torch's AdamW update, `amsgrad` off) with bf16 moments.
+
+    The state dict holds the bf16 moments as they are, so a checkpoint is half the size too and a
+    resumed run continues from the exact same state.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        seed: int = 0,
+    ) -> None:
+        if lr < 0 or eps < 0 or weight_decay < 0:
+            raise ValueError(f"lr, eps and weight_decay must be >= 0: {lr}, {eps}, {weight_decay}")
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"betas must be in [0, 1): {betas}")
+        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+        super().__init__(params, defaults)
+        self._generator = torch.Generator().manual_seed(seed)
+        self._generators: dict[torch.device, torch.Generator] = {}
+
+    def _generator_for(self, device: torch.device) -> torch.Generator:
+        if device.type == "cpu":
+            return self._generator
+        if device not in self._generators:
+            seed = int(torch.randint(0, 2**62, (1,), generator=self._generator))
+            self._generators[device] = torch.Generator(device=device).manual_seed(seed)
+        return self._generators[device]
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, eps, decay = group["lr"], group["eps"], group["weight_decay"]
+            beta1, beta2 = group["betas"]
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                grad = param.grad.float()
+                state = self.state[param]
+                if not state:
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"] = torch.zeros_like(param, dtype=torch.bfloat16)
+                    state["exp_avg_sq"] = torch.zeros_like(param, dtype=torch.bfloat16)
+                state["step"] += 1
+                step = float(state["step"])
+                generator = self._generator_for(param.device)
+                exp_avg = state["exp_avg"].float().mul_(beta1).add_(grad, alpha=1 - beta1)
+                exp_avg_sq = state["exp_avg_sq"].float().mul_(beta2)
+                exp_avg_sq.addcmul_(grad, grad, value=1 - beta2)
+                if decay:
+                    param.mul_(1 - lr * decay)
+                bias1 = 1 - beta1**step
+                bias2 = 1 - beta2**step
+                denom = (exp_avg_sq / bias2).sqrt_().add_(eps)
+                param.addcdiv_(exp_avg, denom, value=-lr / bias1)
+                state["exp_avg"] = stochastic_round_to_bf16(exp_avg, generator)
+                state["exp_avg_sq"] = stochastic_round_to_bf16(exp_avg_sq, generator)
+        return loss
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch casts loaded state to each parameter's dtype (fp32): the moments go back to
+        bf16, exactly as they were saved (bf16 -> fp32 -> bf16 is exact), and the rounding's
+        random stream continues where it was."""
+        state_dict = dict(state_dict)
+        rng = state_dict.pop("bf16_state_rng", None)
+        super().load_state_dict(state_dict)
+        for state in self.state.values():
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in state:
+                    state[key] = state[key].to(torch.bfloat16)
+        if rng is not None:
+            self._generator.set_state(rng)
+        self._generators.clear()
+
+    def state_dict(self) -> dict[str, Any]:
+        out = super().state_dict()
+        out["bf16_state_rng"] = self._generator.get_state()
+        return out
+
+
+def optimizer_bytes_per_parameter(state_dtype: str) -> int:
+    """Bytes of AdamW state per trained parameter: two moments of the state dtype."""
+    return 2 * (2 if state_dtype == "bfloat16" else 4)
+
+
+__all__ = ["BF16StateAdamW", "optimizer_bytes_per_parameter", "stochastic_round_to_bf16"]
