@@ -20,9 +20,9 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from agentscope_rft.api import Workflow, WorkflowFn, load_workflow
 from agentscope_rft.explorer.explorer import EpisodeSettings, Explorer
@@ -30,8 +30,44 @@ from agentscope_rft.explorer.tasks import Task
 from agentscope_rft.gateway.server import Gateway
 from agentscope_rft.types import Rollout
 
+T = TypeVar("T")
 Reply = Callable[[list[dict[str, Any]], Any], str]
 """The scripted policy: `(messages, tools) -> reply text` (tool calls as `<tool_call>` blocks)."""
+
+
+def message_text(message: Mapping[str, Any]) -> str:
+    """The text of a chat message (a string, or OpenAI content blocks joined).
+
+    Example:
+        >>> message_text({"role": "user", "content": [{"type": "text", "text": "Hi"}]})
+        'Hi'
+    """
+    content = message.get("content")
+    if isinstance(content, list):
+        return "".join(str(block.get("text", "")) for block in content if isinstance(block, dict))
+    return "" if content is None else str(content)
+
+
+def episode_turns(
+    messages: Sequence[Mapping[str, Any]], by_question: Mapping[str, T]
+) -> tuple[T, list[str]] | None:
+    """The episode's task and its tool results so far, for a scripted reply: the task is the one
+    whose question is the last user turn found in `by_question` (worked examples in the agent's
+    memory come before it), the results are the `tool` turns after that question. None when no
+    user turn is one of the questions.
+
+    Example:
+        >>> turns = [{"role": "user", "content": "Q?"}, {"role": "tool", "content": "42"}]
+        >>> episode_turns(turns, {"Q?": "task"})
+        ('task', ['42'])
+    """
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if message.get("role") == "user" and message_text(message).strip() in by_question:
+            task = by_question[message_text(message).strip()]
+            later = messages[index + 1 :]
+            return task, [message_text(m) for m in later if m.get("role") == "tool"]
+    return None
 
 
 def conversations(

@@ -26,17 +26,11 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from agentscope_rft.demos import episode_turns
 from workflows.search_floors import lead_facts, solve_program
 
 GIVE_UP = "<answer>unknown</answer>"
 """The reply when the chain cannot go on (a fact not in the result): the episode is lost."""
-
-
-def _text(message: Mapping[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, list):  # OpenAI content blocks
-        return "".join(str(block.get("text", "")) for block in content if isinstance(block, dict))
-    return "" if content is None else str(content)
 
 
 def search_call(query: str) -> str:
@@ -68,14 +62,10 @@ def oracle_reply(
     by_question = {str(task["question"]).strip(): task for task in tasks}
 
     def reply(messages: list[dict[str, Any]], tools: Any = None) -> str:
-        users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
-        start = next(
-            (i for i in reversed(users) if _text(messages[i]).strip() in by_question), None
-        )
-        if start is None:
+        found = episode_turns(messages, by_question)
+        if found is None:
             return GIVE_UP
-        task = by_question[_text(messages[start]).strip()]
-        results = [_text(m) for m in messages[start + 1 :] if m.get("role") == "tool"]
+        task, results = found
         return next_action(task, results)
 
     return reply

@@ -14,7 +14,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -427,16 +427,7 @@ class EmbeddedEngine:
         for running requests to finish, like a weight swap.
         """
         batcher = self._running()
-        loop = asyncio.get_running_loop()
-        release = _WeightSwap(
-            apply=batcher.drop_idle_cache,  # the swap then clears the prefix cache
-            version=batcher.policy_version,
-            loop=loop,
-            done=loop.create_future(),
-            requested_at=time.perf_counter(),
-        )
-        batcher.request_swap(release)
-        await release.done
+        await self._between_steps(batcher.drop_idle_cache)  # (it clears the prefix cache too)
 
     async def share_weights(self, weights: Mapping[str, torch.Tensor]) -> int:
         """Compute with `weights` in place from now on (the trainer's live tensors, same device
@@ -444,17 +435,8 @@ class EmbeddedEngine:
         holds the engine meanwhile (`idle_for_training`); `load_weights` of these same tensors then
         copies nothing and retakes the derived copies (packed, fused)."""
         batcher = self._running()
-        loop = asyncio.get_running_loop()
         shared: list[int] = []
-        swap = _WeightSwap(
-            apply=lambda: shared.append(share_weights(batcher.model, weights)),
-            version=batcher.policy_version,
-            loop=loop,
-            done=loop.create_future(),
-            requested_at=time.perf_counter(),
-        )
-        batcher.request_swap(swap)
-        await swap.done
+        await self._between_steps(lambda: shared.append(share_weights(batcher.model, weights)))
         self.shared_weight_bytes = shared[0]
         return shared[0]
 
@@ -484,37 +466,39 @@ class EmbeddedEngine:
             finally:
                 repack(batcher.model)  # derived copies of the weights as the trainer left them
 
-        swap = _WeightSwap(
-            apply=park,
-            version=batcher.policy_version,
-            loop=loop,
-            done=loop.create_future(),
-            requested_at=time.perf_counter(),
-        )
-        batcher.request_swap(swap)
+        done = self._between_steps(park)
         try:
-            await asyncio.wait({parked, swap.done}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({parked, done}, return_when=asyncio.FIRST_COMPLETED)
             if not parked.done():
-                swap.done.result()  # the engine stopped before it parked: its error
+                done.result()  # the engine stopped before it parked: its error
             yield
         finally:
             release.set()
             with contextlib.suppress(EngineError):  # stopped meanwhile: its next call says so
-                await swap.done
+                await done
 
     async def load_weights(self, weights: Mapping[str, torch.Tensor] | Path, version: int) -> float:
         batcher = self._running()
         state = load_weights_dir(weights) if isinstance(weights, Path) else weights
+        return await self._between_steps(lambda: copy_weights(batcher.model, state), version)
+
+    def _between_steps(
+        self, apply: Callable[[], None], version: int | None = None
+    ) -> asyncio.Future[float]:
+        """Have the engine thread run `apply` between two steps with no row running (a weight
+        swap: the prefix cache is cleared after it and the policy version set to `version`, by
+        default unchanged); the future resolves with the seconds it waited and took."""
+        batcher = self._running()
         loop = asyncio.get_running_loop()
         swap = _WeightSwap(
-            apply=lambda: copy_weights(batcher.model, state),
-            version=version,
+            apply=apply,
+            version=batcher.policy_version if version is None else version,
             loop=loop,
             done=loop.create_future(),
             requested_at=time.perf_counter(),
         )
         batcher.request_swap(swap)
-        return await swap.done
+        return swap.done
 
 
 def _set_once(future: asyncio.Future[float]) -> None:

@@ -30,15 +30,8 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agentscope_rft.config import load_config  # noqa: E402
-from agentscope_rft.demos import Reply, record_demos  # noqa: E402
+from agentscope_rft.demos import Reply, episode_turns, record_demos  # noqa: E402
 from agentscope_rft.explorer.tasks import load_tasks  # noqa: E402
-
-
-def _text(message: Mapping[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, list):  # OpenAI content blocks
-        return "".join(str(block.get("text", "")) for block in content if isinstance(block, dict))
-    return "" if content is None else str(content)
 
 
 def scripted_reply(tasks: Iterable[Mapping[str, Any]]) -> Reply:
@@ -49,14 +42,10 @@ def scripted_reply(tasks: Iterable[Mapping[str, Any]]) -> Reply:
     by_question = {str(task["question"]).strip(): task for task in tasks}
 
     def reply(messages: list[dict[str, Any]], tools: Any = None) -> str:
-        users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
-        start = next(
-            (i for i in reversed(users) if _text(messages[i]).strip() in by_question), None
-        )
-        if start is None:
+        found = episode_turns(messages, by_question)
+        if found is None:
             return "I do not know."
-        task = by_question[_text(messages[start]).strip()]
-        results = [_text(m) for m in messages[start + 1 :] if m.get("role") == "tool"]
+        task, results = found
         if not results:
             call = {
                 "name": "check_stock",
