@@ -12,7 +12,7 @@ stored moment unbiased, so their expectation follows fp32 AdamW. The weights sta
 Example:
     >>> import torch
     >>> w = torch.nn.Parameter(torch.ones(4))
-    >>> opt = BF16StateAdamW([w], lr=0.1)
+    >>> opt = BF16StateAdamW([w], lr=0.1, weight_decay=0.0)
     >>> w.grad = torch.ones(4)
     >>> opt.step()
     >>> opt.state[w]["exp_avg"].dtype, round(float(w[0]), 4)
