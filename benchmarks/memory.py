@@ -17,9 +17,10 @@ SmolLM2-135M-Instruct on CPU, trainer dtype `auto` (the quickstart's setting):
   (chunked + grouped-head attention), and after with `--budget` as `memory_budget_gib`.
 - `logprobs`: the log-prob + entropy pass alone over 1,500 trained tokens, dense vs chunked.
 - `quickstart`: README command 1's training run cut to `--steps` steps (no validation) under
-  `/usr/bin/time -v`, the engine with its own copy of the weights and sharing the trainer's
-  (`engine.share_trainer_weights`), one after the other; `--budget` sets `memory_budget_gib` in
-  both. Peak RSS of the whole run, wall time, and each step's reward (the same rollouts expected).
+  `/usr/bin/time -v`, the engine with its own copy of the weights, sharing the trainer's
+  (`engine.share_trainer_weights`), and sharing with AdamW's moments in bf16
+  (`trainer.optimizer_state_dtype`), one after the other; `--budget` sets `memory_budget_gib` in
+  all. Peak RSS of the whole run, wall time, and each step's reward (the same rollouts expected).
 - `seq`: one sample of N tokens (all trained; beside a 64-token one): the step's peak RSS above
   the fixed memory, for each N (linear growth = no quadratic attention buffer). With `--device
   cuda`, the trainer runs on the GPU (bf16) and the figures are torch's allocated GPU memory.
@@ -251,8 +252,9 @@ CHILDREN = {
 }
 
 
-def quickstart_run(steps: int, budget: float | None, share: bool) -> dict:
-    """README command 1's run, `steps` steps, under `/usr/bin/time -v`: peak RSS and wall."""
+def quickstart_run(steps: int, budget: float | None, share: bool, *extra: str) -> dict:
+    """README command 1's run, `steps` steps, under `/usr/bin/time -v`: peak RSS and wall.
+    `extra`: more `--set` items (e.g. `trainer.optimizer_state_dtype=bfloat16`)."""
     import re
     import tempfile
 
@@ -264,6 +266,7 @@ def quickstart_run(steps: int, budget: float | None, share: bool) -> dict:
         sets.append(f"engine.share_trainer_weights={str(share).lower()}")
         if budget is not None:
             sets.append(f"trainer.memory_budget_gib={budget}")
+        sets += extra
         for item in sets:
             argv += ["--set", item]
         started = time.perf_counter()
@@ -332,8 +335,13 @@ def main() -> None:
             results[f"trainer_{name}"] = spawn(args, "trainer", *extra)
             print(f"trainer {name}", results[f"trainer_{name}"], flush=True)
     if "quickstart" in parts:
-        for name, share in (("copy", False), ("shared", True)):
-            results[f"quickstart_{name}"] = quickstart_run(args.steps, args.budget, share)
+        variants: list[tuple[str, bool, tuple[str, ...]]] = [
+            ("copy", False, ()),
+            ("shared", True, ()),
+            ("shared_bf16_moments", True, ("trainer.optimizer_state_dtype=bfloat16",)),
+        ]
+        for name, share, extra in variants:
+            results[f"quickstart_{name}"] = quickstart_run(args.steps, args.budget, share, *extra)
             print(f"quickstart {name}", results[f"quickstart_{name}"], flush=True)
     if "seq" in parts:
         for length in args.seq_lengths.split(","):
