@@ -34,19 +34,14 @@ from agentscope_rft.engines.base import (
     GenerationOutput,
     PromptReady,
 )
-from agentscope_rft.engines.batcher import (
-    ContinuousBatcher,
-    GenerationJob,
-    _WeightSwap,
-    copy_weights,
-    share_weights,
-)
+from agentscope_rft.engines.batcher import ContinuousBatcher, GenerationJob, _WeightSwap
 from agentscope_rft.engines.chat import PromptBuilder, TextStream, assemble_choice
 from agentscope_rft.engines.fused import FusedDecoder, fused_decode_unsupported
 from agentscope_rft.engines.packed import pack_linear_weights, packing_unsupported, repack
 from agentscope_rft.engines.prefix_cache import PrefixCache
 from agentscope_rft.engines.structured import GrammarMask, grammar_for
 from agentscope_rft.engines.threads import ThreadPolicy, confine_main_thread, in_own_thread
+from agentscope_rft.engines.weights import copy_weights, share_weights
 from agentscope_rft.models import load_causal_lm, load_tokenizer, resolve_model
 from agentscope_rft.types import JSON, SamplingParams
 

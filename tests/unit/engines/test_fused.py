@@ -13,10 +13,10 @@ from transformers import (
 )
 
 from agentscope_rft.engines.attention import use_decode_attention
-from agentscope_rft.engines.batcher import copy_weights
 from agentscope_rft.engines.fused import FusedDecoder, Segment, fused_decode_unsupported
 from agentscope_rft.engines.kv_cache import BatchCache, GrowingLayer, right_pad_mask
 from agentscope_rft.engines.packed import pack_linear_weights, packing_unsupported
+from agentscope_rft.engines.weights import copy_weights
 from agentscope_rft.models import load_causal_lm
 
 SMALL = dict(

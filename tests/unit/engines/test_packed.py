@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from agentscope_rft.engines.batcher import copy_weights
 from agentscope_rft.engines.packed import pack_linear_weights, packing_unsupported
+from agentscope_rft.engines.weights import copy_weights
 from agentscope_rft.models import load_causal_lm
 
 pytestmark = pytest.mark.skipif(

@@ -1,0 +1,75 @@
+"""The embedded engine's weights: copied in at a weight swap, or shared with the trainer.
+
+Both run in the engine thread between batcher steps (no row running), then retake the weights'
+derived copies (oneDNN-packed and fused q/k/v, gate/up weights) through `repack`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from transformers import PreTrainedModel
+
+from agentscope_rft.engines.base import EngineError
+from agentscope_rft.engines.packed import repack
+
+
+def same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether `a` and `b` are the same memory (a weight the engine shares with the trainer)."""
+    return (
+        a.device == b.device
+        and a.dtype == b.dtype
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.data_ptr() == b.data_ptr()
+    )
+
+
+def copy_weights(model: PreTrainedModel, weights: Mapping[str, torch.Tensor]) -> None:
+    """Copy `weights` into `model` in place (dtype/device converted); all names must match.
+    A tensor the model already shares (`share_weights`) is not copied onto itself."""
+    own = model.state_dict()
+    missing = [name for name in own if name not in weights]
+    tied_ok = {"lm_head.weight"} if model.config.get_text_config().tie_word_embeddings else set()
+    missing = [m for m in missing if m not in tied_ok]
+    unexpected = [name for name in weights if name not in own]
+    if missing or unexpected:
+        raise EngineError(
+            f"weights do not match the engine's model: missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}",
+            status=409,
+        )
+    with torch.no_grad():
+        for name, tensor in own.items():
+            if name in weights and not same_storage(tensor, weights[name]):
+                tensor.copy_(weights[name].to(device=tensor.device, dtype=tensor.dtype))
+    repack(model)  # packed linear weights are copies: retake them from the new weights
+
+
+def share_weights(model: PreTrainedModel, weights: Mapping[str, torch.Tensor]) -> int:
+    """Make `model`'s parameters the tensors of `weights` (same names, shapes, dtype and device):
+    the model then computes with them in place and its own copies are freed. Returns the bytes
+    of the parameters now shared; raises `EngineError` (nothing changed) on any mismatch."""
+    params = dict(model.named_parameters())  # tied weights once
+    problems = [
+        f"{name}: {tuple(p.shape)} {p.dtype} {p.device} vs "
+        + (
+            "missing"
+            if name not in weights
+            else f"{tuple(weights[name].shape)} {weights[name].dtype} {weights[name].device}"
+        )
+        for name, p in params.items()
+        if name not in weights
+        or (weights[name].shape, weights[name].dtype, weights[name].device)
+        != (p.shape, p.dtype, p.device)
+    ]
+    if problems:
+        raise EngineError(f"cannot share these weights: {'; '.join(problems[:3])}", status=409)
+    shared = 0
+    with torch.inference_mode(False), torch.no_grad():
+        for name, param in params.items():
+            param.data = weights[name].detach()
+            shared += param.numel() * param.element_size()
+    repack(model)  # packed and fused copies are retaken from the shared tensors
+    return shared
