@@ -34,7 +34,12 @@ from agentscope_rft.engines.base import (
     GenerationOutput,
     PromptReady,
 )
-from agentscope_rft.engines.batcher import ContinuousBatcher, GenerationJob, _WeightSwap
+from agentscope_rft.engines.batcher import (
+    ContinuousBatcher,
+    GenerationJob,
+    _resolve,
+    _WeightSwap,
+)
 from agentscope_rft.engines.chat import PromptBuilder, TextStream, assemble_choice
 from agentscope_rft.engines.fused import FusedDecoder, fused_decode_unsupported
 from agentscope_rft.engines.packed import pack_linear_weights, packing_unsupported, repack
@@ -455,7 +460,7 @@ class EmbeddedEngine:
             batcher.drop_idle_cache()
             if batcher.fused is not None:
                 batcher.fused.release()  # its q/k/v and gate/up copies: retaken below
-            loop.call_soon_threadsafe(_set_once, parked)
+            loop.call_soon_threadsafe(_resolve, parked, 0.0)
             try:
                 release.wait()
             finally:
@@ -494,8 +499,3 @@ class EmbeddedEngine:
         )
         batcher.request_swap(swap)
         return swap.done
-
-
-def _set_once(future: asyncio.Future[float]) -> None:
-    if not future.done():
-        future.set_result(0.0)

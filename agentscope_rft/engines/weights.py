@@ -47,22 +47,19 @@ def copy_weights(model: PreTrainedModel, weights: Mapping[str, torch.Tensor]) ->
     repack(model)  # packed linear weights are copies: retake them from the new weights
 
 
+def _layout(tensor: torch.Tensor) -> str:
+    return f"{tuple(tensor.shape)} {tensor.dtype} {tensor.device}"
+
+
 def share_weights(model: PreTrainedModel, weights: Mapping[str, torch.Tensor]) -> int:
     """Make `model`'s parameters the tensors of `weights` (same names, shapes, dtype and device):
     the model then computes with them in place and its own copies are freed. Returns the bytes
     of the parameters now shared; raises `EngineError` (nothing changed) on any mismatch."""
     params = dict(model.named_parameters())  # tied weights once
     problems = [
-        f"{name}: {tuple(p.shape)} {p.dtype} {p.device} vs "
-        + (
-            "missing"
-            if name not in weights
-            else f"{tuple(weights[name].shape)} {weights[name].dtype} {weights[name].device}"
-        )
+        f"{name}: {_layout(p)} vs {_layout(weights[name]) if name in weights else 'missing'}"
         for name, p in params.items()
-        if name not in weights
-        or (weights[name].shape, weights[name].dtype, weights[name].device)
-        != (p.shape, p.dtype, p.device)
+        if name not in weights or _layout(weights[name]) != _layout(p)
     ]
     if problems:
         raise EngineError(f"cannot share these weights: {'; '.join(problems[:3])}", status=409)

@@ -216,6 +216,9 @@ async def room_for_training(engine: object, config: RunConfig) -> AsyncIterator[
     would drop them anyway) and the memory goes back to the OS, so the trainer's peak does not
     stack on the explorer's.
     """
+    if engine is None:  # a run without an engine (train_only)
+        yield
+        return
     placement = config.gpus
     if placement is not None and placement.mode == "colocated":
         sleeper = cast(Sleeper, engine)  # colocated placement is only accepted with vLLM

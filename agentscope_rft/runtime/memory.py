@@ -11,8 +11,11 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import logging
 import sys
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -72,15 +75,12 @@ async def share_trainer_weights(config: Any, engine: object, trainer: object) ->
     """Have the embedded engine compute with the trainer's weights in place where it can (see
     `weight_sharing_refusal`); returns the bytes of the engine's own copy freed (0: not shared,
     the reason logged)."""
-    import logging
-
-    log = logging.getLogger(__name__)
     refusal = weight_sharing_refusal(config, engine, trainer)
     if refusal is not None:
         if getattr(config.engine, "type", None) == "embedded":
-            log.info("engine keeps its own copy of the weights: %s", refusal)
+            logger.info("engine keeps its own copy of the weights: %s", refusal)
         return 0
     shared = int(await engine.share_weights(trainer.state_dict_for_sync()))  # type: ignore[attr-defined]
     release_freed_memory()
-    log.info("engine computes with the trainer's weights in place (%.2f GB freed)", shared / 1e9)
+    logger.info("engine computes with the trainer's weights in place (%.2f GB freed)", shared / 1e9)
     return shared

@@ -537,12 +537,7 @@ class TrainingRun:
         self.health.record(_rolled_back(event, target))
         folder = checkpoint_dir(self.run_dir, target)
         saved = json.loads((folder / RUN_STATE_FILE).read_text())
-        engine_idle = (  # the engine may compute with the weights being loaded
-            room_for_training(self.engine, self.config)
-            if self.engine is not None
-            else contextlib.nullcontext()
-        )
-        async with engine_idle:
+        async with room_for_training(self.engine, self.config):  # it may share these weights
             await in_own_thread(self.trainer.load, folder)
         self.rollback = self.rollback.after(settings)
         await self._apply_rollback_changes()
