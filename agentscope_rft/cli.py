@@ -215,6 +215,7 @@ _USER_ERRORS = {
     "agentscope_rft.models": ("ModelNotFoundError",),
     "agentscope_rft.review.training": ("ReviewDataError",),
     "agentscope_rft.runtime.components": ("RunFolderError",),
+    "agentscope_rft.runtime.fork": ("ForkError",),
 }
 """Errors that are the user's input (shown as one line, exit 2), by the module defining them."""
 
@@ -293,24 +294,41 @@ def train(
         ),
     ] = False,
     artefacts: ArtefactsOption = None,
+    fork_from: Annotated[
+        str | None,
+        typer.Option(
+            help="Start from another run's checkpoint (with --fork-step) and train on with this "
+            "config; a sweep folder with --seeds forks each seed from the same seed there."
+        ),
+    ] = None,
+    fork_step: Annotated[
+        int | None, typer.Option(help="The step of --fork-from's checkpoint to start from.")
+    ] = None,
 ) -> None:
     """Train an AgentScope app with reinforcement fine-tuning (or SFT/DPO offline).
 
     Ctrl-C or SIGTERM stops it cleanly: a checkpoint is saved and it exits with code 75;
     `--resume <run folder>` continues. A second signal exits at once, without saving.
     `--seeds` runs one config per seed in `runs/<name>/seed-<k>/` and summarizes them;
-    `--resume runs/<name>` continues a sweep.
+    `--resume runs/<name>` continues a sweep. `--fork-from runs/a --fork-step 16` starts a new
+    run as `runs/a` was after step 16 (docs/lifecycle.md#forking-a-run).
     """
     setup_logging(log_level)
     from pathlib import Path
 
     from agentscope_rft.runtime.sweep import is_sweep
 
+    fork = _fork_request(fork_from, fork_step, resume)
     if seeds is not None or (resume is not None and is_sweep(Path(resume))):
-        _train_sweep(config, set_ or [], resume, seeds, parallel, test, log_level, artefacts)
+        _train_sweep(config, set_ or [], resume, seeds, parallel, test, log_level, artefacts, fork)
         return
     if artefacts is not None:
         raise fail("--artefacts exports a seed sweep: add --seeds (e.g. --seeds 0,1,2)")
+    if fork is not None and is_sweep(fork[0]):
+        raise fail(
+            f"--fork-from {fork[0]} is a seed sweep: add --seeds to fork each of its seeds, or "
+            f"give one seed's folder ({fork[0]}/seed-<k>)"
+        )
 
     from agentscope_rft.config import load_config
     from agentscope_rft.runtime.preflight import preflight
@@ -323,10 +341,15 @@ def train(
             cfg = load_config(config, set_ or [])
         checked = preflight(cfg)  # fail in seconds, before the training stack even imports
         run_dir = Path(resume) if resume is not None else _run_dir(cfg)
+        if fork is not None:
+            from agentscope_rft.runtime.fork import fork_run
+
+            fork_run(fork[0], fork[1], run_dir, cfg)
         from agentscope_rft.runtime.local import train as run_training
 
         stop = RunStop()
-        job = run_training(cfg, run_dir, resume=resume is not None, stop=stop, checked=checked)
+        resumed = resume is not None or fork is not None
+        job = run_training(cfg, run_dir, resume=resumed, stop=stop, checked=checked)
         last = asyncio.run(_on_signals(job, stop, "training"))
     except RunStopped as exc:
         raise _stopped(exc) from exc
@@ -342,6 +365,24 @@ def train(
     console.print(f"[bold green]done[/] {run_dir}: {shown}; curve: {run_dir / 'reward_curve.png'}")
 
 
+def _fork_request(fork_from: str | None, step: int | None, resume: str | None) -> Any:
+    """(source folder, step) of `--fork-from`/`--fork-step`, or None; a half request fails."""
+    from pathlib import Path
+
+    if fork_from is None:
+        if step is not None:
+            raise fail("--fork-step needs --fork-from (the run folder to fork)")
+        return None
+    if step is None:
+        raise fail(f"--fork-from {fork_from} needs --fork-step (the checkpoint's step)")
+    if resume is not None:
+        raise fail(
+            "--fork-from starts a new run and --resume continues one: give one of them (a fork "
+            "that stopped continues with --resume)"
+        )
+    return Path(fork_from), step
+
+
 def _train_sweep(
     config: str | None,
     overrides: list[str],
@@ -351,6 +392,7 @@ def _train_sweep(
     test: bool,
     log_level: str,
     artefacts: str | None,
+    fork: Any = None,
 ) -> None:
     from pathlib import Path
 
@@ -376,7 +418,7 @@ def _train_sweep(
             cfg = load_config(config, overrides)
             sweep_dir = _run_dir(cfg)
         summary = run_sweep(
-            cfg, sweep_dir, wanted, parallel=parallel, log_level=log_level, test=test
+            cfg, sweep_dir, wanted, parallel=parallel, log_level=log_level, test=test, fork=fork
         )
     except SweepStopped as exc:
         raise _stopped(exc) from exc

@@ -56,9 +56,9 @@ class Monitor:
         run_name: Name of the run in W&B and MLflow.
         resolved_config: The full run config (W&B config, MLflow params, TensorBoard text).
         resume: Continue an earlier run in `run_dir`: append to its metrics (the first step
-            logged after resuming supersedes the earlier records from that step on, in plots
-            and TensorBoard) and continue its W&B/MLflow runs. Without it, an existing
-            `metrics.jsonl` is replaced.
+            logged after resuming supersedes the earlier records from that step on, a
+            validation of the checkpoint resumed from excepted, in plots and TensorBoard) and
+            continue its W&B/MLflow runs. Without it, an existing `metrics.jsonl` is replaced.
         console: Where the step lines and progress go; pass the console the CLI logs to, so
             that log lines, step lines and live bars share one display.
 

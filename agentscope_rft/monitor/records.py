@@ -3,9 +3,10 @@
 A line is `{"step": 12, "time": 1767000000.123, "phase": "train", "reward/mean": 0.41, ...}`:
 `time` is Unix seconds, `phase` is `train`, `eval` or another name, non-finite values are `null`.
 A resumed run appends to the same file, first a marker line `{"step": s, "time": ..., "phase":
-"resume"}` at its first logged step `s`. Readers drop the records before the marker with step >= s
-(the branch the resume abandoned), the way TensorBoard purges events after a restart, and keep the
-last value per step.
+"resume"}` at its first logged step `s`. Readers drop the records before the marker of training
+steps >= s and of other phases (validation) at steps > s (the branch the resume abandoned; a
+validation logged at step s evaluated the checkpoint the run resumed from), the way TensorBoard
+purges events after a restart, and keep the last value per step.
 """
 
 from __future__ import annotations
@@ -185,10 +186,24 @@ def surviving_history(records: Iterable[MetricRecord]) -> list[MetricRecord]:
     kept: list[MetricRecord] = []
     for record in records:
         if record.phase == RESUME_PHASE:
-            kept = [old for old in kept if old.step < record.step]
+            kept = before_resume(kept, record.step)
         else:
             kept.append(record)
     return kept
+
+
+def before_resume(records: Iterable[MetricRecord], step: int) -> list[MetricRecord]:
+    """The records a run resumed from its checkpoint after `step` steps keeps: the training
+    steps before `step`, and the other phases' records up to `step` (a validation logged at
+    `step` evaluated that checkpoint's policy, which the resumed run starts from).
+
+    Example:
+        >>> log = [MetricRecord(1, "train", None), MetricRecord(2, "val", None),
+        ...        MetricRecord(2, "train", None), MetricRecord(3, "val", None)]
+        >>> [(r.step, r.phase) for r in before_resume(log, 2)]
+        [(1, 'train'), (2, 'val')]
+    """
+    return [r for r in records if (r.step < step if r.phase == "train" else r.step <= step)]
 
 
 def per_step(records: Iterable[MetricRecord], phase: str) -> list[MetricRecord]:

@@ -142,12 +142,18 @@ def _comparable(config: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+def config_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """`key: old -> new` for each leaf of two resolved configs (dicts) that differs.
+
+    Example:
+        >>> config_diff({"trainer": {"lr": 1e-5, "dtype": "auto"}}, {"trainer": {"lr": 2e-5}})
+        ["trainer.dtype: 'auto' -> None", 'trainer.lr: 1e-05 -> 2e-05']
+    """
     if isinstance(old, dict) and isinstance(new, dict):
         return [
             d
             for key in sorted(set(old) | set(new))
-            for d in _differences(old.get(key), new.get(key), f"{prefix}{key}.")
+            for d in config_diff(old.get(key), new.get(key), f"{prefix}{key}.")
         ]
     return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} -> {new!r}"]
 
@@ -162,13 +168,21 @@ def following_keys(config: RunConfig) -> list[str]:
     return keys
 
 
-def open_sweep(config: RunConfig, sweep_dir: Path, seeds: Sequence[int]) -> dict[str, Any]:
+def open_sweep(
+    config: RunConfig,
+    sweep_dir: Path,
+    seeds: Sequence[int],
+    fork: tuple[Path, int] | None = None,
+) -> dict[str, Any]:
     """Create the sweep folder, or continue the one there when its config matches.
 
     Seeds not yet in an existing sweep are added to it (finished ones stay). A sweep folder with
     another config is refused (replaced with `run.overwrite`); an ordinary run folder is refused.
+    `fork`: (source sweep folder, step): each seed starts from the same seed's checkpoint there
+    (`runtime.fork`); recorded in `sweep.json`, and a continuing command may not change it.
     """
     resolved = config.model_dump(mode="json")
+    forked = None if fork is None else _fork_record(fork, seeds)
     if sweep_dir.exists() and any(sweep_dir.iterdir()):
         if not is_sweep(sweep_dir):
             if not config.run.overwrite:
@@ -180,10 +194,13 @@ def open_sweep(config: RunConfig, sweep_dir: Path, seeds: Sequence[int]) -> dict
             shutil.rmtree(sweep_dir)
         else:
             data = read_sweep(sweep_dir)
-            diff = _differences(_comparable(data.get("config", {})), _comparable(resolved))
+            diff = config_diff(_comparable(data.get("config", {})), _comparable(resolved))
             if not diff:
+                forked = _same_fork(sweep_dir, data.get("fork"), forked, seeds)
                 added = [s for s in seeds if s not in data["seeds"]]
                 data["seeds"] = [*data["seeds"], *added]
+                if forked is not None:
+                    data["fork"] = forked
                 for seed in added:
                     data["runs"][str(seed)] = seed_folder(seed)
                     data["status"][str(seed)] = "pending"
@@ -218,8 +235,48 @@ def open_sweep(config: RunConfig, sweep_dir: Path, seeds: Sequence[int]) -> dict
         "config": resolved,
         "commit": git_commit(),
     }
+    if forked is not None:
+        data["fork"] = forked
     write_sweep(sweep_dir, data)
     return data
+
+
+def _fork_record(fork: tuple[Path, int], seeds: Sequence[int]) -> dict[str, Any]:
+    """`{"from": <source sweep>, "step": k, "runs": {seed: folder}}`; every seed must be there."""
+    source, step = fork
+    if not is_sweep(source):
+        raise SweepError(
+            f"--fork-from {source}: not a seed sweep (no {SWEEP_FILE}); a sweep forks each seed "
+            "from the same seed of a sweep, so give the sweep folder (runs/<name>)"
+        )
+    runs = read_sweep(source).get("runs", {})
+    missing = [s for s in seeds if str(s) not in runs]
+    if missing:
+        raise SweepError(
+            f"--fork-from {source}: it has no seed(s) {missing} (it has {sorted(map(int, runs))}); "
+            "fork those seeds only, or run them there first"
+        )
+    return {
+        "from": str(source.resolve()),
+        "step": step,
+        "runs": {str(s): str((source / runs[str(s)]).resolve()) for s in seeds},
+    }
+
+
+def _same_fork(
+    sweep_dir: Path, recorded: dict[str, Any] | None, asked: dict[str, Any] | None, seeds: Any
+) -> dict[str, Any] | None:
+    """A continuing command keeps the sweep's fork (or its absence); new seeds' sources added."""
+    if asked is None:
+        return recorded
+    if recorded is None or (recorded["from"], recorded["step"]) != (asked["from"], asked["step"]):
+        was = "no fork" if recorded is None else f"{recorded['from']} at step {recorded['step']}"
+        raise SweepError(
+            f"sweep folder {sweep_dir} was started with {was}, not --fork-from {asked['from']} "
+            f"--fork-step {asked['step']}: continue it with `agentscope-rft train --resume "
+            f"{sweep_dir}`, or pick another run.name"
+        )
+    return {**recorded, "runs": {**recorded["runs"], **asked["runs"]}}
 
 
 # --------------------------------------------------------------------------- running the seeds
@@ -232,6 +289,9 @@ def seed_command(sweep_dir: Path, data: dict[str, Any], seed: int, log_level: st
     if (run_dir / STATE_FILE).is_file():
         return [*cli, "--resume", str(run_dir)]
     name = data["config"]["run"].get("name") or "run"
+    fork = data.get("fork")
+    if fork is not None:  # the same seed's checkpoint of the source sweep
+        cli += ["--fork-from", fork["runs"][str(seed)], "--fork-step", str(fork["step"])]
     sets = [
         f"run.dir={run_dir}",
         f"run.name={name}-seed-{seed}",
@@ -495,6 +555,7 @@ def run_sweep(
     parallel: str = "auto",
     log_level: str = "INFO",
     test: bool = False,
+    fork: tuple[Path, int] | None = None,
 ) -> dict[str, Any]:
     """Run (or continue) the sweep of `config` over `seeds` in `sweep_dir`, then summarize it.
 
@@ -510,7 +571,7 @@ def run_sweep(
     """
     from agentscope_rft.runtime.sweep_summary import summarize
 
-    data = open_sweep(config, sweep_dir, seeds)
+    data = open_sweep(config, sweep_dir, seeds, fork)
     at_once = choose_parallel(config, parallel, len(data["seeds"]))
     logger.info(
         "sweep %s: seeds %s, %d at a time; follow the sweep seed: %s",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import os
 import statistics
@@ -27,6 +28,8 @@ BEST_FILE = "best.json"
 UNTRAINED = "test-untrained"
 DEFAULT_METRIC, DEFAULT_MODE = "val/reward/mean", "max"
 TEST_METRICS = ("reward/mean", "success_rate")
+
+logger = logging.getLogger(__name__)
 """Test metrics shown in the table (summary.json keeps every metric explore returns)."""
 
 
@@ -156,9 +159,17 @@ def summarize(sweep_dir: Path, *, test: bool = False) -> dict[str, Any]:
 
 
 def evaluate_best(run_dir: Path, best_model: str | None) -> dict[str, float]:
-    """Explore the test split with the seed's best checkpoint; writes `test-best/` in its folder."""
+    """Explore the test split with the seed's best checkpoint; writes `test-best/` in its folder.
+
+    An evaluation written after the seed's best was chosen (`test-best/summary.json` newer than
+    `best.json`) is reused, so a `--test` that was stopped goes on where it was.
+    """
     if best_model is None or not Path(best_model).is_dir():
         raise SweepError(f"{run_dir}: no checkpoint to test ({best_model or 'state.json missing'})")
+    done, chosen = run_dir / "test-best" / "summary.json", run_dir / BEST_FILE
+    if done.is_file() and chosen.is_file() and done.stat().st_mtime > chosen.stat().st_mtime:
+        logger.info("%s: the test evaluation of its best checkpoint is reused (%s)", run_dir, done)
+        return dict(json.loads(done.read_text()))
     return _evaluate(
         run_dir / "config.yaml", [f"model.name_or_path={best_model}"], run_dir / "test-best"
     )

@@ -145,8 +145,8 @@ class TrainingRun:
         try:
             with self.monitor, self.monitor.progress() as progress:
                 progress.reset("run", total=self.steps, completed=self.start)
-                if self.start == 0 and self.config.run.eval_every:
-                    await _until_stopped(self.stop.until(self._evaluate(0)))
+                if self._validation_due():
+                    await _until_stopped(self.stop.until(self._evaluate(self.start)))
                 while not self.stop.requested:
                     try:
                         await self._loops(progress)
@@ -478,6 +478,18 @@ class TrainingRun:
             self.trained.notify_all()
 
     # ------------------------------------------------------------------ validation
+    def _validation_due(self) -> bool:
+        """Validate before the first step; and on resume when the checkpoint resumed from is a
+        validation step whose validation was never logged (the run stopped while validating)."""
+        every = self.config.run.eval_every
+        if not every or not self.val_tasks:
+            return False
+        if self.start == 0:
+            return True
+        if self.start % every and self.start != self.steps:
+            return False
+        return not logged_at(self.run_dir, self.start, self.val_phase)
+
     async def _evaluate(self, step: int) -> None:
         """Explore the validation tasks greedily with the policy of `step`; keep the best."""
         if self.explorer is None or not self.val_tasks or not self.config.run.eval_every:
@@ -590,6 +602,22 @@ class TrainingRun:
 
 def _rolled_back(event: HealthEvent, target: int) -> HealthEvent:
     return replace(event, rolled_back_to=target)
+
+
+def logged_at(run_dir: Path, step: int, phase: str) -> bool:
+    """Whether the run's metrics hold a surviving `phase` record of `step`."""
+    from agentscope_rft.monitor.records import (
+        METRICS_FILE,
+        MetricsFileError,
+        read_metrics,
+        surviving_history,
+    )
+
+    try:
+        records = surviving_history(read_metrics(run_dir / METRICS_FILE))
+    except MetricsFileError:
+        return False
+    return any(r.step == step and r.phase == phase for r in records)
 
 
 async def _until_stopped(job: Any) -> None:

@@ -141,9 +141,40 @@ def load_trainer_state(trainer: TorchTrainer, directory: Path) -> None:
                 f"unexpected {unexpected[:5]}"
             )
     state = torch.load(directory / "trainer.pt", map_location="cpu", weights_only=False)
+    configured = _configured_settings(trainer)
     trainer.optimizer.load_state_dict(state["optimizer"])
-    trainer.scheduler.load_state_dict(state["scheduler"])
+    trainer.scheduler.load_state_dict({**state["scheduler"], **configured["scheduler"]})
+    _apply_configured(trainer, configured["groups"])
     trainer.optimizer_steps = int(state["optimizer_steps"])
     if trainer.value_head is not None and state["value_head"] is not None:
         trainer.value_head.load_state_dict(state["value_head"])
     torch.set_rng_state(state["torch_rng"])
+
+
+def _configured_settings(trainer: TorchTrainer) -> dict[str, Any]:
+    """The optimizer's hyper-parameters and the LR schedule as this run's config sets them."""
+    scheduler = trainer.scheduler.state_dict()
+    return {
+        "groups": [
+            {k: v for k, v in g.items() if k != "params"} for g in trainer.optimizer.param_groups
+        ],
+        "scheduler": {"base_lrs": scheduler["base_lrs"], "lr_lambdas": scheduler["lr_lambdas"]},
+    }
+
+
+def _apply_configured(trainer: TorchTrainer, groups: list[dict[str, Any]]) -> None:
+    """A checkpoint brings AdamW's moments and the schedule's position; the config (which a
+    resume with `--set` or a fork may change) keeps the learning rate, its schedule, betas and
+    weight decay. With the config unchanged, every value is the checkpoint's own."""
+    scheduler = trainer.scheduler
+    for group, settings, base, factor in zip(
+        trainer.optimizer.param_groups,
+        groups,
+        scheduler.base_lrs,
+        scheduler.lr_lambdas,
+        strict=True,
+    ):
+        group.update({k: v for k, v in settings.items() if k not in ("lr", "initial_lr")})
+        group["initial_lr"] = base
+        group["lr"] = base * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in trainer.optimizer.param_groups]

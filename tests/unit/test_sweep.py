@@ -236,3 +236,24 @@ def test_artefacts_export_refuses_what_it_would_damage(tmp_path):
     )
     assert not (out / "stale.txt").exists()
     assert "`agentscope-rft train --seeds 0`" in (out / INDEX).read_text()
+
+
+def test_a_test_evaluation_newer_than_the_best_is_reused(tmp_path, monkeypatch):
+    import os
+
+    from agentscope_rft.runtime import sweep_summary
+
+    run, model = tmp_path / "seed-0", tmp_path / "seed-0" / "checkpoints" / "best" / "model"
+    model.mkdir(parents=True)
+    (run / "best.json").write_text('{"step": 2}')
+    (run / "test-best").mkdir()
+    (run / "test-best" / "summary.json").write_text('{"reward/mean": 0.42}')
+    explored: list[Path] = []
+    monkeypatch.setattr(sweep_summary, "_evaluate", lambda c, o, out: explored.append(out) or {})
+    assert sweep_summary.evaluate_best(run, str(model)) == {"reward/mean": 0.42}
+    assert explored == []
+    # a best chosen after the evaluation (the seed ran again): evaluated anew
+    later = (run / "test-best" / "summary.json").stat().st_mtime + 10
+    os.utime(run / "best.json", (later, later))
+    assert sweep_summary.evaluate_best(run, str(model)) == {}
+    assert explored == [run / "test-best"]

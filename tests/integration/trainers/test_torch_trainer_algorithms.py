@@ -261,3 +261,41 @@ def test_a_step_trains_with_the_trainers_threads_in_any_worker_thread(tiny_model
         assert pool.submit(torch.get_num_threads).result() == 1  # the inherited count
         pool.submit(trainer.step, rl_samples(int(trainer.model.config.vocab_size)), 0).result()
     assert seen == [trainer.num_threads]
+
+
+def test_a_checkpoint_keeps_its_moments_and_position_and_the_config_its_settings(
+    tiny_model_path, tmp_path
+):
+    """A resume with `--set trainer.lr=...` (or a fork) trains at the new settings; the same
+    config resumes with every optimizer value the checkpoint had."""
+    kept = dict(lr=1e-2, dtype="float32", lr_schedule="linear", warmup_steps=1, weight_decay=0.1)
+    trainer = TorchTrainer(
+        tiny_model_path, TorchTrainerConfig(**kept), AlgorithmConfig(), total_steps=4, seed=0
+    )
+    vocab = int(trainer.model.config.vocab_size)
+    for step in range(2):
+        trainer.step(rl_samples(vocab), step)
+    trainer.save(tmp_path / "ckpt")  # (as a run saves a checkpoint: state, then the model)
+    trainer.export_hf(tmp_path / "ckpt" / "model")
+    saved = [dict(g, params=None) for g in trainer.optimizer.param_groups]
+
+    same = TorchTrainer(
+        tiny_model_path, TorchTrainerConfig(**kept), AlgorithmConfig(), total_steps=4, seed=0
+    )
+    same.load(tmp_path / "ckpt")
+    assert [dict(g, params=None) for g in same.optimizer.param_groups] == saved
+    assert same.scheduler.last_epoch == trainer.scheduler.last_epoch == 2
+
+    changed = {**kept, "lr": 1e-3, "lr_schedule": "constant", "weight_decay": 0.0}
+    other = TorchTrainer(
+        tiny_model_path, TorchTrainerConfig(**changed), AlgorithmConfig(), total_steps=4, seed=0
+    )
+    other.load(tmp_path / "ckpt")
+    group = other.optimizer.param_groups[0]
+    assert group["lr"] == 1e-3 and group["initial_lr"] == 1e-3 and group["weight_decay"] == 0.0
+    assert other.scheduler.last_epoch == 2 and other.scheduler.get_last_lr()[0] == 1e-3
+    moments = trainer.optimizer.state_dict()["state"]
+    for key, value in other.optimizer.state_dict()["state"].items():
+        torch.testing.assert_close(value["exp_avg"], moments[key]["exp_avg"], rtol=0, atol=0)
+    other.step(rl_samples(vocab), 2)
+    assert other.scheduler.get_last_lr()[0] == 1e-3  # constant: the checkpoint's linear decay gone
