@@ -32,15 +32,6 @@ EXTRA = (
 )
 
 
-@pytest.fixture(scope="module")
-def toy_tasks(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("toy") / "tasks.jsonl"
-    path.write_text(
-        "".join(json.dumps({"id": f"t{i}", "prompt": f"Say {i}"}) + "\n" for i in range(8))
-    )
-    return path
-
-
 def records(run_dir: Path, name: str = "metrics.jsonl") -> list[dict]:
     return [json.loads(line) for line in (run_dir / name).read_text().splitlines()]
 
@@ -75,7 +66,7 @@ async def test_a_fork_with_the_same_config_repeats_the_run(
     assert ours[1]["time"] == theirs[1]["time"] and ours[2]["time"] != theirs[2]["time"]
     assert ours[3]["reward/mean"] == theirs[3]["reward/mean"]
     val_rollouts = [r for r in records(fork, "rollouts.jsonl") if r["phase"] == "val"]
-    assert len(val_rollouts) == 4 * 8  # steps 0-3, 8 tasks each, none twice
+    assert len(val_rollouts) == 4 * 16  # steps 0-3, 16 tasks each, none twice
 
 
 async def test_a_fork_with_another_config_trains_on_from_the_shared_steps(source, tmp_path):
