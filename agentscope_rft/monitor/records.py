@@ -203,7 +203,13 @@ def before_resume(records: Iterable[MetricRecord], step: int) -> list[MetricReco
         >>> [(r.step, r.phase) for r in before_resume(log, 2)]
         [(1, 'train'), (2, 'val')]
     """
-    return [r for r in records if (r.step < step if r.phase == "train" else r.step <= step)]
+    return [r for r in records if kept_at_resume(r.step, r.phase, step)]
+
+
+def kept_at_resume(at: int, phase: str, step: int) -> bool:
+    """Whether a record of `phase` at step `at` survives a resume from the checkpoint after
+    `step` steps (the rule of `before_resume`, for logs other than the metrics)."""
+    return at < step if phase == "train" else at <= step
 
 
 def per_step(records: Iterable[MetricRecord], phase: str) -> list[MetricRecord]:

@@ -32,11 +32,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from agentscope_rft.buffer.config import DEFAULT_SQLITE_NAME
 from agentscope_rft.config import RunConfig, dump_config
 from agentscope_rft.monitor.records import (
     METRICS_FILE,
     MetricsWriter,
     before_resume,
+    kept_at_resume,
     read_metrics,
     surviving_history,
 )
@@ -48,16 +50,15 @@ from agentscope_rft.runtime.best import (
     metric_names,
     write_json,
 )
+from agentscope_rft.runtime.components import CHECKPOINTS, checkpoint_dir, write_state
 
 logger = logging.getLogger(__name__)
 
 FORK_FILE = "fork.json"
-STATE_FILE = "state.json"
 RUN_STATE_FILE = "run_state.json"
-CHECKPOINTS = "checkpoints"
+"""(`runtime.training.RUN_STATE_FILE`, not imported: that module loads the whole training stack)"""
 STEP_LOGS = ("rollouts.jsonl", "samples.jsonl", "diagnosis.jsonl")
 """JSON-lines files with a `step` and a `phase` per line, cut like the metrics."""
-SQLITE_BUFFER = "buffer.db"
 
 
 class ForkError(ValueError):
@@ -103,8 +104,8 @@ def fork_run(source: Path, step: int, dest: Path, config: RunConfig) -> dict[str
     for name in STEP_LOGS:
         if (source / name).is_file():
             _cut_lines(source / name, dest / name, step)
-    if (source / SQLITE_BUFFER).is_file():
-        _copy_sqlite(source / SQLITE_BUFFER, dest / SQLITE_BUFFER)
+    if (source / DEFAULT_SQLITE_NAME).is_file():
+        _copy_sqlite(source / DEFAULT_SQLITE_NAME, dest / DEFAULT_SQLITE_NAME)
     best = _rewind_best(source, dest, step, config)
     record: dict[str, Any] = {
         "source": str(source.resolve()),
@@ -115,8 +116,7 @@ def fork_run(source: Path, step: int, dest: Path, config: RunConfig) -> dict[str
     }
     (dest / FORK_FILE).write_text(json.dumps(record, indent=1))
     # Last: a fork killed before this line has no state to resume from, and is made again.
-    state = json.loads((checkpoint / RUN_STATE_FILE).read_text())
-    (dest / STATE_FILE).write_text(json.dumps(state, indent=1))
+    write_state(dest, json.loads((checkpoint / RUN_STATE_FILE).read_text()))
     shown = "; ".join(record["differences"][:8]) or "none"
     logger.info("forked %s at step %d into %s; config differences: %s", source, step, dest, shown)
     return record
@@ -150,7 +150,7 @@ def _checkpoint(source: Path, step: int) -> Path:
             f"--fork-from {source}: not a run folder with checkpoints (config.yaml and "
             "checkpoints/); give the folder of a run started by `agentscope-rft train`"
         )
-    folder = source / CHECKPOINTS / f"step-{step:06d}"
+    folder = checkpoint_dir(source, step)
     if step < 0 or not (folder / RUN_STATE_FILE).is_file():
         have = checkpoint_steps(source)
         raise ForkError(
@@ -192,12 +192,8 @@ def _cut_lines(source: Path, dest: Path, step: int) -> None:
     with dest.open("w", encoding="utf-8") as out:
         for line, data in _json_lines(source):
             at, phase = data.get("step"), data.get("phase")
-            if isinstance(at, int) and isinstance(phase, str) and _kept(at, phase, step):
+            if isinstance(at, int) and isinstance(phase, str) and kept_at_resume(at, phase, step):
                 out.write(line if line.endswith("\n") else line + "\n")
-
-
-def _kept(at: int, phase: str, step: int) -> bool:
-    return at < step if phase == "train" else at <= step
 
 
 def _json_lines(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -270,5 +266,5 @@ def _best_model(source: Path, step: int) -> Path | None:
     best_model = source / CHECKPOINTS / BEST_DIR / "model"
     if isinstance(recorded, dict) and recorded.get("step") == step and best_model.is_dir():
         return best_model
-    model = source / CHECKPOINTS / f"step-{step:06d}" / "model"
+    model = checkpoint_dir(source, step) / "model"
     return model if model.is_dir() else None
