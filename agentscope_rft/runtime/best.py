@@ -110,6 +110,23 @@ def criterion_value(metrics: Mapping[str, float], names: Sequence[str]) -> float
     return sum(float(metrics[name]) for name in names) / len(names)
 
 
+def best_point(curve: Sequence[tuple[int, float]], mode: str) -> tuple[int, float] | None:
+    """The (step, value) of `curve` that `mode` ("max" or "min") prefers, the earliest on a tie;
+    NaN values never win; None for a curve without a number.
+
+    Example:
+        >>> best_point([(0, 0.2), (4, 0.5), (8, 0.5), (12, float("nan"))], "max")
+        (4, 0.5)
+        >>> best_point([(0, 0.2), (4, 0.5)], "min")
+        (0, 0.2)
+    """
+    points = [(step, value) for step, value in curve if value == value]
+    if not points:
+        return None
+    pick = max if mode == "max" else min
+    return pick(points, key=lambda point: point[1])
+
+
 def metric_label(metric: str | Sequence[str]) -> str:
     """How `best.json`, logs and summaries name the criterion.
 

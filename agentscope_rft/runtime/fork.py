@@ -45,18 +45,22 @@ from agentscope_rft.monitor.records import (
 from agentscope_rft.runtime.best import (
     BEST_DIR,
     BEST_FILE,
+    best_point,
     criterion_value,
     metric_label,
     metric_names,
     write_json,
 )
-from agentscope_rft.runtime.components import CHECKPOINTS, checkpoint_dir, write_state
+from agentscope_rft.runtime.components import (
+    CHECKPOINTS,
+    RUN_STATE_FILE,
+    checkpoint_dir,
+    write_state,
+)
 
 logger = logging.getLogger(__name__)
 
 FORK_FILE = "fork.json"
-RUN_STATE_FILE = "run_state.json"
-"""(`runtime.training.RUN_STATE_FILE`, not imported: that module loads the whole training stack)"""
 STEP_LOGS = ("rollouts.jsonl", "samples.jsonl", "diagnosis.jsonl")
 """JSON-lines files with a `step` and a `phase` per line, cut like the metrics."""
 
@@ -223,19 +227,15 @@ def _rewind_best(source: Path, dest: Path, step: int, config: RunConfig) -> dict
     names = [m.removeprefix("val/") for m in metric_names(metric)]
     if not (dest / METRICS_FILE).is_file():
         return None
-    best: tuple[float, int] | None = None
-    for logged in read_metrics(dest / METRICS_FILE):
-        value = criterion_value(logged.metrics, names) if logged.phase == "val" else None
-        if value is None or value != value:  # (NaN)
-            continue
-        better = best is None or (
-            value > best[0] if config.run.best_mode == "max" else value < best[0]
-        )
-        if better:
-            best = (value, logged.step)
+    curve = [
+        (logged.step, criterion_value(logged.metrics, names))
+        for logged in read_metrics(dest / METRICS_FILE)
+        if logged.phase == "val"
+    ]
+    best = best_point([(s, v) for s, v in curve if v is not None], config.run.best_mode)
     if best is None:
         return None
-    value, at = best
+    at, value = best
     model = _best_model(source, at)
     if model is None:
         logger.warning(

@@ -19,12 +19,18 @@ from pathlib import Path
 from typing import Any
 
 from agentscope_rft.monitor.records import METRICS_FILE, per_step, read_metrics, surviving_history
-from agentscope_rft.runtime.best import criterion_value, metric_label, metric_names
+from agentscope_rft.runtime.best import (
+    BEST_DIR,
+    BEST_FILE,
+    best_point,
+    criterion_value,
+    metric_label,
+    metric_names,
+)
 from agentscope_rft.runtime.components import CHECKPOINTS, STATE_FILE, checkpoint_dir, read_state
 from agentscope_rft.runtime.sweep import SweepError, read_sweep
 
 SUMMARY_JSON, SUMMARY_MD, SEEDS_PLOT = "summary.json", "summary.md", "seeds.png"
-BEST_FILE = "best.json"
 UNTRAINED = "test-untrained"
 DEFAULT_METRIC, DEFAULT_MODE = "val/reward/mean", "max"
 TEST_METRICS = ("reward/mean", "success_rate")
@@ -77,18 +83,17 @@ def seed_result(run_dir: Path, metric: str | Sequence[str], mode: str) -> dict[s
     last_step = int(read_state(run_dir)["step"]) if (run_dir / STATE_FILE).is_file() else None
     last_model = checkpoint_dir(run_dir, last_step) / "model" if last_step is not None else None
     best_file = run_dir / BEST_FILE
-    best_point: dict[str, Any]
+    best_at: dict[str, Any]
     best_model: Path | None
     if best_file.is_file():
         best = json.loads(best_file.read_text())
-        best_point = {"step": int(best["step"]), "value": float(best["value"])}
-        best_model = run_dir / CHECKPOINTS / "best" / "model"
+        best_at = {"step": int(best["step"]), "value": float(best["value"])}
+        best_model = run_dir / CHECKPOINTS / BEST_DIR / "model"
     elif curve:
-        pick = max if mode == "max" else min
-        step, value = pick(curve, key=lambda point: point[1])
-        best_point, best_model = {"step": step, "value": value}, last_model
+        step, value = best_point(curve, mode) or (None, None)
+        best_at, best_model = {"step": step, "value": value}, last_model
     else:
-        best_point, best_model = {"step": None, "value": None}, last_model
+        best_at, best_model = {"step": None, "value": None}, last_model
     at_last = [v for s, v in curve if s == last_step] or [v for _, v in curve[-1:]]
     last_point = {
         "step": last_step if last_step is not None else (curve[-1][0] if curve else None),
@@ -97,7 +102,7 @@ def seed_result(run_dir: Path, metric: str | Sequence[str], mode: str) -> dict[s
     return {
         "run": run_dir.name,
         "phase": phase,
-        "best": best_point,
+        "best": best_at,
         "last": last_point,
         "best_model": str(best_model) if best_model is not None else None,
         "curve": [[s, v] for s, v in curve],

@@ -43,6 +43,7 @@ from agentscope_rft.health.watcher import (
 from agentscope_rft.monitor import Monitor
 from agentscope_rft.runtime.best import BestCheckpoint
 from agentscope_rft.runtime.components import (
+    RUN_STATE_FILE,
     RolloutLog,
     checkpoint_dir,
     episode_settings,
@@ -69,9 +70,6 @@ logger = logging.getLogger(__name__)
 
 LEAD = {"sync": 0, "one_step_off": 1}
 MAX_EMPTY_STEPS = 3
-RUN_STATE_FILE = "run_state.json"
-"""In every checkpoint folder: the task position and health changes of its step (a rollback
-restores them with the weights)."""
 
 
 class RollBack(Exception):

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from agentscope_rft.trainers.optim import set_base_lrs
+
 if TYPE_CHECKING:
     from agentscope_rft.trainers.torch_trainer import TorchTrainer
 
@@ -166,15 +168,6 @@ def _apply_configured(trainer: TorchTrainer, groups: list[dict[str, Any]]) -> No
     """A checkpoint brings AdamW's moments and the schedule's position; the config (which a
     resume with `--set` or a fork may change) keeps the learning rate, its schedule, betas and
     weight decay. With the config unchanged, every value is the checkpoint's own."""
-    scheduler = trainer.scheduler
-    for group, settings, base, factor in zip(
-        trainer.optimizer.param_groups,
-        groups,
-        scheduler.base_lrs,
-        scheduler.lr_lambdas,
-        strict=True,
-    ):
+    for group, settings in zip(trainer.optimizer.param_groups, groups, strict=True):
         group.update({k: v for k, v in settings.items() if k not in ("lr", "initial_lr")})
-        group["initial_lr"] = base
-        group["lr"] = base * factor(scheduler.last_epoch)
-    scheduler._last_lr = [group["lr"] for group in trainer.optimizer.param_groups]
+    set_base_lrs(trainer.optimizer, trainer.scheduler, trainer.scheduler.base_lrs)

@@ -133,4 +133,28 @@ def optimizer_bytes_per_parameter(state_dtype: str) -> int:
     return 2 * (2 if state_dtype == "bfloat16" else 4)
 
 
-__all__ = ["BF16StateAdamW", "optimizer_bytes_per_parameter", "stochastic_round_to_bf16"]
+def set_base_lrs(
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LambdaLR,
+    bases: Iterable[float | Tensor],
+) -> None:
+    """Give each parameter group of `optimizer` the base learning rate in `bases` (one per
+    group), keeping the schedule's position: the current lr becomes base x the schedule's factor
+    at its present step. Used by a health rollback's lr change and by a checkpoint load, where
+    the config's lr (possibly changed by `--set` or a fork) wins over the checkpoint's."""
+    bases = [float(base) for base in bases]
+    for group, base, factor in zip(
+        optimizer.param_groups, bases, scheduler.lr_lambdas, strict=True
+    ):
+        group["initial_lr"] = base
+        group["lr"] = base * factor(scheduler.last_epoch)
+    scheduler.base_lrs = bases
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+
+__all__ = [
+    "BF16StateAdamW",
+    "optimizer_bytes_per_parameter",
+    "set_base_lrs",
+    "stochastic_round_to_bf16",
+]

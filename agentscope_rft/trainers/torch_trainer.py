@@ -63,7 +63,11 @@ from agentscope_rft.trainers.memory_budget import (
     footprint_of,
     plan_step,
 )
-from agentscope_rft.trainers.optim import BF16StateAdamW, optimizer_bytes_per_parameter
+from agentscope_rft.trainers.optim import (
+    BF16StateAdamW,
+    optimizer_bytes_per_parameter,
+    set_base_lrs,
+)
 from agentscope_rft.types import Sample
 
 logger = logging.getLogger(__name__)
@@ -536,15 +540,9 @@ class TorchTrainer:
     def adjust(self, lr_scale: float, algorithm: AlgorithmConfig) -> None:
         """Train from now on at `lr_scale` x the configured learning rate (the schedule goes on
         from where it is) with `algorithm` (a health rollback's changes: KL, entropy bonus)."""
-        for group, base, lmbda in zip(
-            self.optimizer.param_groups,
-            self._configured_lrs,
-            self.scheduler.lr_lambdas,
-            strict=True,
-        ):
-            group["initial_lr"] = base * lr_scale
-            group["lr"] = base * lr_scale * lmbda(self.scheduler.last_epoch)
-        self.scheduler.base_lrs = [base * lr_scale for base in self._configured_lrs]
+        set_base_lrs(
+            self.optimizer, self.scheduler, [base * lr_scale for base in self._configured_lrs]
+        )
         if algorithm.needs_reference() and self.reference is None and self.config.lora is None:
             # A KL added by a rollback: the reference is the starting policy, as if configured.
             reference = load_causal_lm(
