@@ -62,6 +62,10 @@ class EntropyCollapseRule(RuleSettings):
     default: at a high learning rate entropy collapses within the second step)."""
     patience: int = Field(default=2, ge=1)
     """Consecutive steps that must break the rule before it fires."""
+    converged_success: float | None = Field(default=0.9, gt=0, le=1)
+    """A step whose sampled episodes succeed at least this often (`success_rate`) does not break
+    the rule: entropy fell because the policy solves its tasks (convergence, not a collapse), and
+    rolling back would undo what it learned. `null`: entropy alone decides."""
 
 
 class LogprobGapRule(RuleSettings):

@@ -100,12 +100,17 @@ def _entropy(entry: StepMetrics) -> float | None:
 
 
 def entropy_collapse(history: Sequence[StepMetrics], cfg: EntropyCollapseRule) -> Finding | None:
-    """`entropy/mean` below `fraction` x the mean of the run's first `baseline_steps` steps.
+    """`entropy/mean` below `fraction` x the mean of the run's first `baseline_steps` steps, on
+    steps whose episodes succeed less often than `converged_success` (a policy that solves its
+    tasks may stop exploring).
 
     Example:
         >>> steps = [StepMetrics(i, {"entropy/mean": e}) for i, e in enumerate([1.6, 1.4, .2, .1])]
         >>> entropy_collapse(steps, EntropyCollapseRule()).onset
         2
+        >>> solved = {"entropy/mean": 0.1, "success_rate": 0.95}
+        >>> entropy_collapse([*steps[:3], StepMetrics(3, solved)], EntropyCollapseRule()) is None
+        True
     """
     logged = [h for h in history if _entropy(h) is not None]
     if len(logged) <= cfg.baseline_steps:
@@ -114,7 +119,14 @@ def entropy_collapse(history: Sequence[StepMetrics], cfg: EntropyCollapseRule) -
     baseline /= cfg.baseline_steps
     bound = cfg.fraction * baseline
     later = logged[cfg.baseline_steps :]
-    onset = _streak(later, lambda h: (_entropy(h) or 0.0) < bound, cfg.patience)
+
+    def collapsed(entry: StepMetrics) -> bool:
+        success, enough = _value(entry, "success_rate"), cfg.converged_success
+        if success is not None and enough is not None and success >= enough:
+            return False
+        return (_entropy(entry) or 0.0) < bound
+
+    onset = _streak(later, collapsed, cfg.patience)
     if onset is None:
         return None
     value = _entropy(later[-1])

@@ -56,6 +56,36 @@ def test_a_recovered_streak_does_not_count():
     assert entropy_collapse(history, cfg).onset == 3
 
 
+def test_entropy_falling_on_solved_tasks_is_convergence_not_a_collapse():
+    # The inventory app's seed 0 (2026-11-27): after the SFT warm start the entropy fell from
+    # 0.58 to 0.05 while the sampled success rose to 0.91 and validation reached 1.0; rolling
+    # back undid the learning. Steps that succeed >= converged_success do not break the rule.
+    cfg = EntropyCollapseRule(fraction=0.2, baseline_steps=1, patience=2)
+    entropy = [0.58, 0.35, 0.11, 0.05]
+    success = [0.5, 0.56, 0.78, 0.91]
+
+    def history(successes: list[float]) -> list[StepMetrics]:
+        return [
+            StepMetrics(i, {"entropy/mean": e, "success_rate": s})
+            for i, (e, s) in enumerate(zip(entropy, successes, strict=True))
+        ]
+
+    assert entropy_collapse(history(success), cfg) is None  # step 3 solved: no 2-step streak
+    # the same entropy on failing episodes is a collapse, with the streak's onset
+    finding = entropy_collapse(history([0.5, 0.4, 0.2, 0.1]), cfg)
+    assert finding is not None and finding.onset == 2
+    # a solved step in the middle breaks the streak; two failing steps after it fire again
+    more = [*history(success), StepMetrics(4, {"entropy/mean": 0.04, "success_rate": 0.3})]
+    assert entropy_collapse(more, cfg) is None
+    more.append(StepMetrics(5, {"entropy/mean": 0.04, "success_rate": 0.2}))
+    assert entropy_collapse(more, cfg).onset == 4
+    # converged_success: null -> entropy alone decides; the bound is inclusive
+    assert entropy_collapse(history(success), cfg.model_copy(update={"converged_success": None}))
+    at_bound = history([0.5, 0.9, 0.9, 0.9])
+    assert entropy_collapse(at_bound, cfg) is None
+    assert entropy_collapse(at_bound, cfg.model_copy(update={"converged_success": 0.95}))
+
+
 def test_bounds_rules_fire_above_their_bound_only():
     gap = steps("train/rollout_trainer_logprob_diff", [0.01, 0.2, 0.3])
     assert logprob_gap(gap, LogprobGapRule(max=0.1, patience=2)).onset == 1
