@@ -64,9 +64,31 @@ class ModelFootprint:
         return weights + 4 * self.trainable + self.optimizer_bytes * self.trainable
 
     def workspace_bytes(self) -> int:
-        """The output projection's pass: its weight cast to the compute dtype and its gradient,
-        the log-probs a small pass keeps for backward and the chunks' [chunk, vocab] temporaries."""
-        return 2 * self.vocab * self.hidden * self.compute_bytes + KEEP_BYTES + 3 * CHUNK_BYTES
+        """The output projection's pass, whatever its size: its weight cast to the compute dtype
+        (no copy in fp32), the fp32 gradient its backward accumulates, and the chunks'
+        [chunk, vocab] temporaries. (The log-probs a small pass keeps grow with its tokens:
+        `logprob_bytes_per_token`.)"""
+        weight = self.vocab * self.hidden
+        cast = 0 if self.compute_bytes == 4 else weight * self.compute_bytes
+        return cast + 4 * weight + 3 * CHUNK_BYTES
+
+    def kept_logprob_tokens(self) -> int:
+        """The most tokens a pass may have and still keep its fp32 [tokens, vocab] log-probs for
+        backward (`logprobs.KEEP_BYTES`); a larger pass recomputes them chunk by chunk."""
+        return KEEP_BYTES // (4 * self.vocab)
+
+    def pass_bytes(self, tokens: int, checkpointing: bool) -> float:
+        """What a pass of `tokens` tokens adds above the fixed part and the workspace: the
+        activations its layers keep, plus the log-probs it keeps when it is small enough.
+
+        Example:
+            >>> fp = ModelFootprint(135_000_000, 135_000_000, False, 30, 576, 1536, 192, 49152, 4)
+            >>> kept = fp.kept_logprob_tokens()
+            >>> fp.pass_bytes(kept, False) - fp.pass_bytes(kept + 1, False) > 0  # recomputed
+            True
+        """
+        kept = 4 * self.vocab * tokens if tokens <= self.kept_logprob_tokens() else 0
+        return tokens * self.activation_bytes_per_token(checkpointing) + kept
 
     def layer_bytes_per_token(self) -> int:
         """Tensors one decoder layer keeps for backward, per token: the fp32 residual stream and
@@ -97,6 +119,9 @@ class StepPlan:
 
     micro_batch_tokens: int
     checkpointing: bool
+    keep_logprobs: bool = True
+    """A pass small enough (`logprobs.KEEP_BYTES`) may keep its fp32 log-probs for backward;
+    False: every pass recomputes them (one more output-projection matmul per chunk)."""
 
 
 def plan_step(
@@ -119,7 +144,7 @@ def plan_step(
     Example:
         >>> fp = ModelFootprint(135_000_000, 135_000_000, False, 30, 576, 1536, 192, 49152, 2)
         >>> plan_step(fp, budget_gib=3.5, configured_tokens=2048, longest_row=200)
-        StepPlan(micro_batch_tokens=960, checkpointing=False)
+        StepPlan(micro_batch_tokens=960, checkpointing=False, keep_logprobs=True)
     """
     fixed = footprint.fixed_bytes() + footprint.workspace_bytes()
     left = budget_gib * GIB - fixed
@@ -131,12 +156,22 @@ def plan_step(
             "workspace); raise the budget, keep AdamW's moments in bf16 "
             "(trainer.optimizer_state_dtype: bfloat16), or train LoRA adapters (trainer.lora)"
         )
-    for checkpointing in (False, True):
-        per_token = footprint.activation_bytes_per_token(checkpointing) + extra_bytes_per_token
-        tokens = int(left // per_token) - reserved_tokens
+    # Fastest first: no checkpointing with small passes keeping their log-probs, then without
+    # keeping them (a recompute of the output projection), then checkpointing.
+    for checkpointing, keep in ((False, True), (False, False), (True, False)):
+        activations = footprint.activation_bytes_per_token(checkpointing)
+        room = left - reserved_tokens * activations  # the prefix's stay alive across passes
+        per_token = activations + extra_bytes_per_token
+        tokens = int(room // per_token)
+        if keep:
+            # Every pass up to the planned size must fit: one small enough to keep its
+            # log-probs holds 4 x vocab bytes more per token; a larger one recomputes them.
+            small = int(room // (per_token + 4 * footprint.vocab))
+            tokens = tokens if small >= footprint.kept_logprob_tokens() else small
         if tokens >= longest_row:  # (rounded down to 64 tokens where the longest row still fits)
             rounded = tokens - tokens % 64
-            return StepPlan(min(configured_tokens, max(rounded, longest_row)), checkpointing)
+            size = min(configured_tokens, max(rounded, longest_row))
+            return StepPlan(size, checkpointing, keep)
     need = fixed + (longest_row + reserved_tokens) * footprint.activation_bytes_per_token(True)
     raise MemoryBudgetError(
         f"a {longest_row}-token sample needs ~{need / GIB:.2f} GiB even with gradient "

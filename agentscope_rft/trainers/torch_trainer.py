@@ -56,7 +56,7 @@ from agentscope_rft.trainers.common import (
     step_metrics,
     total_optimizer_steps,
 )
-from agentscope_rft.trainers.logprobs import token_logprobs_entropy
+from agentscope_rft.trainers.logprobs import KEEP_BYTES, token_logprobs_entropy
 from agentscope_rft.trainers.memory_budget import (
     ModelFootprint,
     StepPlan,
@@ -324,7 +324,12 @@ class TorchTrainer:
             return token, -(logp.exp() * logp).sum(-1)
         bias = head.bias.to(dtype) if head.bias is not None else None
         return token_logprobs_entropy(
-            selected.to(dtype), head.weight.to(dtype), bias, targets, temperature
+            selected.to(dtype),
+            head.weight.to(dtype),
+            bias,
+            targets,
+            temperature,
+            keep_bytes=KEEP_BYTES if self.plan.keep_logprobs else 0,
         )
 
     def _shared_prefix(
@@ -428,7 +433,7 @@ class TorchTrainer:
         if plan.checkpointing and not self.config.gradient_checkpointing and shared:
             plan = plan_step(self.footprint, budget, configured, longest)  # no prefix pass then
         if self.config.gradient_checkpointing:
-            plan = StepPlan(plan.micro_batch_tokens, True)
+            plan = StepPlan(plan.micro_batch_tokens, True, plan.keep_logprobs)
         elif plan.checkpointing != self.plan.checkpointing:
             base = self._base()
             if plan.checkpointing:
@@ -439,11 +444,12 @@ class TorchTrainer:
                 base.gradient_checkpointing_disable()
         if plan != self.plan:
             logger.info(
-                "step %d: trainer.memory_budget_gib=%g -> micro-batches of %d tokens%s "
+                "step %d: trainer.memory_budget_gib=%g -> micro-batches of %d tokens%s%s "
                 "(longest sample %d tokens)",
                 step,
                 budget,
                 plan.micro_batch_tokens,
+                "" if plan.keep_logprobs else ", log-probs recomputed in backward",
                 ", gradient checkpointing on" if plan.checkpointing else "",
                 longest,
             )

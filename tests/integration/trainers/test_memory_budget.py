@@ -33,7 +33,7 @@ SMOLLM2 = ModelFootprint(
 
 def _budget_for(footprint: ModelFootprint, tokens: int, checkpointing: bool = False) -> float:
     fixed = footprint.fixed_bytes() + footprint.workspace_bytes()
-    return (fixed + tokens * footprint.activation_bytes_per_token(checkpointing)) / GIB
+    return (fixed + footprint.pass_bytes(tokens, checkpointing)) / GIB
 
 
 def test_plan_keeps_configured_size_when_it_fits_and_splits_when_not() -> None:
@@ -67,6 +67,29 @@ def test_a_row_that_fits_is_never_refused_by_the_rounding_to_64_tokens() -> None
     assert (plan.micro_batch_tokens, plan.checkpointing) == (139, False)
     # Where the rounded size holds the longest row, the size is a multiple of 64.
     assert plan_step(SMOLLM2, budget, 2048, longest_row=100).micro_batch_tokens == 128
+
+
+def test_small_passes_keep_their_logprobs_only_where_they_fit() -> None:
+    kept = SMOLLM2.kept_logprob_tokens()  # 1,365 tokens of fp32 [tokens, 49152] in 256 MiB
+    assert kept == 1365
+    # Room for 600 tokens with their log-probs: passes of up to 600 tokens that keep them.
+    plan = plan_step(SMOLLM2, _budget_for(SMOLLM2, 600), 2048, longest_row=300)
+    assert plan.keep_logprobs and not plan.checkpointing
+    assert 300 <= plan.micro_batch_tokens <= 600
+    # A 500-token row fits only when its log-probs are recomputed: no checkpointing for that.
+    fixed = SMOLLM2.fixed_bytes() + SMOLLM2.workspace_bytes()
+    tight = (fixed + 520 * SMOLLM2.activation_bytes_per_token(False)) / GIB
+    assert SMOLLM2.pass_bytes(500, False) > tight * GIB - fixed  # would not fit, kept
+    plan = plan_step(SMOLLM2, tight, 2048, longest_row=500)
+    assert (plan.checkpointing, plan.keep_logprobs) == (False, False)
+    assert plan.micro_batch_tokens >= 500
+    # Where passes of kept_logprob_tokens fit with their log-probs, larger ones (which
+    # recompute them) may be planned too: every size up to the plan fits.
+    roomy = _budget_for(SMOLLM2, 1800)
+    plan = plan_step(SMOLLM2, roomy, 4096, longest_row=300)
+    assert plan.keep_logprobs and plan.micro_batch_tokens > kept
+    for tokens in range(64, plan.micro_batch_tokens + 1, 64):
+        assert SMOLLM2.pass_bytes(tokens, False) <= roomy * GIB - fixed
 
 
 def test_plan_refuses_a_budget_below_the_fixed_part_and_names_the_key() -> None:
@@ -112,9 +135,12 @@ def test_the_trainer_checkpoints_when_one_sample_does_not_fit(tiny_model_path: s
     _, expected = _run(tiny_model_path, micro_batch_tokens=4096)
     footprint = _run(tiny_model_path, memory_budget_gib=64.0)[0].footprint
     assert footprint is not None
-    budget = _budget_for(footprint, 40)  # below one ~60-token sample, above it with checkpointing
+    # Activations of 40 tokens: one ~60-token sample fits only with checkpointing (the tiny
+    # model's log-probs, 4 x vocab bytes a token, would not fit beside it: recomputed)
+    fixed = footprint.fixed_bytes() + footprint.workspace_bytes()
+    budget = (fixed + 40 * footprint.activation_bytes_per_token(False)) / GIB
     trainer, metrics = _run(tiny_model_path, memory_budget_gib=budget)
-    assert trainer.plan.checkpointing
+    assert trainer.plan.checkpointing and not trainer.plan.keep_logprobs
     assert trainer._base().is_gradient_checkpointing
     for key in ("loss", "grad_norm"):
         assert metrics[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
