@@ -3,7 +3,9 @@
 glibc's allocator keeps freed heap pages (in one arena per thread) for reuse. A training step on
 CPU frees gigabytes of activations in the trainer's thread, and the engine's batches free theirs
 in another; without a trim the process keeps the peak of each, grows with every longer batch,
-and on a small machine ends in the OOM killer. `malloc_trim(0)` returns the free pages.
+and on a small machine ends in the OOM killer. `malloc_trim(0)` returns the free pages after a
+step; `compact_allocator` (on with the embedded engine) makes glibc return large blocks as soon as
+they are freed, so the peak within a step follows what is live too.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import os
 import sys
 from typing import Any
 
@@ -29,6 +32,55 @@ def _malloc_trim() -> Any:
         return ctypes.CDLL(name).malloc_trim
     except (OSError, AttributeError):  # not glibc (e.g. musl)
         return None
+
+
+M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8
+"""glibc's `mallopt` parameters (malloc.h)."""
+COMPACT_MMAP_THRESHOLD = 64 * 1024
+COMPACT_ARENAS = 2
+
+
+@functools.cache
+def _mallopt() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        return ctypes.CDLL(name).mallopt
+    except (OSError, AttributeError):  # not glibc (e.g. musl)
+        return None
+
+
+@functools.cache
+def compact_allocator() -> dict[str, int]:
+    """Have glibc give freed tensors back to the system at once: allocations above 64 KiB are
+    mapped on their own (unmapped when freed; glibc otherwise raises this threshold to the largest
+    block freed so far and keeps such blocks in its heap) and at most 2 heap arenas (not one per
+    thread, each keeping its own free pages). Returns the settings applied (empty where the C
+    library has no `mallopt`); a setting the environment gives (`MALLOC_MMAP_THRESHOLD_`,
+    `MALLOC_ARENA_MAX`) is left as it is. Process-wide, once.
+
+    Example:
+        >>> isinstance(compact_allocator(), dict)
+        True
+    """
+    mallopt = _mallopt()
+    if mallopt is None:
+        return {}
+    applied: dict[str, int] = {}
+    for env, param, value in (
+        ("MALLOC_MMAP_THRESHOLD_", M_MMAP_THRESHOLD, COMPACT_MMAP_THRESHOLD),
+        ("MALLOC_ARENA_MAX", M_ARENA_MAX, COMPACT_ARENAS),
+    ):
+        if env in os.environ:
+            continue
+        if mallopt(ctypes.c_int(param), ctypes.c_int(value)) == 1:
+            applied[env] = value
+    if applied:
+        logger.info("compact allocator: %s (engine.compact_allocator)", applied)
+    return applied
 
 
 def release_freed_memory() -> bool:
