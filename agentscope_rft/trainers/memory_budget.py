@@ -67,7 +67,7 @@ class ModelFootprint:
         """The output projection's pass, whatever its size: its weight cast to the compute dtype
         (no copy in fp32), the fp32 gradient its backward accumulates, and the chunks'
         [chunk, vocab] temporaries. (The log-probs a small pass keeps grow with its tokens:
-        `logprob_bytes_per_token`.)"""
+        `pass_bytes`.)"""
         weight = self.vocab * self.hidden
         cast = 0 if self.compute_bytes == 4 else weight * self.compute_bytes
         return cast + 4 * weight + 3 * CHUNK_BYTES
