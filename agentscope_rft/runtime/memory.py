@@ -4,7 +4,7 @@ glibc's allocator keeps freed heap pages (in one arena per thread) for reuse. A 
 CPU frees gigabytes of activations in the trainer's thread, and the engine's batches free theirs
 in another; without a trim the process keeps the peak of each, grows with every longer batch,
 and on a small machine ends in the OOM killer. `malloc_trim(0)` returns the free pages after a
-step; `compact_allocator` (on with the embedded engine) makes glibc return large blocks as soon as
+step; `compact_allocator` (`engine.compact_allocator`) makes glibc return large blocks as soon as
 they are freed, so the peak within a step follows what is live too.
 """
 
