@@ -22,15 +22,16 @@ logger = logging.getLogger(__name__)
 
 
 @functools.cache
-def _malloc_trim() -> Any:
+def _glibc(function: str) -> Any:
+    """glibc's `function` (None off Linux, or where the C library is not glibc, e.g. musl)."""
     if not sys.platform.startswith("linux"):
         return None
     name = ctypes.util.find_library("c")
     if name is None:
         return None
     try:
-        return ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):  # not glibc (e.g. musl)
+        return getattr(ctypes.CDLL(name), function)
+    except (OSError, AttributeError):
         return None
 
 
@@ -38,19 +39,6 @@ M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8
 """glibc's `mallopt` parameters (malloc.h)."""
 COMPACT_MMAP_THRESHOLD = 64 * 1024
 COMPACT_ARENAS = 2
-
-
-@functools.cache
-def _mallopt() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    try:
-        return ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError):  # not glibc (e.g. musl)
-        return None
 
 
 @functools.cache
@@ -66,7 +54,7 @@ def compact_allocator() -> dict[str, int]:
         >>> isinstance(compact_allocator(), dict)
         True
     """
-    mallopt = _mallopt()
+    mallopt = _glibc("mallopt")
     if mallopt is None:
         return {}
     applied: dict[str, int] = {}
@@ -90,7 +78,7 @@ def release_freed_memory() -> bool:
         >>> release_freed_memory() in (True, False)
         True
     """
-    trim = _malloc_trim()
+    trim = _glibc("malloc_trim")
     if trim is None:
         return False
     trim(0)
