@@ -82,10 +82,12 @@ class TorchTrainerConfig(TrainerSettings):
     memory_budget_gib: float | None = Field(default=None, gt=0)
     """Memory the trainer may use (GiB; CPU RAM, or the GPU's memory on CUDA): fixed weights,
     gradients and AdamW state, plus one pass's activations and log-probs. Each step splits its
-    micro-batches below `micro_batch_tokens` as needed to stay within it; when one sample would
-    not fit otherwise it first recomputes the log-probs in backward instead of keeping them, then
-    turns on gradient checkpointing, for that step only (all logged). A budget below the fixed
-    part is an error naming it. null: no budget (`micro_batch_tokens` as given)."""
+    micro-batches below `micro_batch_tokens` as needed to stay within it; where the prompt all
+    samples share (`share_prefix`) would hold its activations across the passes, it is run again
+    for its backward instead when that fits more tokens per pass; when one sample would not fit
+    otherwise it first recomputes the log-probs in backward instead of keeping them, then turns
+    on gradient checkpointing, for that step only (all logged). A budget below the fixed part is
+    an error naming it. null: no budget (`micro_batch_tokens` as given)."""
 
 
 class VerlRayConfig(Section):

@@ -122,6 +122,11 @@ class StepPlan:
     keep_logprobs: bool = True
     """A pass small enough (`logprobs.KEEP_BYTES`) may keep its fp32 log-probs for backward;
     False: every pass recomputes them (one more output-projection matmul per chunk)."""
+    recompute_prefix: bool = False
+    """The shared prefix runs without a graph before the passes (only its keys and values stay,
+    with their gradients) and again with one after them, for its backward: its activations are
+    not alive during the passes, so a tight budget fits more rows per pass, for one more forward
+    over the prefix per update."""
 
 
 def plan_step(
@@ -134,7 +139,8 @@ def plan_step(
 ) -> StepPlan:
     """The micro-batch size (padded tokens, at most `configured_tokens`) and checkpointing choice
     that keep a step within `budget_gib`, given the step's longest row (tokens per pass) and
-    `reserved_tokens` whose activations stay alive across the passes (a shared prefix), plus
+    `reserved_tokens` whose activations stay alive across the passes (a shared prefix, unless
+    the plan recomputes it after them: `StepPlan.recompute_prefix`), plus
     `extra_bytes_per_token` (the prefix's keys and values each row holds, spread over its tokens).
 
     Raises:
@@ -143,8 +149,9 @@ def plan_step(
 
     Example:
         >>> fp = ModelFootprint(135_000_000, 135_000_000, False, 30, 576, 1536, 192, 49152, 2)
-        >>> plan_step(fp, budget_gib=3.5, configured_tokens=2048, longest_row=200)
-        StepPlan(micro_batch_tokens=960, checkpointing=False, keep_logprobs=True)
+        >>> plan = plan_step(fp, budget_gib=3.5, configured_tokens=2048, longest_row=200)
+        >>> plan.micro_batch_tokens, plan.checkpointing, plan.keep_logprobs, plan.recompute_prefix
+        (960, False, True, False)
     """
     fixed = footprint.fixed_bytes() + footprint.workspace_bytes()
     left = budget_gib * GIB - fixed
@@ -157,27 +164,41 @@ def plan_step(
             "(trainer.optimizer_state_dtype: bfloat16), or train LoRA adapters (trainer.lora)"
         )
     # Fastest first: no checkpointing with small passes keeping their log-probs, then without
-    # keeping them (a recompute of the output projection), then checkpointing.
+    # keeping them (a recompute of the output projection), then checkpointing. Within each, the
+    # shared prefix keeps its graph across the passes unless recomputing it after them (its
+    # activations then live only while no pass does) fits more tokens per pass.
+    leaves = 2 * footprint.prefix_kv_bytes(reserved_tokens)  # its keys/values and their grads
     for checkpointing, keep in ((False, True), (False, False), (True, False)):
         activations = footprint.activation_bytes_per_token(checkpointing)
-        room = left - reserved_tokens * activations  # the prefix's stay alive across passes
         per_token = activations + extra_bytes_per_token
-        tokens = int(room // per_token)
-        if keep:
-            # Every pass up to the planned size must fit: one small enough to keep its
-            # log-probs holds 4 x vocab bytes more per token; a larger one recomputes them.
-            small = int(room // (per_token + 4 * footprint.vocab))
-            tokens = tokens if small >= footprint.kept_logprob_tokens() else small
+        tokens = _fitting(footprint, left - reserved_tokens * activations, per_token, keep)
+        recompute = False
+        prefix_pass = reserved_tokens * footprint.activation_bytes_per_token(False)
+        if reserved_tokens and tokens < configured_tokens and prefix_pass + leaves <= left:
+            alternative = _fitting(footprint, left - leaves, per_token, keep)
+            if alternative > tokens:
+                tokens, recompute = alternative, True
         if tokens >= longest_row:  # (rounded down to 64 tokens where the longest row still fits)
             rounded = tokens - tokens % 64
             size = min(configured_tokens, max(rounded, longest_row))
-            return StepPlan(size, checkpointing, keep)
+            return StepPlan(size, checkpointing, keep, recompute)
     need = fixed + (longest_row + reserved_tokens) * footprint.activation_bytes_per_token(True)
     raise MemoryBudgetError(
         f"a {longest_row}-token sample needs ~{need / GIB:.2f} GiB even with gradient "
         f"checkpointing, more than trainer.memory_budget_gib={budget_gib:g}; raise the budget, "
         "shorten samples (explorer sampling.max_tokens, trainer.max_seq_len), or use trainer.lora"
     )
+
+
+def _fitting(footprint: ModelFootprint, room: float, per_token: float, keep: bool) -> int:
+    """Tokens a pass may have in `room` bytes at `per_token` bytes each; `keep`: every pass up to
+    that size must also fit its kept log-probs where it is small enough to keep them
+    (4 x vocab bytes a token; a larger pass recomputes them)."""
+    tokens = int(room // per_token)
+    if keep:
+        small = int(room // (per_token + 4 * footprint.vocab))
+        tokens = tokens if small >= footprint.kept_logprob_tokens() else small
+    return tokens
 
 
 def footprint_of(

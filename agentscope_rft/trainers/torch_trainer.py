@@ -13,7 +13,7 @@ import copy
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,12 +90,15 @@ class SharedPrefix:
 
     In a gradient pass the rows attend to detached leaf copies; `backward()` then sends the
     gradients the leaves collected (over all micro-batches) through the prefix's own graph, so
-    the weights get exactly the gradient that running the prefix once per row would give.
+    the weights get exactly the gradient that running the prefix once per row would give. With
+    `recompute` set, the prefix ran without a graph (its activations are not held while the rows'
+    passes run) and `backward()` first runs it again with one, from the same random state.
     """
 
     length: int
     keys_values: list[tuple[Tensor, Tensor]]
     graph_outputs: list[tuple[Tensor, Tensor]] | None = None
+    recompute: Callable[[], list[tuple[Tensor, Tensor]]] | None = None
 
     def cache(self, rows: int) -> DynamicCache:
         """A fresh cache holding the prefix for `rows` rows (views, no copies)."""
@@ -105,10 +108,15 @@ class SharedPrefix:
         return cache
 
     def backward(self) -> None:
-        if self.graph_outputs is None:
+        graph = self.graph_outputs
+        if graph is None and self.recompute is not None:
+            if not any(leaf.grad is not None for pair in self.keys_values for leaf in pair):
+                return
+            graph = self.recompute()
+        if graph is None:
             return
         outputs, grads = [], []
-        for pair_out, pair_leaf in zip(self.graph_outputs, self.keys_values, strict=True):
+        for pair_out, pair_leaf in zip(graph, self.keys_values, strict=True):
             for out, leaf in zip(pair_out, pair_leaf, strict=True):
                 if leaf.grad is not None:
                     outputs.append(out)
@@ -335,19 +343,43 @@ class TorchTrainer:
     def _shared_prefix(
         self, model: nn.Module, batch: TrainBatch, *, grad: bool
     ) -> SharedPrefix | None:
-        """The prefix all rows of `batch` share, run once (None when sharing does not apply)."""
+        """The prefix all rows of `batch` share, run once (None when sharing does not apply); in
+        a gradient pass whose plan recomputes it, run without a graph and again in `backward()`."""
         sharing = self.share_prefix and not self.plan.checkpointing
         length = shared_prefix_length(batch) if sharing else 0
         if not length:
             return None
         ids = batch.input_ids[:1, :length].to(self.device)
-        with self._autocast(), nullcontext() if grad else torch.no_grad():
-            cache = _unwrap(model).get_decoder()(input_ids=ids, use_cache=True).past_key_values
-        computed = [(layer.keys, layer.values) for layer in cache.layers]
+        decoder = _unwrap(model).get_decoder()
+
+        def run(with_graph: bool) -> list[tuple[Tensor, Tensor]]:
+            with self._autocast(), nullcontext() if with_graph else torch.no_grad():
+                cache = decoder(input_ids=ids, use_cache=True).past_key_values
+            return [(layer.keys, layer.values) for layer in cache.layers]
+
         if not grad:
-            return SharedPrefix(length, computed)
-        leaves = [(k.detach().requires_grad_(), v.detach().requires_grad_()) for k, v in computed]
-        return SharedPrefix(length, leaves, computed)
+            return SharedPrefix(length, run(False))
+        if not self.plan.recompute_prefix:
+            computed = run(True)
+            leaves = [
+                (k.detach().requires_grad_(), v.detach().requires_grad_()) for k, v in computed
+            ]
+            return SharedPrefix(length, leaves, computed)
+        # Dropout, if the model has any, draws the same numbers when the prefix runs again.
+        cuda = self.device.type == "cuda"
+        cpu_state = torch.random.get_rng_state()
+        cuda_state = torch.cuda.get_rng_state(self.device) if cuda else None
+        computed = run(False)
+
+        def recompute() -> list[tuple[Tensor, Tensor]]:
+            with torch.random.fork_rng(devices=[self.device] if cuda else []):
+                torch.random.set_rng_state(cpu_state)
+                if cuda_state is not None:
+                    torch.cuda.set_rng_state(cuda_state, self.device)
+                return run(True)
+
+        leaves = [(k.requires_grad_(), v.requires_grad_()) for k, v in computed]
+        return SharedPrefix(length, leaves, recompute=recompute)
 
     def _no_grad_pass(self, batch: TrainBatch, *, reference: bool) -> tuple[Tensor, Tensor | None]:
         """Log-probs (of the reference or current policy) and values over the whole batch."""
@@ -444,12 +476,13 @@ class TorchTrainer:
                 base.gradient_checkpointing_disable()
         if plan != self.plan:
             logger.info(
-                "step %d: trainer.memory_budget_gib=%g -> micro-batches of %d tokens%s%s "
+                "step %d: trainer.memory_budget_gib=%g -> micro-batches of %d tokens%s%s%s "
                 "(longest sample %d tokens)",
                 step,
                 budget,
                 plan.micro_batch_tokens,
                 "" if plan.keep_logprobs else ", log-probs recomputed in backward",
+                ", shared prefix recomputed for its backward" if plan.recompute_prefix else "",
                 ", gradient checkpointing on" if plan.checkpointing else "",
                 longest,
             )

@@ -8,7 +8,7 @@ import torch
 
 from agentscope_rft.algorithms import AlgorithmConfig
 from agentscope_rft.config import TorchTrainerConfig
-from agentscope_rft.trainers.batch import build_batch, micro_batches
+from agentscope_rft.trainers.batch import build_batch, micro_batches, shared_prefix_length
 from agentscope_rft.trainers.memory_budget import (
     GIB,
     MemoryBudgetError,
@@ -42,14 +42,40 @@ def test_plan_keeps_configured_size_when_it_fits_and_splits_when_not() -> None:
     tight = plan_step(SMOLLM2, _budget_for(SMOLLM2, 700), configured_tokens=2048, longest_row=300)
     assert 300 <= tight.micro_batch_tokens <= 700
     assert not tight.checkpointing
-    # A shared prefix's activations stay alive across passes: fewer tokens per pass.
+    # A shared prefix's activations stay alive across passes (fewer tokens per pass), unless it
+    # is recomputed after them; then its keys and values (and their gradients) stay.
     reserved = plan_step(SMOLLM2, _budget_for(SMOLLM2, 700), 2048, 100, reserved_tokens=300)
-    assert reserved.micro_batch_tokens <= 400
+    assert reserved.recompute_prefix
+    assert 400 < reserved.micro_batch_tokens <= 700
+    kept = plan_step(SMOLLM2, _budget_for(SMOLLM2, 700), 400, 100, reserved_tokens=300)
+    assert (kept.micro_batch_tokens, kept.recompute_prefix) == (384, False)
     # Each row also holds the prefix's keys and values: spread over its tokens, fewer fit.
     per_token = SMOLLM2.prefix_kv_bytes(2000) / 100
     assert per_token > 0.2 * SMOLLM2.activation_bytes_per_token(False)
     with_prefix = plan_step(SMOLLM2, _budget_for(SMOLLM2, 700), 2048, 100, 0, per_token)
     assert with_prefix.micro_batch_tokens < tight.micro_batch_tokens
+
+
+def test_a_tight_budget_recomputes_the_shared_prefix_to_fit_more_rows_per_pass() -> None:
+    act = SMOLLM2.activation_bytes_per_token(False)
+    leaves = 2 * SMOLLM2.prefix_kv_bytes(376)
+    # The quickstart's shape: a 376-token shared prompt, rows of ~140 tokens. Room for 600
+    # tokens of activations: keeping the prompt's graph leaves 224 (one row per pass).
+    budget = _budget_for(SMOLLM2, 600)
+    kept = plan_step(SMOLLM2, budget, 2048, longest_row=140, reserved_tokens=376)
+    assert kept.recompute_prefix
+    assert kept.micro_batch_tokens >= 512  # (600 tokens less the prompt's keys/values, in 64s)
+    room = budget * GIB - SMOLLM2.fixed_bytes() - SMOLLM2.workspace_bytes() - leaves
+    assert kept.micro_batch_tokens * act + 4 * SMOLLM2.vocab * kept.micro_batch_tokens <= room
+    # Where the graph kept across the passes leaves the configured size, it is kept.
+    roomy = plan_step(SMOLLM2, 64.0, 2048, longest_row=140, reserved_tokens=376)
+    assert (roomy.micro_batch_tokens, roomy.recompute_prefix) == (2048, False)
+    # The recompute runs the prefix with a graph after the passes: it must fit on its own.
+    small = _budget_for(SMOLLM2, 300)
+    plan = plan_step(SMOLLM2, small, 2048, longest_row=100, reserved_tokens=376)
+    assert not plan.recompute_prefix and plan.checkpointing
+    # Without a shared prefix there is nothing to recompute.
+    assert not plan_step(SMOLLM2, budget, 2048, longest_row=140).recompute_prefix
 
 
 def test_plan_checkpoints_only_when_one_row_does_not_fit() -> None:
@@ -129,6 +155,34 @@ def test_the_trainer_splits_a_batch_that_would_exceed_the_budget(tiny_model_path
         assert _budget_for(footprint, width * len(rows)) <= budget
     for key in ("loss", "grad_norm", "entropy/mean"):
         assert metrics[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
+
+
+def test_the_trainer_recomputes_the_shared_prefix_rather_than_checkpoint(tiny_model_path) -> None:
+    _, expected = _run(tiny_model_path, micro_batch_tokens=4096, share_prefix=True)
+    probe = _run(tiny_model_path, memory_budget_gib=64.0, share_prefix=True)[0]
+    footprint = probe.footprint
+    assert footprint is not None
+    batch = build_batch(prefixed_samples(int(probe._base().config.vocab_size)), 0)
+    shared = shared_prefix_length(batch)
+    longest = int(batch.lengths.max()) - shared
+    suffix = float((batch.lengths - shared).float().mean())
+    per_token = footprint.activation_bytes_per_token(False) + (
+        footprint.prefix_kv_bytes(shared) / suffix
+    )
+    # Room for the prefix's keys/values (and their gradients) and two rows' activations: with
+    # the prefix's graph kept across the passes not even one row fits beside it.
+    room = 2 * footprint.prefix_kv_bytes(shared) + 2 * longest * per_token
+    assert shared * footprint.activation_bytes_per_token(False) + longest * per_token > room
+    fixed = footprint.fixed_bytes() + footprint.workspace_bytes()
+    budget = (fixed + room + 1024) / GIB
+    trainer, metrics = _run(
+        tiny_model_path, micro_batch_tokens=4096, share_prefix=True, memory_budget_gib=budget
+    )
+    assert trainer.plan.recompute_prefix and not trainer.plan.checkpointing
+    assert trainer.plan.micro_batch_tokens >= longest
+    assert metrics["train/shared_prefix_tokens"] == shared
+    for key in ("loss", "grad_norm", "entropy/mean"):
+        assert metrics[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key
 
 
 def test_the_trainer_checkpoints_when_one_sample_does_not_fit(tiny_model_path: str) -> None:

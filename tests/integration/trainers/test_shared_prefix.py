@@ -1,5 +1,6 @@
 """Shared-prefix passes: the prefix every sample shares runs once, with exactly the same result."""
 
+import dataclasses
 import random
 
 import pytest
@@ -95,3 +96,31 @@ def test_sharing_the_prefix_changes_nothing_but_the_cost(tiny_model_path, case):
     # Adam turns float noise in near-zero gradients into updates of up to lr (1e-3): allow a tenth.
     for name, weight in plain_weights.items():
         torch.testing.assert_close(shared_weights[name], weight, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["grpo", "ppo_critic", "lora_kl"])
+def test_recomputing_the_prefix_for_its_backward_gives_the_same_step(tiny_model_path, case):
+    """`StepPlan.recompute_prefix` (what a tight memory budget picks): the prefix runs without a
+    graph before the passes and again with one after them; the step is the kept graph's."""
+    algorithm_args, trainer_args = CASES[case]
+    algorithm = AlgorithmConfig.model_validate(algorithm_args)
+    results = {}
+    for recompute in (False, True):
+        config = TorchTrainerConfig(lr=1e-3, micro_batch_tokens=96, dtype="float32", **trainer_args)
+        trainer = TorchTrainer(tiny_model_path, config, algorithm, total_steps=2, seed=0)
+        trainer.plan = dataclasses.replace(trainer.plan, recompute_prefix=recompute)
+        vocab = int(trainer._base().config.vocab_size)
+        metrics = [trainer.step(prefixed_samples(vocab, seed=s), s) for s in range(2)]
+        assert trainer.plan.recompute_prefix is recompute  # no budget: the plan stays
+        results[recompute] = (metrics, trainer.state_dict_for_sync(), torch.random.get_rng_state())
+    (kept_metrics, kept_weights, kept_rng), (re_metrics, re_weights, re_rng) = (
+        results[False],
+        results[True],
+    )
+    assert re_metrics[0]["train/shared_prefix_tokens"] >= PREFIX
+    for kept, recomputed in zip(kept_metrics, re_metrics, strict=True):
+        for key in ("loss", "grad_norm", "entropy/mean"):
+            assert recomputed[key] == pytest.approx(kept[key], rel=1e-5, abs=1e-7), key
+    for name, weight in kept_weights.items():
+        torch.testing.assert_close(re_weights[name], weight, rtol=1e-5, atol=1e-6)
+    assert torch.equal(re_rng, kept_rng)  # the recompute leaves the random stream where it was
