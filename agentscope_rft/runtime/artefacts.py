@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,11 @@ def _index(
         f"agentscope-rft train --config <the config> --seeds {seeds}{test} "
         f"--set run.name={config.get('run', {}).get('name', sweep_dir.name)}"
     )
+    fork = data.get("fork")
+    if fork:  # each seed forked from the same seed of another sweep
+        source = os.path.relpath(fork["from"])
+        source = fork["from"] if source.startswith("..") else source
+        remake += f" --fork-from {source} --fork-step {fork['step']}"
     default_export = f"agentscope-rft sweep-summary runs/<name> --artefacts {out}"
     lines = [
         f"# Artefacts of the sweep `{sweep_dir.name}`",

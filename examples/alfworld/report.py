@@ -147,6 +147,24 @@ def _cell(outcomes: Sequence[float]) -> str:
     return f"{won / n:.2f} [{low:.2f}, {high:.2f}]"
 
 
+def _paired_seeds(
+    first: Mapping[str, Outcomes], second: Mapping[str, Outcomes]
+) -> tuple[Mapping[str, Outcomes], Mapping[str, Outcomes]]:
+    """The two arms keyed by the seeds they are compared on: the same seeds, or, where one arm
+    is a single run (`"-"`, e.g. the untrained model every seed starts from), each seed of the
+    other against that run.
+
+    Example:
+        >>> _paired_seeds({"-": {"g": 0.0}}, {"0": {"g": 1.0}, "1": {"g": 0.0}})[0]
+        {'0': {'g': 0.0}, '1': {'g': 0.0}}
+    """
+    if set(first) == {"-"} and "-" not in second:
+        return {seed: first["-"] for seed in second}, second
+    if set(second) == {"-"} and "-" not in first:
+        return first, {seed: second["-"] for seed in first}
+    return first, second
+
+
 def report(
     tasks: list[dict[str, Any]],
     floors: Mapping[str, Outcomes],
@@ -213,12 +231,13 @@ def report(
             "|---|---|---|---|",
         ]
         for other in names[1:]:
-            shared = [s for s in arms[base] if s in arms[other]]
+            left, right = _paired_seeds(arms[base], arms[other])
+            shared = [s for s in left if s in right]
             per_game: dict[str, list[tuple[float, float]]] = defaultdict(list)
             for seed in shared:
-                games = sorted(set(arms[base][seed]) & set(arms[other][seed]))
-                first = [arms[base][seed][g] for g in games]
-                second = [arms[other][seed][g] for g in games]
+                games = sorted(set(left[seed]) & set(right[seed]))
+                first = [left[seed][g] for g in games]
+                second = [right[seed][g] for g in games]
                 for game, a, b in zip(games, first, second, strict=True):
                     per_game[game].append((a, b))
                 diff, low, high = paired_bootstrap(first, second)

@@ -93,6 +93,20 @@ def test_report_puts_each_seed_beside_the_floors_and_compares_arms(tmp_path: Pat
     assert "rl: mean over 2 seeds 0.550 ± 0.071 (sample std)" in markdown
 
 
+def test_a_single_run_arm_is_compared_with_every_seed_of_a_sweep(tmp_path: Path) -> None:
+    n = 100
+    rl = _sweep(tmp_path / "rl", {"0": [1.0] * 60 + [0.0] * 40, "1": [1.0] * 30 + [0.0] * 70})
+    _results(tmp_path / "untrained", [1.0] * 10 + [0.0] * 90)
+    arms = {"rl": report.read_arm(rl), "untrained": report.read_arm(tmp_path / "untrained")}
+    markdown, data = report.report(_tasks(n), {}, arms)
+    rows = {d["seed"]: round(d["difference"], 4) for d in data["differences"]}
+    assert rows == {"0": 0.5, "1": 0.2, "all": 0.35}
+    assert "no seed in common" not in markdown
+    # The other way round too: the single run first.
+    _, data = report.report(_tasks(n), {}, {"untrained": arms["untrained"], "rl": arms["rl"]})
+    assert {d["seed"]: round(d["difference"], 4) for d in data["differences"]}["0"] == -0.5
+
+
 def test_report_reads_explore_folders_and_refuses_foreign_games(tmp_path: Path) -> None:
     _results(tmp_path / "eval", [1.0, 0.0, 1.0])
     arm = report.read_arm(tmp_path / "eval")

@@ -257,3 +257,19 @@ def test_a_test_evaluation_newer_than_the_best_is_reused(tmp_path, monkeypatch):
     os.utime(run / "best.json", (later, later))
     assert sweep_summary.evaluate_best(run, str(model)) == {}
     assert explored == [run / "test-best"]
+
+
+def test_artefacts_of_a_forked_sweep_name_the_fork_in_the_remake_command(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    sweep = tmp_path / "runs" / "control"
+    open_sweep(config(tmp_path), sweep, [0])
+    write_run(sweep / "seed-0", [val(16, 0.1), val(20, 0.5)], 20)
+    data = read_sweep(sweep)
+    data["status"] = {"0": "done"}
+    data["fork"] = {"from": str(tmp_path / "runs" / "rl"), "step": 16, "runs": {}}
+    (sweep / "sweep.json").write_text(json.dumps(data))
+    summarize(sweep)
+    export_artefacts(sweep, tmp_path / "out")
+    index = (tmp_path / "out" / INDEX).read_text()
+    assert "--seeds 0 --set run.name=" in index
+    assert "--fork-from runs/rl --fork-step 16`" in index
