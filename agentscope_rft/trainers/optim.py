@@ -3,11 +3,12 @@
 A full fine-tune's fixed memory is fp32 weights (4 bytes a parameter), gradients (4) and AdamW's
 two fp32 moments (8): 16 bytes a parameter, 2.15 GB for SmolLM2-135M, most of what a small laptop
 can give a run. `trainer.optimizer_state_dtype: bfloat16` keeps both moments in bf16 (4 bytes a
-parameter instead of 8). Each step computes in fp32 (one parameter's moments at a time, so the
-fp32 temporaries are one parameter's size) and stores the moments back with stochastic rounding:
-rounding to the nearest bf16 would lose the second moment's decay (with beta2 = 0.999 a step
-changes it by 0.1%, under bf16's 0.4% resolution) and freeze it; stochastic rounding keeps every
-stored moment unbiased, so their expectation follows fp32 AdamW. The weights stay fp32.
+parameter instead of 8). Each step computes in fp32, a chunk of one parameter at a time in
+buffers it reuses (so no temporary is a parameter's size), and stores the moments back with
+stochastic rounding: rounding to the nearest bf16 would lose the second moment's decay (with
+beta2 = 0.999 a step changes it by 0.1%, under bf16's 0.4% resolution) and freeze it; stochastic
+rounding keeps every stored moment unbiased, so their expectation follows fp32 AdamW. The
+weights stay fp32.
 
 Example:
     >>> import torch
@@ -40,6 +41,21 @@ def stochastic_round_to_bf16(value: Tensor, generator: torch.Generator | None = 
     return out.to(torch.bfloat16)
 
 
+CHUNK = 1 << 20
+"""Elements of one parameter updated at a time (4 MiB fp32 buffers, allocated once)."""
+
+
+def _stochastic_round_(value: Tensor, noise: Tensor, generator: torch.Generator) -> None:
+    """`stochastic_round_to_bf16` in place: `value` (fp32) keeps the bf16 it rounds to, its low
+    16 bits zero; `noise` (int32, same size) is scratch. Only a bool mask is allocated."""
+    bits = value.view(torch.int32)
+    noise.random_(0, 1 << 16, generator=generator)
+    finite = torch.isfinite(value)
+    noise.add_(bits).bitwise_and_(-65536)  # sign, exponent and 7 mantissa bits
+    bits.bitwise_and_(-65536)  # inf/nan pass through unrounded (bits + noise could wrap)
+    torch.where(finite, noise, bits, out=bits)
+
+
 class BF16StateAdamW(torch.optim.Optimizer):
     """Decoupled-weight-decay Adam (torch's AdamW update, `amsgrad` off) with bf16 moments.
 
@@ -64,6 +80,7 @@ class BF16StateAdamW(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self._generator = torch.Generator().manual_seed(seed)
         self._generators: dict[torch.device, torch.Generator] = {}
+        self._scratch: dict[torch.device, tuple[Tensor, Tensor, Tensor, Tensor]] = {}
 
     def _generator_for(self, device: torch.device) -> torch.Generator:
         if device.type == "cpu":
@@ -80,32 +97,59 @@ class BF16StateAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            lr, eps, decay = group["lr"], group["eps"], group["weight_decay"]
-            beta1, beta2 = group["betas"]
             for param in group["params"]:
                 if param.grad is None:
                     continue
-                grad = param.grad.float()
                 state = self.state[param]
                 if not state:
                     state["step"] = torch.tensor(0.0)
-                    state["exp_avg"] = torch.zeros_like(param, dtype=torch.bfloat16)
-                    state["exp_avg_sq"] = torch.zeros_like(param, dtype=torch.bfloat16)
+                    zeros = {"dtype": torch.bfloat16, "device": param.device}
+                    state["exp_avg"] = torch.zeros(param.shape, **zeros)
+                    state["exp_avg_sq"] = torch.zeros(param.shape, **zeros)
                 state["step"] += 1
-                step = float(state["step"])
-                generator = self._generator_for(param.device)
-                exp_avg = state["exp_avg"].float().mul_(beta1).add_(grad, alpha=1 - beta1)
-                exp_avg_sq = state["exp_avg_sq"].float().mul_(beta2)
-                exp_avg_sq.addcmul_(grad, grad, value=1 - beta2)
-                if decay:
-                    param.mul_(1 - lr * decay)
-                bias1 = 1 - beta1**step
-                bias2 = 1 - beta2**step
-                denom = (exp_avg_sq / bias2).sqrt_().add_(eps)
-                param.addcdiv_(exp_avg, denom, value=-lr / bias1)
-                state["exp_avg"] = stochastic_round_to_bf16(exp_avg, generator)
-                state["exp_avg_sq"] = stochastic_round_to_bf16(exp_avg_sq, generator)
+                self._update(param, state, group)
         return loss
+
+    def _update(self, param: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        """One parameter's AdamW update, `CHUNK` elements at a time in reused fp32 buffers: no
+        temporary of the parameter's size (each would be mapped and zeroed afresh where glibc maps
+        large blocks, `engine.compact_allocator`)."""
+        lr, eps, decay = group["lr"], group["eps"], group["weight_decay"]
+        beta1, beta2 = group["betas"]
+        step = float(state["step"])
+        bias1, bias2 = 1 - beta1**step, 1 - beta2**step
+        generator = self._generator_for(param.device)
+        m32, v32, denom, noise = self._buffers(param.device)
+        weights = param.data.view(-1) if param.data.is_contiguous() else None
+        flat = weights if weights is not None else param.data.reshape(-1).clone()
+        assert param.grad is not None  # (step skips parameters without one)
+        grad = param.grad.reshape(-1)
+        for key in ("exp_avg", "exp_avg_sq"):  # (loaded state may come with other strides)
+            state[key] = state[key].contiguous()
+        moments = state["exp_avg"].view(-1), state["exp_avg_sq"].view(-1)
+        for begin in range(0, flat.numel(), CHUNK):
+            end = min(begin + CHUNK, flat.numel())
+            size = end - begin
+            g, w = grad[begin:end], flat[begin:end]
+            m, v, d, n = m32[:size], v32[:size], denom[:size], noise[:size]
+            m.copy_(moments[0][begin:end]).mul_(beta1).add_(g, alpha=1 - beta1)
+            v.copy_(moments[1][begin:end]).mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            if decay:
+                w.mul_(1 - lr * decay)
+            torch.div(v, bias2, out=d).sqrt_().add_(eps)
+            w.addcdiv_(m, d, value=-lr / bias1)
+            for fp32, stored in ((m, moments[0]), (v, moments[1])):
+                _stochastic_round_(fp32, n, generator)
+                stored[begin:end].copy_(fp32)  # exact: the low 16 bits are zero
+        if weights is None:
+            param.data.copy_(flat.view_as(param))
+
+    def _buffers(self, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Three fp32 buffers and one int32 buffer of `CHUNK` elements, kept per device."""
+        if device not in self._scratch:
+            m, v, d = (torch.empty(CHUNK, dtype=torch.float32, device=device) for _ in range(3))
+            self._scratch[device] = (m, v, d, torch.empty(CHUNK, dtype=torch.int32, device=device))
+        return self._scratch[device]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch casts loaded state to each parameter's dtype (fp32): the moments go back to

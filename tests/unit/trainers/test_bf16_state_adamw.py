@@ -40,6 +40,28 @@ def test_the_first_step_is_torch_adamw_exactly() -> None:
     assert state_bytes < 0.51 * theirs_bytes  # half the memory (the step counter aside)
 
 
+def test_a_parameter_larger_than_a_chunk_or_not_contiguous_updates_as_one(monkeypatch) -> None:
+    from agentscope_rft.trainers import optim
+
+    monkeypatch.setattr(optim, "CHUNK", 7)  # 64 x 32 elements: 293 chunks, the last one short
+    torch.manual_seed(0)
+    base, grads = torch.randn(32, 64), [torch.randn(64, 32) for _ in range(3)]
+    ours = torch.nn.Parameter(base.clone().t())  # a transposed view: not contiguous
+    theirs = torch.nn.Parameter(base.clone().t().contiguous())
+    assert not ours.data.is_contiguous()
+    a = BF16StateAdamW([ours], lr=1e-2, weight_decay=0.1)
+    b = torch.optim.AdamW([theirs], lr=1e-2, weight_decay=0.1)
+    for step, grad in enumerate(grads):
+        ours.grad, theirs.grad = grad.clone(), grad.clone()
+        a.step()
+        b.step()
+        if step == 0:  # the first step reads no rounded moment: exactly torch's
+            assert torch.allclose(ours, theirs, atol=1e-7)
+    torch.testing.assert_close(ours.data, theirs.data, rtol=0, atol=2e-4)
+    assert a.state[ours]["exp_avg"].shape == ours.shape
+    assert all(len(buffer) == 7 for buffer in a._scratch[torch.device("cpu")])
+
+
 def test_the_second_moment_follows_fp32_where_round_to_nearest_freezes() -> None:
     # A constant gradient of 1: fp32 AdamW's second moment is 1 - 0.999**n (0.95 at n=3000).
     # Each step changes it by 0.1%, under bf16's resolution: rounded to the nearest bf16 it
