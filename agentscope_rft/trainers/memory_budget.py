@@ -168,12 +168,12 @@ def plan_step(
     # shared prefix keeps its graph across the passes unless recomputing it after them (its
     # activations then live only while no pass does) fits more tokens per pass.
     leaves = 2 * footprint.prefix_kv_bytes(reserved_tokens)  # its keys/values and their grads
+    prefix_pass = reserved_tokens * footprint.activation_bytes_per_token(False)  # its recompute
     for checkpointing, keep in ((False, True), (False, False), (True, False)):
         activations = footprint.activation_bytes_per_token(checkpointing)
         per_token = activations + extra_bytes_per_token
         tokens = _fitting(footprint, left - reserved_tokens * activations, per_token, keep)
         recompute = False
-        prefix_pass = reserved_tokens * footprint.activation_bytes_per_token(False)
         if reserved_tokens and tokens < configured_tokens and prefix_pass + leaves <= left:
             alternative = _fitting(footprint, left - leaves, per_token, keep)
             if alternative > tokens:

@@ -32,22 +32,19 @@ from torch import Tensor
 def stochastic_round_to_bf16(value: Tensor, generator: torch.Generator | None = None) -> Tensor:
     """`value` (fp32) rounded to bf16 at random, up or down with the probabilities that make the
     result's expectation `value` (random low 16 bits added to the fp32 pattern, then cut)."""
-    bits = value.contiguous().view(torch.int32)
-    noise = torch.randint(0, 1 << 16, bits.shape, dtype=torch.int32, device=bits.device,
-                          generator=generator)  # fmt: skip
-    rounded = (bits + noise) & -65536  # keep the high 16 bits: sign, exponent, 7 mantissa bits
-    finite = torch.isfinite(value)  # inf/nan pass through unrounded (bits + noise could wrap)
-    out = torch.where(finite, rounded, bits & -65536).view(torch.float32)
-    return out.to(torch.bfloat16)
+    out = value.float().contiguous().clone()
+    _stochastic_round_(out, torch.empty_like(out, dtype=torch.int32), generator)
+    return out.to(torch.bfloat16)  # exact: the low 16 bits are zero
 
 
 CHUNK = 1 << 20
 """Elements of one parameter updated at a time (4 MiB fp32 buffers, allocated once)."""
 
 
-def _stochastic_round_(value: Tensor, noise: Tensor, generator: torch.Generator) -> None:
-    """`stochastic_round_to_bf16` in place: `value` (fp32) keeps the bf16 it rounds to, its low
-    16 bits zero; `noise` (int32, same size) is scratch. Only a bool mask is allocated."""
+def _stochastic_round_(value: Tensor, noise: Tensor, generator: torch.Generator | None) -> None:
+    """`stochastic_round_to_bf16` in place: `value` (fp32, contiguous) keeps the bf16 it rounds
+    to, its low 16 bits zero; `noise` (int32, same size) is scratch. Only a bool mask is
+    allocated."""
     bits = value.view(torch.int32)
     noise.random_(0, 1 << 16, generator=generator)
     finite = torch.isfinite(value)
