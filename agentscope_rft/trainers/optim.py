@@ -33,7 +33,8 @@ def stochastic_round_to_bf16(value: Tensor, generator: torch.Generator | None = 
     """`value` (fp32) rounded to bf16 at random, up or down with the probabilities that make the
     result's expectation `value` (random low 16 bits added to the fp32 pattern, then cut)."""
     out = value.float().contiguous().clone()
-    _stochastic_round_(out, torch.empty_like(out, dtype=torch.int32), generator)
+    noise = torch.empty_like(out, dtype=torch.int32).random_(0, 1 << 16, generator=generator)
+    _stochastic_round_(out, noise)
     return out.to(torch.bfloat16)  # exact: the low 16 bits are zero
 
 
@@ -41,15 +42,19 @@ CHUNK = 1 << 20
 """Elements of one parameter updated at a time (4 MiB fp32 buffers, allocated once)."""
 
 
-def _stochastic_round_(value: Tensor, noise: Tensor, generator: torch.Generator | None) -> None:
+def _stochastic_round_(value: Tensor, noise: Tensor) -> None:
     """`stochastic_round_to_bf16` in place: `value` (fp32, contiguous) keeps the bf16 it rounds
-    to, its low 16 bits zero; `noise` (int32, same size) is scratch. Only a bool mask is
-    allocated."""
+    to, its low 16 bits zero; `noise` (int32, same size, uniform in [0, 2^16)) is added to the
+    low 16 bits (a carry rounds up) and may be overwritten. Finite values cannot carry into the
+    sign bit, so a chunk that is all finite takes two in-place operations; inf and nan pass
+    through unrounded (their bits plus noise would be another nan)."""
     bits = value.view(torch.int32)
-    noise.random_(0, 1 << 16, generator=generator)
+    if bool(torch.isfinite(value).all()):
+        bits.add_(noise).bitwise_and_(-65536)  # sign, exponent and 7 mantissa bits
+        return
     finite = torch.isfinite(value)
-    noise.add_(bits).bitwise_and_(-65536)  # sign, exponent and 7 mantissa bits
-    bits.bitwise_and_(-65536)  # inf/nan pass through unrounded (bits + noise could wrap)
+    noise.add_(bits).bitwise_and_(-65536)
+    bits.bitwise_and_(-65536)
     torch.where(finite, noise, bits, out=bits)
 
 
@@ -135,9 +140,15 @@ class BF16StateAdamW(torch.optim.Optimizer):
                 w.mul_(1 - lr * decay)
             torch.div(v, bias2, out=d).sqrt_().add_(eps)
             w.addcdiv_(m, d, value=-lr / bias1)
-            for fp32, stored in ((m, moments[0]), (v, moments[1])):
-                _stochastic_round_(fp32, n, generator)
-                stored[begin:end].copy_(fp32)  # exact: the low 16 bits are zero
+            # One 31-bit draw per element rounds both moments: bits 0-15 the second, bits 15-30
+            # the first (each uniform in [0, 2^16), so each rounding is unbiased; they share one
+            # bit, a correlation of 2e-5). Half the draws of one per moment, the slow part.
+            n.random_(generator=generator)
+            high = torch.bitwise_right_shift(n, 15, out=d.view(torch.int32))
+            _stochastic_round_(m, high)
+            _stochastic_round_(v, n.bitwise_and_(0xFFFF))
+            moments[0][begin:end].copy_(m)  # exact: the low 16 bits are zero
+            moments[1][begin:end].copy_(v)
         if weights is None:
             param.data.copy_(flat.view_as(param))
 

@@ -79,6 +79,23 @@ def test_the_second_moment_follows_fp32_where_round_to_nearest_freezes() -> None
     assert nearest.float().mean().item() < 0.8 * expected
 
 
+def test_the_first_moment_is_rounded_at_random_too() -> None:
+    # A constant gradient of 1: the first moment is 1 - 0.9**n (1.0 at n=200). Near 1 a step
+    # changes it by 0.1 x (1 - m), under bf16's resolution once m > 0.98: rounded to the nearest
+    # (or cut) it stalls there. Rounded at random it reaches 1.0 (where 0.9 x 1 + 0.1 is exact).
+    n, size = 200, 4000
+    param = torch.nn.Parameter(torch.zeros(size))
+    opt = BF16StateAdamW([param], lr=0.0, seed=2)
+    nearest = torch.zeros(size, dtype=torch.bfloat16)
+    for _ in range(n):
+        param.grad = torch.ones(size)
+        opt.step()
+        nearest = (nearest.float() * 0.9 + 0.1).to(torch.bfloat16)
+    first = opt.state[param]["exp_avg"].float()
+    assert first.mean().item() == pytest.approx(1.0, abs=1e-3)
+    assert nearest.float().mean().item() < 0.99
+
+
 def test_a_training_run_follows_torch_adamw_closely() -> None:
     torch.manual_seed(0)
     target = torch.randn(256)
