@@ -7,17 +7,18 @@ judge on the web-search example. Results go to docs/benchmarks.md.
         [--judge-model M] [--free-text] [--judge-temperature T]
 
 `curriculum` and `replay` train the tiny random model (`tiny-random`, the test model) on the
-uppercase toy task (`benchmarks/data_mix_app.py`: reward = share of uppercase letters), which a
-tiny model learns within ~16 steps, so 3 seeds x 2 arms fit in minutes on 2 cores. `curriculum`
-trains on a mix in which half the tasks are far too easy (reward always 1) or too hard (always 0);
-both arms explore the same number of tasks per step, and validation is the greedy reward on
-held-out learnable tasks (the run's `val` phase when the run has one, else `eval`). Reported: the
-step and the wall time at which validation first reaches `--target`. `replay` trains on learnable
-tasks only, with and without `buffer.replay`, and reports validation reward against episodes
-explored. `judge` runs the web-search example (SmolLM2-135M on the embedded engine) for a few
-steps with the policy itself as group judge and records each group's F1 rewards before and the
-judge's scores after: rank agreement (Spearman) and the judge's wall time per step. The judge
-asks for its answer's JSON schema (structured output) unless `--free-text`.
+uppercase toy task (`benchmarks/data_mix_app.py`: reward = share of uppercase letters), which a tiny
+model learns within ~16 steps, so 3 seeds x 3 arms fit in minutes on 2 cores. `curriculum` trains on
+a mix in which half the tasks are far too easy (reward always 1) or too hard (always 0), with three
+arms: `uniform`, `curriculum` (success learnability, BOTS) and `informative` (the chance of a group
+whose rewards differ); all arms explore the same number of tasks per step, and validation is the
+greedy reward on held-out learnable tasks (the run's `val` phase when the run has one, else `eval`).
+Reported: the step and the wall time at which validation first reaches `--target`. `replay` trains
+on learnable tasks only, with and without `buffer.replay`, and reports validation reward against
+episodes explored. `judge` runs the web-search example (SmolLM2-135M on the embedded engine) for a
+few steps with the policy itself as group judge and records each group's F1 rewards before and the
+judge's scores after: rank agreement (Spearman) and the judge's wall time per step. The judge asks
+for its answer's JSON schema (structured output) unless `--free-text`.
 """
 
 from __future__ import annotations
@@ -42,13 +43,13 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
-def toy_tasks(out: Path, mixed: bool) -> tuple[Path, Path]:
-    """Train tasks (learnable, plus easy and hard ones when `mixed`) and held-out learnable ones."""
+def toy_tasks(out: Path, counts: tuple[int, int, int] = (12, 0, 0)) -> tuple[Path, Path]:
+    """Train tasks (`counts`: learnable, easy, hard) and 8 held-out learnable ones."""
+    learnable, easy, hard = counts
     rows = [{"id": f"learn{i}", "prompt": f"Say something {i}", "kind": "learnable"}
-            for i in range(12)]  # fmt: skip
-    if mixed:
-        rows += [{"id": f"easy{i}", "prompt": f"Say hello {i}", "kind": "easy"} for i in range(6)]
-        rows += [{"id": f"hard{i}", "prompt": f"Say goodbye {i}", "kind": "hard"} for i in range(6)]
+            for i in range(learnable)]  # fmt: skip
+    rows += [{"id": f"easy{i}", "prompt": f"Say hello {i}", "kind": "easy"} for i in range(easy)]
+    rows += [{"id": f"hard{i}", "prompt": f"Say goodbye {i}", "kind": "hard"} for i in range(hard)]
     val = [{"id": f"val{i}", "prompt": f"Say anything {i}", "kind": "learnable"} for i in range(8)]
     return write_jsonl(out / "train.jsonl", rows), write_jsonl(out / "val.jsonl", val)
 
@@ -79,6 +80,8 @@ def toy_config(train: Path, val: Path, run_dir: Path, seed: int, steps: int, *ex
             "monitor.tensorboard=false",
             "monitor.plot_every=0",
             "monitor.console=false",
+            # Episodes one at a time, so a run's steps do not depend on the machine's load.
+            "run.deterministic=true",
             *extra,
         ],
     )
@@ -129,10 +132,14 @@ def reached(result: dict[str, Any], target: float) -> tuple[int | None, float | 
 async def curriculum(args: argparse.Namespace) -> dict[str, Any]:
     out = args.out / "curriculum"
     out.mkdir(parents=True, exist_ok=True)
-    train, val = toy_tasks(out, mixed=True)
+    train, val = toy_tasks(out, args.mix)
     arms = {
         "uniform": (),
         "curriculum": ("data.selector.type=curriculum",),
+        "informative": (
+            "data.selector.type=curriculum",
+            "data.selector.learnability=informative",
+        ),
     }
     results: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
     for seed in args.seeds:
@@ -145,7 +152,8 @@ async def curriculum(args: argparse.Namespace) -> dict[str, Any]:
             step, secs = reached(result, args.target)
             print(f"{arm} seed {seed}: target at step {step} ({secs} s), {result['selected']}")
             shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-    return summarize(results, args.target, args.steps)
+    return {"mix": dict(zip(("learnable", "easy", "hard"), args.mix, strict=True)),
+            **summarize(results, args.target, args.steps)}  # fmt: skip
 
 
 def _selected_kinds(run_dir: Path) -> dict[str, int]:
@@ -160,7 +168,7 @@ def _selected_kinds(run_dir: Path) -> dict[str, int]:
 async def replay(args: argparse.Namespace) -> dict[str, Any]:
     out = args.out / "replay"
     out.mkdir(parents=True, exist_ok=True)
-    train, val = toy_tasks(out, mixed=False)
+    train, val = toy_tasks(out)
     arms = {
         "off": (),
         "on": ("buffer.replay={ratio: 0.5, max_reuse: 1, max_staleness: 2}",),
@@ -321,6 +329,12 @@ def main() -> None:
     parser.add_argument("--judge-temperature", type=float, default=0.0)
     parser.add_argument(
         "--free-text", action="store_true", help="judge without response_format (extract_json)"
+    )
+    parser.add_argument(
+        "--mix",
+        type=lambda text: tuple(int(x) for x in text.split(":")),
+        default=(12, 6, 6),
+        help="curriculum: learnable:easy:hard train tasks (default 12:6:6, half useless)",
     )
     parser.add_argument("--out", type=Path, default=Path("/tmp/agentscope-rft-data-side"))
     args = parser.parse_args()

@@ -45,14 +45,20 @@ class UniformSelectorConfig(Section):
 
 
 class CurriculumSelectorConfig(Section):
-    """Online curriculum: tasks with the highest learnability p(1-p) under a per-task Beta
-    posterior of success, from recent results (BOTS-style)."""
+    """Online curriculum: tasks with the highest learnability under a per-task Beta posterior,
+    from recent results (BOTS-style)."""
 
     type: Literal["curriculum"] = "curriculum"
+    learnability: Literal["success", "informative"] = "success"
+    """`success`: p(1-p) of the task's success rate (rewards clipped to [0, 1], partial credit
+    counted fractionally), as BOTS. `informative`: the chance that the task's next group has
+    rewards that differ, which is what GRPO-style advantages learn from; it needs no reward
+    scale, and a task whose rewards are small but varied counts as learnable, not as hard."""
     sampling: Literal["thompson", "greedy"] = "thompson"
     """`thompson`: draw p per task from its posterior (explores); `greedy`: the posterior mean."""
     prior: float = Field(default=1.0, gt=0)
-    """Beta(prior, prior) before any result: p = 0.5, so unseen tasks come first."""
+    """Beta(prior, prior) before any result: p = 0.5 (the most learnable under `success`;
+    under `informative` tasks seen to give varied groups rank above unseen ones)."""
     decay: float = Field(default=0.8, gt=0, le=1)
     """Earlier evidence of a task is multiplied by this at each new result (1: never forget)."""
     uniform_share: float = Field(default=0.0, ge=0, le=1)

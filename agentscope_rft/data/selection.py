@@ -10,7 +10,10 @@ a health rollback restores it). Built in:
   Beta posterior over success (as in BOTS, arXiv:2510.26374): tasks always solved or never solved
   score near 0 and are rarely chosen; unseen tasks have the prior p = 0.5, so they are explored
   first. Older evidence decays, so a task that became easy drops out and one that became
-  learnable comes back.
+  learnable comes back. `learnability="informative"` estimates instead the chance that a task's
+  group has rewards that differ (what a group-relative advantage learns from), for rewards of
+  any scale: a task whose rewards are all near 0 but not equal is informative, where a success
+  estimate would take it for a hard one.
 
 Both mix several task sets by weight (`mix`: the sets are the values of one task column) and keep
 per-task statistics, exported to `task_stats.json` in the run folder.
@@ -18,6 +21,7 @@ per-task statistics, exported to `task_stats.json` in the run folder.
 
 from __future__ import annotations
 
+import array
 import copy
 import json
 import math
@@ -84,6 +88,10 @@ class TaskStats:
     """Decayed evidence of failure."""
     last_observed: int = -1
     """The observation count (of the whole selector) when the task was last observed."""
+    informative: float = 0.0
+    """Decayed count of its groups whose rewards differed (a group-relative advantage learns)."""
+    uninformative: float = 0.0
+    """Decayed count of its groups whose rewards were all equal (nothing to learn)."""
 
 
 class _StatsKeeper:
@@ -155,6 +163,10 @@ class _StatsKeeper:
         wins = sum(min(1.0, max(0.0, float(r))) for r in rewards)
         stats.successes += wins
         stats.failures += len(rewards) - wins
+        if group_differs(rewards):
+            stats.informative += 1
+        else:
+            stats.uninformative += 1
 
     def _base_state(self) -> dict[str, Any]:
         return {
@@ -203,6 +215,8 @@ class _StatsKeeper:
                     "last_mean_reward": s.last_mean,
                     "successes": round(s.successes, 6),
                     "failures": round(s.failures, 6),
+                    "informative_groups": round(s.informative, 6),
+                    "uninformative_groups": round(s.uninformative, 6),
                     **self._extra_stats(task, s),
                 }
             )
@@ -302,16 +316,24 @@ class UniformSelector(_StatsKeeper):
 
 
 class CurriculumSelector(_StatsKeeper):
-    """Picks the tasks with the highest learnability p(1-p) under a per-task Beta posterior.
+    """Picks the tasks with the highest learnability under a per-task Beta posterior.
 
-    Each task's success evidence (rewards clipped to [0, 1]; binary rewards are successes and
-    failures, F1-like rewards count fractionally) gives Beta(prior + successes, prior +
-    failures). `sampling: thompson` draws p from it per task and batch (exploration, as in BOTS);
-    `greedy` uses its mean. The batch is the `size` highest scores (ties: fewer times selected,
-    then file order); a task repeats in a batch only when the set is smaller. Before each update
-    the task's earlier evidence is multiplied by `decay`, so recent results weigh most.
-    `uniform_share` of each batch is drawn uniformly at random (robustness against a wrong
-    estimate). Unseen tasks score p = 0.5, the maximum, so they are explored first.
+    `learnability="success"`: each task's success evidence (rewards clipped to [0, 1]; binary
+    rewards are successes and failures, F1-like rewards count fractionally) gives Beta(prior +
+    successes, prior + failures), and a task scores p(1-p). `learnability="informative"`: the
+    evidence is the task's groups, informative when their rewards differ (compared in float32,
+    as the trainer finds equal-reward groups) and uninformative when all equal; Beta(prior +
+    informative, prior + uninformative) gives the chance q that its next group teaches
+    something, and a task scores q. For 0/1 rewards and groups of G, q = 1 - p^G - (1-p)^G, at
+    its highest where p(1-p) is; it needs no reward scale, so a task whose rewards are small but
+    varied (a partial-credit reward the policy has only begun to earn) is preferred to one
+    always 0. `sampling: thompson` draws p (or q) from the posterior per task and batch
+    (exploration, as in BOTS); `greedy` uses its mean. The batch is the `size` highest scores
+    (ties: fewer times selected, then file order); a task repeats in a batch only when the set
+    is smaller. Before each update the task's earlier evidence is multiplied by `decay`, so
+    recent results weigh most. `uniform_share` of each batch is drawn uniformly at random
+    (robustness against a wrong estimate). Unseen tasks score p = 0.5: under `success` the
+    maximum, so they are explored first; under `informative` after tasks seen to vary.
 
     Example:
         >>> from agentscope_rft.explorer.tasks import load_tasks
@@ -322,6 +344,12 @@ class CurriculumSelector(_StatsKeeper):
         ...     selector.observe(task_id, rewards)
         >>> [t.id for t in selector.next_batch(1)]
         ['mid']
+        >>> tasks = load_tasks([{"id": "zeros"}, {"id": "small"}])
+        >>> selector = CurriculumSelector(tasks, sampling="greedy", learnability="informative")
+        >>> selector.observe("zeros", [0.0] * 4)
+        >>> selector.observe("small", [0.0, 0.1, 0.0, 0.05])
+        >>> [t.id for t in selector.next_batch(1)]
+        ['small']
     """
 
     kind = "curriculum"
@@ -335,6 +363,7 @@ class CurriculumSelector(_StatsKeeper):
         prior: float = 1.0,
         decay: float = 1.0,
         uniform_share: float = 0.0,
+        learnability: str = "success",
         mix_field: str | None = None,
         mix_weights: Mapping[str, float] | None = None,
     ) -> None:
@@ -343,6 +372,11 @@ class CurriculumSelector(_StatsKeeper):
             raise ValueError(
                 f"curriculum sampling must be 'thompson' or 'greedy', not {sampling!r}"
             )
+        if learnability not in ("success", "informative"):
+            raise ValueError(
+                f"curriculum learnability must be 'success' or 'informative', not {learnability!r}"
+            )
+        self.learnability_kind = learnability
         self.sampling = sampling
         self.prior = prior
         self.decay = decay
@@ -351,16 +385,22 @@ class CurriculumSelector(_StatsKeeper):
     def _update_evidence(self, stats: TaskStats, rewards: Sequence[float]) -> None:
         stats.successes *= self.decay
         stats.failures *= self.decay
+        stats.informative *= self.decay
+        stats.uninformative *= self.decay
         super()._update_evidence(stats, rewards)
 
     def _posterior(self, stats: TaskStats) -> tuple[float, float]:
+        if self.learnability_kind == "informative":
+            return self.prior + stats.informative, self.prior + stats.uninformative
         return self.prior + stats.successes, self.prior + stats.failures
 
+    def _value(self, p: float) -> float:
+        return p if self.learnability_kind == "informative" else p * (1 - p)
+
     def learnability(self, task_id: str) -> float:
-        """p(1-p) at the posterior mean of the task's success probability."""
+        """The task's score at its posterior mean: p(1-p), or q (`informative`)."""
         a, b = self._posterior(self.stats[task_id])
-        p = a / (a + b)
-        return p * (1 - p)
+        return self._value(a / (a + b))
 
     def next_batch(self, size: int) -> list[Task]:
         slots = self._draw_sets(size)
@@ -385,7 +425,7 @@ class CurriculumSelector(_StatsKeeper):
     def _score(self, task: Task) -> float:
         a, b = self._posterior(self.stats[task.id])
         p = self.rng.betavariate(a, b) if self.sampling == "thompson" else a / (a + b)
-        return round(p * (1 - p), 12)  # equal in exact arithmetic: a tie, not float noise
+        return round(self._value(p), 12)  # equal in exact arithmetic: a tie, not float noise
 
     def state_dict(self) -> dict[str, Any]:
         return self._base_state()
@@ -395,6 +435,17 @@ class CurriculumSelector(_StatsKeeper):
 
     def _extra_stats(self, task: Task, stats: TaskStats) -> dict[str, Any]:
         return {"learnability": round(self.learnability(task.id), 6)}
+
+
+def group_differs(rewards: Sequence[float]) -> bool:
+    """Whether a group's rewards are not all equal, compared in float32 as the trainer's
+    equal-reward test compares them (a group of one never differs).
+
+    Example:
+        >>> group_differs([0.0, 0.05]), group_differs([1.0, 1.0]), group_differs([0.3])
+        (True, False, False)
+    """
+    return len(set(array.array("f", [float(r) for r in rewards]))) > 1
 
 
 def _rng_to_json(rng: random.Random) -> list[Any]:

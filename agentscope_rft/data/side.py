@@ -83,6 +83,7 @@ def build_selector(
             prior=config.prior,
             decay=config.decay,
             uniform_share=config.uniform_share,
+            learnability=config.learnability,
             **mix_args,
         )
     assert isinstance(config, CustomSelectorConfig)

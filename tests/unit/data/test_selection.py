@@ -89,6 +89,60 @@ def test_fractional_rewards_count_as_partial_successes() -> None:
     assert selector.stats["t0"].reward_sum == pytest.approx(1.25)
 
 
+def test_informative_curriculum_prefers_varied_groups_at_any_reward_scale() -> None:
+    # t0: rewards near 0 but varied (a partial-credit reward just starting); t1: always 0;
+    # t2: always 1; t3: unseen; t4: varied once, then equal once. Rewards outside [0, 1] too.
+    selector = CurriculumSelector(
+        tasks(5), sampling="greedy", decay=1.0, learnability="informative"
+    )
+    observe_all(
+        selector,
+        {
+            "t0": [0.0, 0.05, 0.0, 0.1],
+            "t1": [0.0, 0.0, 0.0, 0.0],
+            "t2": [1.0, 1.0, 1.0, 1.0],
+            "t4": [-3.0, 7.0],
+        },
+    )
+    selector.observe("t4", [7.0, 7.0])
+    # Beta(1 + informative, 1 + uninformative) means: t0 2/3, t1 1/3, t2 1/3, t3 1/2, t4 1/2.
+    assert selector.learnability("t0") == pytest.approx(2 / 3)
+    assert selector.learnability("t4") == pytest.approx(1 / 2)
+    # Under `success` t0 (p ~ 0.1) would rank below the unseen t3 and level with t1.
+    assert ids(selector.next_batch(3)) == ["t0", "t3", "t4"]
+    stats = selector.stats["t4"]
+    assert (stats.informative, stats.uninformative) == (1.0, 1.0)
+    success = CurriculumSelector(tasks(5), sampling="greedy", decay=1.0)
+    observe_all(success, {"t0": [0.0, 0.05, 0.0, 0.1], "t1": [0.0] * 4, "t2": [1.0] * 4})
+    assert ids(success.next_batch(1)) == ["t3"]
+
+
+def test_informative_evidence_decays_and_compares_as_the_trainer_does() -> None:
+    selector = CurriculumSelector(
+        tasks(2), sampling="greedy", decay=0.5, learnability="informative"
+    )
+    selector.observe("t0", [0.0, 1.0])  # informative 1
+    selector.observe("t0", [0.5, 0.5])  # informative 0.5, uninformative 1
+    selector.observe("t0", [0.1, 0.1 + 1e-12])  # equal in float32: uninformative 0.5 + 1
+    stats = selector.stats["t0"]
+    assert (stats.informative, stats.uninformative) == (0.25, 1.5)
+    selector.observe("t1", [0.3])  # a group of one never differs
+    assert selector.stats["t1"].uninformative == 1.0
+    with pytest.raises(ValueError, match="learnability must be 'success' or 'informative'"):
+        CurriculumSelector(tasks(2), learnability="variance")
+
+
+def test_state_saved_before_informative_counts_existed_still_loads() -> None:
+    selector = CurriculumSelector(tasks(2), seed=1, learnability="informative")
+    selector.observe("t0", [0.0, 1.0])
+    state = json.loads(json.dumps(selector.state_dict()))
+    for values in state["stats"].values():
+        del values["informative"], values["uninformative"]
+    again = CurriculumSelector(tasks(2), seed=1, learnability="informative")
+    again.load_state_dict(state)
+    assert (again.stats["t0"].informative, again.stats["t0"].uninformative) == (0.0, 0.0)
+
+
 def test_thompson_choices_are_seeded_and_follow_the_posterior() -> None:
     def run(seed: int) -> list[str]:
         selector = CurriculumSelector(tasks(6), seed=seed, decay=1.0)
@@ -109,11 +163,13 @@ def test_uniform_share_draws_that_part_of_the_batch_at_random() -> None:
     assert batch[1] != batch[0] and len(set(batch)) == 2
 
 
-@pytest.mark.parametrize("kind", ["uniform", "curriculum"])
+@pytest.mark.parametrize("kind", ["uniform", "curriculum", "informative"])
 def test_state_after_resume_equals_before_and_choices_continue(kind: str) -> None:
     def make() -> UniformSelector | CurriculumSelector:
         if kind == "uniform":
             return UniformSelector(tasks(7), seed=5)
+        if kind == "informative":
+            return CurriculumSelector(tasks(7), seed=5, learnability="informative")
         return CurriculumSelector(tasks(7), seed=5)
 
     first = make()
@@ -176,6 +232,18 @@ def test_curriculum_within_a_mix_picks_from_the_drawn_set() -> None:
     assert ids(selector.next_batch(2)) == ["t3", "t2"]
 
 
+def test_the_config_chooses_the_learnability_estimate() -> None:
+    config = CurriculumSelectorConfig.model_validate(
+        {"learnability": "informative", "sampling": "greedy"}
+    )
+    selector = build_selector(config, tasks(2))
+    assert isinstance(selector, CurriculumSelector)
+    selector.observe("t0", [0.0, 0.01])
+    assert ids(selector.next_batch(1)) == ["t0"]  # `success` would pick the unseen t1
+    with pytest.raises(ValueError, match="learnability"):
+        CurriculumSelectorConfig.model_validate({"learnability": "variance"})
+
+
 def test_task_stats_file(tmp_path) -> None:
     selector = CurriculumSelector(tasks(2), sampling="greedy", decay=1.0)
     selector.next_batch(1)
@@ -191,6 +259,8 @@ def test_task_stats_file(tmp_path) -> None:
         "last_mean_reward": 0.5,
         "successes": 1.0,
         "failures": 1.0,
+        "informative_groups": 1.0,
+        "uninformative_groups": 0.0,
         "learnability": 0.25,
     }
     assert data["tasks"][1]["episodes"] == 0 and data["tasks"][1]["mean_reward"] is None
