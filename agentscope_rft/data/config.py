@@ -49,11 +49,12 @@ class CurriculumSelectorConfig(Section):
     from recent results (BOTS-style)."""
 
     type: Literal["curriculum"] = "curriculum"
-    learnability: Literal["success", "informative"] = "success"
-    """`success`: p(1-p) of the task's success rate (rewards clipped to [0, 1], partial credit
-    counted fractionally), as BOTS. `informative`: the chance that the task's next group has
-    rewards that differ, which is what GRPO-style advantages learn from; it needs no reward
-    scale, and a task whose rewards are small but varied counts as learnable, not as hard."""
+    learnability: Literal["success", "informative"] = "informative"
+    """`informative`: the chance that the task's next group has rewards that differ, which is
+    what GRPO-style advantages learn from; it needs no reward scale, and a task whose rewards are
+    small but varied counts as learnable, not as hard. `success`: p(1-p) of the task's success
+    rate (rewards clipped to [0, 1], partial credit counted fractionally), as BOTS. The default
+    `informative` reached the target on 8 of 8 seeds where `success` did on 5 (benchmarks.md)."""
     sampling: Literal["thompson", "greedy"] = "thompson"
     """`thompson`: draw p per task from its posterior (explores); `greedy`: the posterior mean."""
     prior: float = Field(default=1.0, gt=0)

@@ -6,14 +6,13 @@ A selector is a small object with one contract (`TaskSelector`): `next_batch(siz
 a health rollback restores it). Built in:
 
 - `uniform`: every task once per epoch, shuffled per epoch (the run's historical order).
-- `curriculum`: tasks the policy can learn from now, by *learnability* p(1-p) of a per-task
-  Beta posterior over success (as in BOTS, arXiv:2510.26374): tasks always solved or never solved
-  score near 0 and are rarely chosen; unseen tasks have the prior p = 0.5, so they are explored
-  first. Older evidence decays, so a task that became easy drops out and one that became
-  learnable comes back. `learnability="informative"` estimates instead the chance that a task's
-  group has rewards that differ (what a group-relative advantage learns from), for rewards of
-  any scale: a task whose rewards are all near 0 but not equal is informative, where a success
-  estimate would take it for a hard one.
+- `curriculum`: tasks the policy can learn from now, by a per-task Beta posterior of their
+  *learnability*. `learnability="informative"` (default): the chance that a task's group has
+  rewards that differ (what a group-relative advantage learns from), for rewards of any scale: a
+  task whose rewards are all near 0 but not equal is informative. `"success"`: p(1-p) of the
+  success rate (as in BOTS, arXiv:2510.26374), where such a task looks as hard as one never
+  solved. Tasks always solved or never solved score low and are rarely chosen. Older evidence
+  decays, so a task that became easy drops out and one that became learnable comes back.
 
 Both mix several task sets by weight (`mix`: the sets are the values of one task column) and keep
 per-task statistics, exported to `task_stats.json` in the run folder.
@@ -363,7 +362,7 @@ class CurriculumSelector(_StatsKeeper):
         prior: float = 1.0,
         decay: float = 1.0,
         uniform_share: float = 0.0,
-        learnability: str = "success",
+        learnability: str = "informative",
         mix_field: str | None = None,
         mix_weights: Mapping[str, float] | None = None,
     ) -> None:

@@ -58,7 +58,7 @@ def observe_all(selector: CurriculumSelector, results: dict[str, list[float]]) -
 
 def test_greedy_curriculum_picks_by_learnability_unseen_first() -> None:
     # t0 always solved, t1 half, t2 never, t3 unseen, t4 mostly solved.
-    selector = CurriculumSelector(tasks(5), sampling="greedy", decay=1.0)
+    selector = CurriculumSelector(tasks(5), sampling="greedy", decay=1.0, learnability="success")
     observe_all(
         selector,
         {"t0": [1, 1, 1, 1], "t1": [1, 0, 1, 0], "t2": [0, 0, 0, 0], "t4": [1, 1, 1, 0]},
@@ -82,7 +82,7 @@ def test_decay_lets_a_task_that_became_easy_drop_out() -> None:
 
 
 def test_fractional_rewards_count_as_partial_successes() -> None:
-    selector = CurriculumSelector(tasks(1), sampling="greedy", decay=1.0)
+    selector = CurriculumSelector(tasks(1), sampling="greedy", decay=1.0, learnability="success")
     selector.observe("t0", [0.25, 2.0, -1.0])  # clipped to [0, 1]: 0.25 + 1 + 0
     assert selector.stats["t0"].successes == pytest.approx(1.25)
     assert selector.stats["t0"].failures == pytest.approx(1.75)
@@ -112,7 +112,7 @@ def test_informative_curriculum_prefers_varied_groups_at_any_reward_scale() -> N
     assert ids(selector.next_batch(3)) == ["t0", "t3", "t4"]
     stats = selector.stats["t4"]
     assert (stats.informative, stats.uninformative) == (1.0, 1.0)
-    success = CurriculumSelector(tasks(5), sampling="greedy", decay=1.0)
+    success = CurriculumSelector(tasks(5), sampling="greedy", decay=1.0, learnability="success")
     observe_all(success, {"t0": [0.0, 0.05, 0.0, 0.1], "t1": [0.0] * 4, "t2": [1.0] * 4})
     assert ids(success.next_batch(1)) == ["t3"]
 
@@ -145,7 +145,7 @@ def test_state_saved_before_informative_counts_existed_still_loads() -> None:
 
 def test_thompson_choices_are_seeded_and_follow_the_posterior() -> None:
     def run(seed: int) -> list[str]:
-        selector = CurriculumSelector(tasks(6), seed=seed, decay=1.0)
+        selector = CurriculumSelector(tasks(6), seed=seed, decay=1.0, learnability="success")
         observe_all(selector, {f"t{i}": [1.0] * 16 for i in range(3)})  # solved, p ~ .94
         return [tid for _ in range(20) for tid in ids(selector.next_batch(2))]
 
@@ -245,7 +245,7 @@ def test_the_config_chooses_the_learnability_estimate() -> None:
 
 
 def test_task_stats_file(tmp_path) -> None:
-    selector = CurriculumSelector(tasks(2), sampling="greedy", decay=1.0)
+    selector = CurriculumSelector(tasks(2), sampling="greedy", decay=1.0, learnability="success")
     selector.next_batch(1)
     selector.observe("t0", [1.0, 0.0])
     write_task_stats(tmp_path, selector, step=4)
