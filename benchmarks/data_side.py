@@ -115,7 +115,7 @@ async def one_run(config: Any, run_dir: Path) -> dict[str, Any]:
         "train_reward": [r.get("reward/mean") for r in train_rows],
         "replay_samples": sum(r.get("replay/samples", 0.0) for r in train_rows),
         "equal_reward_share": [
-            r.get("train/groups_zero_variance", r.get("explore/groups_equal_reward"))
+            r.get("train/zero_variance_groups", r.get("explore/groups_equal_reward"))
             for r in train_rows
         ],
     }
