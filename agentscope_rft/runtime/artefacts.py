@@ -92,6 +92,18 @@ def _copy(source: Path, target: Path, names: tuple[str, ...], skipped: list[str]
     return copied
 
 
+def _commit_line(data: dict[str, Any]) -> str:
+    """`- commit: ...`, or each seed's where a continued sweep ran seeds on different commits."""
+    commits = {
+        str(s): (data.get("commits") or {}).get(str(s), data.get("commit")) for s in data["seeds"]
+    }
+    if len(set(commits.values())) > 1:
+        return "- commits (the sweep was continued on another): " + ", ".join(
+            f"seed {seed} `{sha or 'unknown'}`" for seed, sha in commits.items()
+        )
+    return f"- commit: `{next(iter(commits.values()), None) or data.get('commit') or 'unknown'}`"
+
+
 def _index(
     sweep_dir: Path,
     data: dict[str, Any],
@@ -117,7 +129,7 @@ def _index(
     lines = [
         f"# Artefacts of the sweep `{sweep_dir.name}`",
         "",
-        f"- commit: `{data.get('commit') or 'unknown'}`",
+        _commit_line(data),
         f"- seeds: {seeds} (status: "
         + ", ".join(f"{k} {v}" for k, v in data.get("status", {}).items())
         + ")",

@@ -198,12 +198,17 @@ def open_sweep(
             if not diff:
                 forked = _same_fork(sweep_dir, data.get("fork"), forked, seeds)
                 added = [s for s in seeds if s not in data["seeds"]]
+                # Each seed's commit: a sweep continued later may run its new seeds on another.
+                commits = data.setdefault(
+                    "commits", {str(s): data.get("commit") for s in data["seeds"]}
+                )
                 data["seeds"] = [*data["seeds"], *added]
                 if forked is not None:
                     data["fork"] = forked
                 for seed in added:
                     data["runs"][str(seed)] = seed_folder(seed)
                     data["status"][str(seed)] = "pending"
+                    commits[str(seed)] = git_commit()
                 write_sweep(sweep_dir, data)
                 logger.info(
                     "sweep %s exists with this config: continuing (seeds %s)",
@@ -235,6 +240,7 @@ def open_sweep(
         "config": resolved,
         "commit": git_commit(),
     }
+    data["commits"] = {str(s): data["commit"] for s in seeds}
     if forked is not None:
         data["fork"] = forked
     write_sweep(sweep_dir, data)

@@ -273,3 +273,30 @@ def test_artefacts_of_a_forked_sweep_name_the_fork_in_the_remake_command(tmp_pat
     index = (tmp_path / "out" / INDEX).read_text()
     assert "--seeds 0 --set run.name=" in index
     assert "--fork-from runs/rl --fork-step 16`" in index
+
+
+def test_a_sweep_continued_on_another_commit_records_each_seeds(tmp_path, monkeypatch):
+    from agentscope_rft.runtime import sweep as sweep_module
+
+    sweep = tmp_path / "runs" / "rl"
+    monkeypatch.setattr(sweep_module, "git_commit", lambda: "a" * 40)
+    open_sweep(config(tmp_path), sweep, [0])
+    monkeypatch.setattr(sweep_module, "git_commit", lambda: "b" * 40)
+    data = open_sweep(config(tmp_path), sweep, [0, 1])
+    assert data["commits"] == {"0": "a" * 40, "1": "b" * 40}
+    for seed in (0, 1):
+        write_run(sweep / f"seed-{seed}", [val(4, 0.1 * seed)], 4)
+    data["status"] = {"0": "done", "1": "done"}
+    (sweep / "sweep.json").write_text(json.dumps(data))
+    summarize(sweep)
+    export_artefacts(sweep, tmp_path / "out")
+    index = (tmp_path / "out" / INDEX).read_text()
+    assert f"seed 0 `{'a' * 40}`, seed 1 `{'b' * 40}`" in index
+    # a sweep written before per-seed commits: its seeds keep the sweep's one commit
+    del data["commits"]
+    (sweep / "sweep.json").write_text(json.dumps(data))
+    assert open_sweep(config(tmp_path), sweep, [2])["commits"] == {
+        "0": "a" * 40,
+        "1": "a" * 40,
+        "2": "b" * 40,
+    }
