@@ -232,15 +232,16 @@ def open_sweep(
             shutil.rmtree(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     (sweep_dir / SWEEP_CONFIG).write_text(dump_config(config))
+    commit = git_commit()
     data = {
         "seeds": list(seeds),
         "runs": {str(s): seed_folder(s) for s in seeds},
         "status": {str(s): "pending" for s in seeds},
         "follow": following_keys(config),
         "config": resolved,
-        "commit": git_commit(),
+        "commit": commit,
+        "commits": {str(s): commit for s in seeds},
     }
-    data["commits"] = {str(s): data["commit"] for s in seeds}
     if forked is not None:
         data["fork"] = forked
     write_sweep(sweep_dir, data)

@@ -49,10 +49,10 @@ def _stochastic_round_(value: Tensor, noise: Tensor) -> None:
     sign bit, so a chunk that is all finite takes two in-place operations; inf and nan pass
     through unrounded (their bits plus noise would be another nan)."""
     bits = value.view(torch.int32)
-    if bool(torch.isfinite(value).all()):
+    finite = torch.isfinite(value)
+    if bool(finite.all()):
         bits.add_(noise).bitwise_and_(-65536)  # sign, exponent and 7 mantissa bits
         return
-    finite = torch.isfinite(value)
     noise.add_(bits).bitwise_and_(-65536)
     bits.bitwise_and_(-65536)
     torch.where(finite, noise, bits, out=bits)
