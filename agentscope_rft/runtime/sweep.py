@@ -205,10 +205,11 @@ def open_sweep(
                 data["seeds"] = [*data["seeds"], *added]
                 if forked is not None:
                     data["fork"] = forked
+                commit = git_commit() if added else None
                 for seed in added:
                     data["runs"][str(seed)] = seed_folder(seed)
                     data["status"][str(seed)] = "pending"
-                    commits[str(seed)] = git_commit()
+                    commits[str(seed)] = commit
                 write_sweep(sweep_dir, data)
                 logger.info(
                     "sweep %s exists with this config: continuing (seeds %s)",
