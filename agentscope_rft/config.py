@@ -6,6 +6,7 @@ Defaults live only here. Unknown keys are errors with a did-you-mean suggestion.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -596,6 +597,33 @@ def resolve_file_keys(data: dict[str, Any], base: Path) -> dict[str, Any]:
         section = out if len(key) == 1 else out.get(key[0])
         if isinstance(section, dict) and isinstance(section.get(key[-1]), str):
             section[key[-1]] = resolve_file_path(key, section[key[-1]], base)
+    return out
+
+
+def relative_file_keys(data: dict[str, Any], base: Path, root: Path) -> dict[str, Any]:
+    """A copy of resolved config data: absolute file paths inside `root` made relative to `base`.
+
+    The inverse of `resolve_file_keys` for a config written into the folder `base`: a resolved
+    config exported into a repository (a README's artefacts) then loads on any clone of it, not
+    only on the machine whose absolute paths it recorded. Paths outside `root`, model names and
+    `package.module:fn` specs are returned unchanged.
+
+    Example:
+        >>> relative_file_keys({"workflow": "/repo/ex/app.py:run"}, Path("/repo/ex/results"),
+        ...                    Path("/repo"))
+        {'workflow': '../app.py:run'}
+    """
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for key in FILE_KEYS:
+        section = out if len(key) == 1 else out.get(key[0])
+        if not isinstance(section, dict) or not isinstance(section.get(key[-1]), str):
+            continue
+        parts = _file_part(key, section[key[-1]])
+        if parts is None:
+            continue
+        path, rest = Path(parts[0]), parts[1]
+        if path.is_absolute() and path.is_relative_to(root):
+            section[key[-1]] = os.path.relpath(path, base) + rest
     return out
 
 

@@ -8,6 +8,10 @@ stay behind): the resolved config, `sweep.json` (seeds, status, commit), the sum
 `results.jsonl`), and the untrained model's test evaluation (`test-untrained/`). It writes
 `ARTEFACTS.md`: where they came from, the commit, and the command that re-makes them.
 
+An export into the checkout that ran the sweep rewrites the resolved configs' file paths
+(workflow, tasks, demonstrations, chat template) relative to each config's folder, so the
+exported `config.yaml` re-makes the sweep on any clone: `train --config <out>/config.yaml`.
+
 Example:
     >>> out = Path("examples/quickstart/results")
     >>> export_artefacts(Path("runs/quickstart"), out)  # doctest: +SKIP
@@ -23,6 +27,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from agentscope_rft.config import relative_file_keys
 from agentscope_rft.runtime.sweep import SweepError, read_sweep
 
 logger = logging.getLogger(__name__)
@@ -60,24 +67,39 @@ def export_artefacts(sweep_dir: Path, out: Path, command: str | None = None) -> 
     if out.exists():
         shutil.rmtree(out)  # an earlier export of this or another sweep: replaced whole
     out.mkdir(parents=True)
+    root = _checkout(sweep_dir)
+    if root is not None and not out.resolve().is_relative_to(root):
+        root = None  # exported elsewhere: relative paths would climb out of the checkout
     written: list[Path] = []
     skipped: list[str] = []
-    written += _copy(sweep_dir, out, SWEEP_FILES, skipped)
+    written += _copy(sweep_dir, out, SWEEP_FILES, skipped, root)
     for seed in data["seeds"]:
         run_dir = sweep_dir / data["runs"][str(seed)]
         target = out / run_dir.name
-        written += _copy(run_dir, target, SEED_FILES, skipped)
+        written += _copy(run_dir, target, SEED_FILES, skipped, root)
         for name in EVAL_DIRS:
-            written += _copy(run_dir / name, target / name, EVAL_FILES, skipped)
+            written += _copy(run_dir / name, target / name, EVAL_FILES, skipped, root)
     for name in EVAL_DIRS:
-        written += _copy(sweep_dir / name, out / name, EVAL_FILES, skipped)
+        written += _copy(sweep_dir / name, out / name, EVAL_FILES, skipped, root)
     index = out / INDEX
-    index.write_text(_index(sweep_dir, data, written, skipped, out, command))
+    portable = root is not None and (out / "config.yaml").is_file()
+    index.write_text(_index(sweep_dir, data, written, skipped, out, command, portable))
     written.append(index)
     return written
 
 
-def _copy(source: Path, target: Path, names: tuple[str, ...], skipped: list[str]) -> list[Path]:
+def _checkout(path: Path) -> Path | None:
+    """The git checkout (a clone or a worktree) that holds `path`, or None."""
+    for folder in (path.resolve(), *path.resolve().parents):
+        if (folder / ".git").exists():
+            return folder
+    return None
+
+
+def _copy(
+    source: Path, target: Path, names: tuple[str, ...], skipped: list[str], root: Path | None
+) -> list[Path]:
+    """Copy `names` from `source`; a resolved config's paths inside `root` made relative."""
     copied = []
     for name in names:
         path = source / name
@@ -87,9 +109,25 @@ def _copy(source: Path, target: Path, names: tuple[str, ...], skipped: list[str]
             skipped.append(f"{path} ({path.stat().st_size / 2**20:.1f} MiB)")
             continue
         target.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, target / name)
+        if name == "config.yaml" and root is not None:
+            _write_portable_config(path, target / name, root)
+        else:
+            shutil.copy2(path, target / name)
         copied.append(target / name)
     return copied
+
+
+def _write_portable_config(source: Path, dest: Path, root: Path) -> None:
+    """`source` (a resolved config) written to `dest` with its file paths relative to `dest`."""
+    try:
+        data = yaml.safe_load(source.read_text())
+    except yaml.YAMLError:
+        data = None
+    if not isinstance(data, dict):  # not a config this export understands: kept as it is
+        shutil.copy2(source, dest)
+        return
+    data = relative_file_keys(data, dest.parent.resolve(), root)
+    dest.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 def _commit_line(data: dict[str, Any]) -> str:
@@ -111,13 +149,16 @@ def _index(
     skipped: list[str],
     out: Path,
     command: str | None,
+    portable: bool,
 ) -> str:
     summary = json.loads((sweep_dir / "summary.json").read_text())
     seeds = ",".join(str(s) for s in data["seeds"])
     config = data.get("config", {})
     test = " --test" if any("test" in r for r in summary.get("seeds", {}).values()) else ""
+    exported = os.path.relpath(out / "config.yaml")
+    the_config = exported if portable and not exported.startswith("..") else "<the config>"
     remake = (
-        f"agentscope-rft train --config <the config> --seeds {seeds}{test} "
+        f"agentscope-rft train --config {the_config} --seeds {seeds}{test} "
         f"--set run.name={config.get('run', {}).get('name', sweep_dir.name)}"
     )
     fork = data.get("fork")

@@ -300,3 +300,58 @@ def test_a_sweep_continued_on_another_commit_records_each_seeds(tmp_path, monkey
         "1": "a" * 40,
         "2": "b" * 40,
     }
+
+
+def test_artefacts_exported_into_the_checkout_load_on_any_clone(tmp_path, monkeypatch):
+    import shutil
+
+    import yaml
+
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    (repo / "ex" / "data").mkdir(parents=True)
+    (repo / "ex" / "app.py").write_text("async def run(task, model):\n    return 1.0\n")
+    (repo / "ex" / "data" / "train.jsonl").write_text('{"id": "a", "question": "q"}\n')
+    monkeypatch.chdir(repo)
+    sweep = repo / "runs" / "toy"
+    cfg = load_config(
+        None,
+        [
+            f"run.dir={sweep}",
+            "run.name=toy",
+            f"workflow={repo / 'ex' / 'app.py'}:run",
+            f"tasks.train={repo / 'ex' / 'data' / 'train.jsonl'}",
+            "model.name_or_path=smollm2-135m-instruct",
+        ],
+    )
+    open_sweep(cfg, sweep, [0])
+    write_run(sweep / "seed-0", [val(0, 0.1), val(2, 0.5)], 2)
+    (sweep / "seed-0" / "config.yaml").write_text((sweep / "config.yaml").read_text())
+    data = read_sweep(sweep)
+    data["status"] = {"0": "done"}
+    (sweep / "sweep.json").write_text(json.dumps(data))
+    summarize(sweep)
+
+    out = repo / "ex" / "results"
+    export_artefacts(sweep, out)
+    top = yaml.safe_load((out / "config.yaml").read_text())
+    assert top["workflow"] == "../app.py:run"
+    assert top["tasks"]["train"] == "../data/train.jsonl"
+    assert top["model"]["name_or_path"] == "smollm2-135m-instruct"  # a name, not a path
+    seed = yaml.safe_load((out / "seed-0" / "config.yaml").read_text())
+    assert seed["workflow"] == "../../app.py:run"
+    assert "`agentscope-rft train --config ex/results/config.yaml --seeds 0" in (
+        (out / INDEX).read_text()
+    )
+    # the exported config loads on another clone, finding that clone's files
+    clone = tmp_path / "clone"
+    shutil.copytree(repo, clone, ignore=shutil.ignore_patterns("runs"))
+    moved = load_config(clone / "ex" / "results" / "config.yaml")
+    assert moved.workflow == f"{clone / 'ex' / 'app.py'}:run"
+    assert moved.tasks.train == str(clone / "ex" / "data" / "train.jsonl")
+
+    # exported outside the checkout: the absolute paths are kept, not climbed out to
+    export_artefacts(sweep, tmp_path / "elsewhere")
+    kept = yaml.safe_load((tmp_path / "elsewhere" / "config.yaml").read_text())
+    assert kept["workflow"] == f"{repo / 'ex' / 'app.py'}:run"
+    assert "--config <the config>" in (tmp_path / "elsewhere" / INDEX).read_text()
