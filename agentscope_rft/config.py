@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -590,14 +590,21 @@ def resolve_file_path(key: tuple[str, ...], value: str, base: Path) -> str:
     return f"{resolved}{rest}"
 
 
-def resolve_file_keys(data: dict[str, Any], base: Path) -> dict[str, Any]:
-    """A copy of config data with every file key's relative path made absolute against `base`."""
+def _map_file_keys(
+    data: dict[str, Any], convert: Callable[[tuple[str, ...], str], str]
+) -> dict[str, Any]:
+    """A copy of config data with `convert(key, value)` applied to every file key's value."""
     out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
     for key in FILE_KEYS:
         section = out if len(key) == 1 else out.get(key[0])
         if isinstance(section, dict) and isinstance(section.get(key[-1]), str):
-            section[key[-1]] = resolve_file_path(key, section[key[-1]], base)
+            section[key[-1]] = convert(key, section[key[-1]])
     return out
+
+
+def resolve_file_keys(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    """A copy of config data with every file key's relative path made absolute against `base`."""
+    return _map_file_keys(data, lambda key, value: resolve_file_path(key, value, base))
 
 
 def relative_file_keys(data: dict[str, Any], base: Path, root: Path) -> dict[str, Any]:
@@ -613,18 +620,14 @@ def relative_file_keys(data: dict[str, Any], base: Path, root: Path) -> dict[str
         ...                    Path("/repo"))
         {'workflow': '../app.py:run'}
     """
-    out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
-    for key in FILE_KEYS:
-        section = out if len(key) == 1 else out.get(key[0])
-        if not isinstance(section, dict) or not isinstance(section.get(key[-1]), str):
-            continue
-        parts = _file_part(key, section[key[-1]])
-        if parts is None:
-            continue
-        path, rest = Path(parts[0]), parts[1]
-        if path.is_absolute() and path.is_relative_to(root):
-            section[key[-1]] = os.path.relpath(path, base) + rest
-    return out
+
+    def relative(key: tuple[str, ...], value: str) -> str:
+        parts = _file_part(key, value)  # a relative path is never inside the absolute `root`
+        if parts is None or not Path(parts[0]).is_relative_to(root):
+            return value
+        return os.path.relpath(parts[0], base) + parts[1]
+
+    return _map_file_keys(data, relative)
 
 
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
