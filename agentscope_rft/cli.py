@@ -216,6 +216,7 @@ _USER_ERRORS = {
     "agentscope_rft.review.training": ("ReviewDataError",),
     "agentscope_rft.runtime.components": ("RunFolderError",),
     "agentscope_rft.runtime.fork": ("ForkError",),
+    "agentscope_rft.runtime.memory": ("AllocatorError",),
 }
 """Errors that are the user's input (shown as one line, exit 2), by the module defining them."""
 
@@ -331,6 +332,7 @@ def train(
         )
 
     from agentscope_rft.config import load_config
+    from agentscope_rft.runtime.memory import preload_allocator
     from agentscope_rft.runtime.preflight import preflight
     from agentscope_rft.runtime.signals import RunStop, RunStopped
 
@@ -340,6 +342,7 @@ def train(
         else:  # without --config, --set alone must give what a run needs
             cfg = load_config(config, set_ or [])
         checked = preflight(cfg)  # fail in seconds, before the training stack even imports
+        preload_allocator(cfg.run.allocator)  # may restart this command under jemalloc
         run_dir = Path(resume) if resume is not None else _run_dir(cfg)
         if fork is not None:
             from agentscope_rft.runtime.fork import fork_run
@@ -397,6 +400,7 @@ def _train_sweep(
     from pathlib import Path
 
     from agentscope_rft.config import load_config
+    from agentscope_rft.runtime.memory import preload_allocator
     from agentscope_rft.runtime.sweep import (
         SWEEP_CONFIG,
         SweepError,
@@ -417,6 +421,8 @@ def _train_sweep(
         else:
             cfg = load_config(config, overrides)
             sweep_dir = _run_dir(cfg)
+        if test:  # the test evaluations run in this process
+            preload_allocator(cfg.run.allocator)
         summary = run_sweep(
             cfg, sweep_dir, wanted, parallel=parallel, log_level=log_level, test=test, fork=fork
         )
@@ -518,10 +524,12 @@ def explore(
     from agentscope_rft.config import load_config
     from agentscope_rft.runtime.components import run_dir_for
     from agentscope_rft.runtime.explore import explore as run_explore
+    from agentscope_rft.runtime.memory import preload_allocator
     from agentscope_rft.runtime.signals import RunStop, RunStopped
 
     try:
         cfg = load_config(config, set_ or [])
+        preload_allocator(cfg.run.allocator)  # may restart this command under jemalloc
         name = f"explore-{split}"
         if checkpoint is not None:
             from agentscope_rft.runtime.best import resolve_checkpoint
@@ -614,6 +622,9 @@ _mount_subcommands()
 
 
 def main() -> None:
+    from agentscope_rft.runtime.memory import allow_exec
+
+    allow_exec()  # the command itself (not a caller's CliRunner) may restart under jemalloc
     try:
         app()
     except KeyboardInterrupt:  # pragma: no cover

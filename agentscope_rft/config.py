@@ -15,6 +15,7 @@ import yaml
 from pydantic import (
     Field,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -257,6 +258,15 @@ class RunSettings(Section):
     """Replace an existing run folder (otherwise an existing folder is an error)."""
     get_timeout: float = Field(default=3600.0, gt=0)
     """Seconds the trainer waits for samples before failing with what it waits for."""
+    allocator: str = "auto"
+    """The process's memory allocator (Linux): `auto` (jemalloc where a library is found: Ray's
+    wheel bundles one, or the system's `libjemalloc.so.2`; else glibc), `jemalloc` (required),
+    `glibc`, `glibc-compact` (glibc returning every block above 64 KiB at once: low peak, but
+    each large tensor's pages mapped afresh), or a path to an allocator library. The
+    `agentscope-rft` command restarts itself with the library in `LD_PRELOAD` (its child
+    processes keep their environment); a run started from Python logs how. On the quickstart
+    with `trainer.memory_budget_gib` jemalloc keeps the peak as low as glibc-compact without its
+    fresh pages (docs/benchmarks.md)."""
     deterministic: bool = False
     """Two runs with one seed give the same metrics and weights (wall times, throughput and engine
     queue counters aside) with the embedded engine, the torch trainer and `mode: sync`: engine
@@ -265,9 +275,42 @@ class RunSettings(Section):
     samples are trained in rollout order, torch uses deterministic algorithms. Each change is
     said in a log line; what still varies: docs/lifecycle.md."""
 
+    @field_validator("allocator")
+    @classmethod
+    def _allocator_choice(cls, value: str) -> str:
+        from agentscope_rft.runtime.memory import ALLOCATORS
+
+        if value in ALLOCATORS or "/" in value:
+            return value
+        raise ValueError(
+            f"run.allocator {value!r}: use one of {', '.join(ALLOCATORS)}, or a path to an "
+            "allocator library (e.g. /usr/lib/x86_64-linux-gnu/libjemalloc.so.2)"
+        )
+
 
 EXPLORING_MODES = ("sync", "one_step_off", "async")
 """Run modes with an explorer (episodes played by the run itself)."""
+
+
+def _compact_allocator_moved(data: dict[str, Any]) -> dict[str, Any]:
+    """`engine.compact_allocator` (before `run.allocator`): true is `run.allocator:
+    glibc-compact`, false the default; configs written before keep loading."""
+    engine = data.get("engine")
+    if not isinstance(engine, dict) or "compact_allocator" not in engine:
+        return data
+    engine = dict(engine)
+    compact = engine.pop("compact_allocator")
+    data = {**data, "engine": engine}
+    if str(compact).lower() in ("true", "1", "yes", "on"):
+        run = dict(data.get("run") or {})
+        if run.get("allocator", "auto") not in ("auto", "glibc", "glibc-compact"):
+            raise ValueError(
+                f"engine.compact_allocator: true (glibc's settings) contradicts run.allocator "
+                f"{run['allocator']!r}: keep run.allocator only"
+            )
+        run["allocator"] = "glibc-compact"
+        data["run"] = run
+    return data
 
 
 class RunConfig(Section):
@@ -328,6 +371,7 @@ class RunConfig(Section):
                     data = {**data, section: {"type": value}}
                 elif isinstance(value, dict) and "type" not in value:
                     data = {**data, section: {"type": default, **value}}
+            data = _compact_allocator_moved(data)
         return data
 
     def uses_offline_data(self) -> bool:

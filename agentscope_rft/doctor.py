@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import platform
+import sys
 from dataclasses import dataclass
 
 
@@ -27,6 +28,23 @@ def _package(name: str, package: str, purpose: str) -> Check:
     if version is None:
         return Check(name, False, f"{package} not installed ({purpose})")
     return Check(name, True, f"{package} {version}")
+
+
+def _allocator() -> Check:
+    """Whether `run.allocator: auto` finds jemalloc (the lower peak at no cost in time)."""
+    from agentscope_rft.runtime.memory import jemalloc_library
+
+    if not sys.platform.startswith("linux"):
+        return Check("allocator", True, "the system's (run.allocator applies on Linux)")
+    found = jemalloc_library()
+    if found is None:
+        return Check(
+            "allocator",
+            False,
+            "no jemalloc: runs use glibc's allocator (higher peak memory); pip install "
+            "'ray[default]' (bundles one) or apt install libjemalloc2",
+        )
+    return Check("allocator", True, f"jemalloc ({found}), used by run.allocator: auto")
 
 
 def _torch() -> Check:
@@ -72,6 +90,7 @@ def run_checks() -> list[Check]:
         _package("transformers", "transformers", "models"),
         _package("agentscope", "agentscope", "agent apps"),
         _embedded_model(),
+        _allocator(),
         Check("engine: embedded", True, "transformers, in-process"),
         _vllm(),
         Check("trainer: torch", True, "plain PyTorch (+ peft for LoRA)"),

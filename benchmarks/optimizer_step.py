@@ -1,6 +1,6 @@
 """The optimizer step alone on SmolLM2-135M's parameter shapes: torch's AdamW (fp32 moments)
 against `BF16StateAdamW` (bf16 moments, `trainer.optimizer_state_dtype: bfloat16`), each under
-glibc's default allocator and under `engine.compact_allocator`'s settings (every tensor above
+glibc's default allocator and under `run.allocator: glibc-compact`'s settings (every tensor above
 64 KiB mapped afresh), each setting in its own child process.
 
     python benchmarks/optimizer_step.py --json out.json

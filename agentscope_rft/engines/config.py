@@ -52,15 +52,6 @@ class EmbeddedEngineConfig(Section):
     of its own: one copy of the weights less (0.54 GB for SmolLM2-135M in fp32) and no copying at
     each sync. The engine is held (requests wait) while the trainer steps. Logged when it cannot
     apply and why; off: the engine keeps its own copy."""
-    compact_allocator: bool = False
-    """Linux (glibc): tensors the engine and an in-process trainer free go back to the system at
-    once (`mallopt`: allocations above 64 KiB mapped on their own, 2 heap arenas), so the
-    process's resident memory follows what is live instead of keeping each thread's high-water
-    mark. On the quickstart (2 steps, side by side) peak RSS 6.40 GB instead of 7.40, at 1.13x
-    the wall time (every large tensor's pages are mapped afresh); with `trainer.memory_budget_gib:
-    2.8` and bf16 AdamW moments the whole run peaks at 3.50 GB (docs/benchmarks.md). Off by
-    default for that time. Process-wide, set when the engine is built; `MALLOC_MMAP_THRESHOLD_` /
-    `MALLOC_ARENA_MAX` set in the environment win."""
     num_threads: int | None = Field(default=None, ge=1)
     """CPU threads the engine computes with (its own thread only; the trainer keeps its own).
     Default: per forward size, all cores but one or all cores, whichever measures faster here,

@@ -8,7 +8,6 @@ from agentscope_rft.config import EngineConfig, ModelConfig, VLLMEngineConfig
 from agentscope_rft.engines.base import Engine
 from agentscope_rft.engines.embedded import EmbeddedEngine
 from agentscope_rft.runtime.gpus import GpuPlacement
-from agentscope_rft.runtime.memory import compact_allocator
 
 
 def read_chat_template(value: str | None) -> str | None:
@@ -68,8 +67,6 @@ def build_engine(
             gpu_memory_fraction=gpus.memory_fraction() if gpus else None,
             sleep_mode=gpus is not None and gpus.mode == "colocated",
         )
-    if engine.compact_allocator:
-        compact_allocator()  # before the weights load: their memory follows the new settings
     return EmbeddedEngine(
         model.name_or_path,
         dtype=engine.dtype,

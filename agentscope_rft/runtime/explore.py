@@ -34,6 +34,7 @@ from agentscope_rft.runtime.components import (
     max_tokens_per_call,
     sampling_rules,
 )
+from agentscope_rft.runtime.memory import apply_allocator
 from agentscope_rft.runtime.signals import RunStop, RunStopped, Stopping
 from agentscope_rft.types import Rollout
 
@@ -100,6 +101,7 @@ async def explore(
         >>> summary = asyncio.run(explore(config, Path("runs/x/explore")))  # doctest: +SKIP
     """
     stop = stop or RunStop()
+    apply_allocator(config.run.allocator)  # before the model allocates
     if config.runtime.type == "local":
         return await _explore(config, out_dir, split, limit, group_size, stop, None)
     from agentscope_rft.runtime.ray import RayRuntime

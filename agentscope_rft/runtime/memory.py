@@ -1,11 +1,20 @@
-"""Hand CPU memory that PyTorch has freed back to the operating system.
+"""The process's memory allocator, and handing freed CPU memory back to the operating system.
 
-glibc's allocator keeps freed heap pages (in one arena per thread) for reuse. A training step on
-CPU frees gigabytes of activations in the trainer's thread, and the engine's batches free theirs
-in another; without a trim the process keeps the peak of each, grows with every longer batch,
-and on a small machine ends in the OOM killer. `malloc_trim(0)` returns the free pages after a
-step; `compact_allocator` (`engine.compact_allocator`) makes glibc return large blocks as soon as
-they are freed, so the peak within a step follows what is live too.
+A training step on CPU frees gigabytes of activations in the trainer's thread, and the engine's
+batches free theirs in another. `run.allocator` chooses who serves those tensors:
+
+- `jemalloc` (the default where a library is found: Ray's wheel bundles one, or the system's
+  `libjemalloc.so.2`): size classes keep the resident memory near what is live, and a freed page
+  is reused by the next pass instead of being mapped and zeroed afresh. The CLI starts the run
+  under it (`preload_allocator` re-executes the command with `LD_PRELOAD`); its child processes
+  (vLLM, browsers, runners) keep the environment they had.
+- `glibc`: the C library's allocator as the environment configures it. It keeps each thread's
+  freed heap pages (one arena per thread) for reuse, so the process keeps the peak of each;
+  `malloc_trim(0)` after a step returns what it can.
+- `glibc-compact`: glibc with allocations above 64 KiB mapped on their own and 2 arenas, so
+  the peak follows what is live too, at the cost of mapping every large tensor's pages afresh.
+
+Measured on the quickstart in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -13,9 +22,11 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import importlib.util
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -67,22 +78,198 @@ def compact_allocator() -> dict[str, int]:
         if mallopt(ctypes.c_int(param), ctypes.c_int(value)) == 1:
             applied[env] = value
     if applied:
-        logger.info("compact allocator: %s (engine.compact_allocator)", applied)
+        logger.info("compact allocator: %s (run.allocator: glibc-compact)", applied)
     return applied
 
 
 def release_freed_memory() -> bool:
-    """Return freed heap memory to the OS; False where the C library cannot (not glibc).
+    """Return freed memory to the OS: glibc's `malloc_trim(0)`, or under jemalloc a purge of
+    every arena's unused pages; False where neither applies.
 
     Example:
         >>> release_freed_memory() in (True, False)
         True
     """
+    if loaded_allocator() == "jemalloc":
+        mallctl = _jemalloc_mallctl()
+        if mallctl is not None:
+            mallctl(f"arena.{JEMALLOC_ALL_ARENAS}.purge".encode(), None, None, None, 0)
+            return True
     trim = _glibc("malloc_trim")
     if trim is None:
         return False
     trim(0)
     return True
+
+
+# --------------------------------------------------------------------------- run.allocator
+
+ALLOCATORS = ("auto", "jemalloc", "glibc", "glibc-compact")
+"""`run.allocator`'s named choices (a path to a shared library is the fourth kind)."""
+JEMALLOC_ALL_ARENAS = 4096
+"""jemalloc's `MALLCTL_ARENAS_ALL`: `arena.4096.purge` purges every arena."""
+_PRELOADED = "_AGENTSCOPE_RFT_PRELOADED"
+"""Set on the re-executed command: the library it was started under."""
+_LD_PRELOAD_WAS = "_AGENTSCOPE_RFT_LD_PRELOAD_WAS"
+"""The LD_PRELOAD the command had before (restored in it, so its children keep theirs)."""
+_exec_allowed = False
+
+
+class AllocatorError(ValueError):
+    """`run.allocator` asks for an allocator this process cannot use; the message names the fix."""
+
+
+def allow_exec() -> None:
+    """Let `preload_allocator` re-execute this process: only the CLI's own entry point calls it
+    (a CLI invoked inside another program, e.g. a test's runner, must not replace it)."""
+    global _exec_allowed
+    _exec_allowed = True
+
+
+def loaded_allocator() -> str:
+    """The allocator serving this process's malloc: `jemalloc` or `tcmalloc` where such a library
+    is mapped (preloaded), else `glibc` (`system` off Linux)."""
+    if not sys.platform.startswith("linux"):
+        return "system"
+    return _mapped_allocator()
+
+
+@functools.cache
+def _mapped_allocator() -> str:
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return "glibc"
+    for line in maps.splitlines():
+        name = line.rsplit("/", 1)[-1]
+        for kind in ("jemalloc", "tcmalloc"):
+            if kind in name and ".so" in name:
+                return kind
+    return "glibc"
+
+
+def jemalloc_library() -> str | None:
+    """A jemalloc shared library to preload: the one Ray's wheel bundles (`ray/core/
+    libjemalloc.so`, installed with the `ray`/`verl`/`dev` extras), else the system's
+    (`libjemalloc.so.2`, e.g. Debian/Ubuntu `libjemalloc2`); None where neither is found."""
+    spec = importlib.util.find_spec("ray")  # finds the package without importing it
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        bundled = Path(folder) / "core" / "libjemalloc.so"
+        if bundled.is_file():
+            return str(bundled)
+    return ctypes.util.find_library("jemalloc")
+
+
+def _wanted_library(choice: str) -> str | None:
+    """The library `choice` preloads (None: none; `auto` without one found)."""
+    if choice in ("glibc", "glibc-compact"):
+        return None
+    if choice not in ("auto", "jemalloc"):  # a path to an allocator library
+        if not Path(choice).is_file():
+            raise AllocatorError(
+                f"run.allocator: {choice!r} is not a file; give a shared library (e.g. "
+                "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2) or one of " + ", ".join(ALLOCATORS)
+            )
+        return choice
+    found = jemalloc_library()
+    if found is None and choice == "jemalloc":
+        raise AllocatorError(
+            "run.allocator: jemalloc was asked for and no jemalloc library was found: install "
+            "Ray (pip install 'ray[default]', whose wheel bundles one) or the system's "
+            "(apt install libjemalloc2), give its path as run.allocator, or set run.allocator: "
+            "auto (jemalloc where found) or glibc"
+        )
+    return found
+
+
+def preload_allocator(choice: str) -> None:
+    """Start this command under `choice`'s allocator library: re-execute it (same arguments,
+    same process id) with the library in `LD_PRELOAD`, where the CLI allows it (`allow_exec`)
+    and the library is not loaded yet. In the re-executed command: restore the environment's
+    LD_PRELOAD, so child processes start as they would have. Linux only; elsewhere `auto` keeps
+    the system's allocator and any other choice but glibc is an error.
+
+    Raises:
+        AllocatorError: `jemalloc` asked for and none found, or a path that is not a file.
+    """
+    if _PRELOADED in os.environ:  # the re-executed command
+        preloaded = os.environ.pop(_PRELOADED)
+        was = os.environ.pop(_LD_PRELOAD_WAS, "")
+        if was:
+            os.environ["LD_PRELOAD"] = was
+        else:
+            os.environ.pop("LD_PRELOAD", None)
+        if loaded_allocator() == "glibc":
+            logger.warning(
+                "allocator: %s was not loaded (the dynamic loader ignored LD_PRELOAD): running "
+                "on glibc's; run.allocator: glibc says so without trying",
+                preloaded,
+            )
+        return
+    if not sys.platform.startswith("linux"):
+        if choice not in ("auto", "glibc"):
+            raise AllocatorError(
+                f"run.allocator: {choice} works on Linux only; use auto or glibc here"
+            )
+        return
+    library = _wanted_library(choice)
+    if library is None or loaded_allocator() != "glibc" or not _exec_allowed:
+        return
+    env = dict(os.environ)
+    was = env.get("LD_PRELOAD", "")
+    env["LD_PRELOAD"] = f"{library}:{was}" if was else library
+    env[_PRELOADED] = library
+    env[_LD_PRELOAD_WAS] = was
+    logger.info("allocator: restarting this command under %s (run.allocator: %s)", library, choice)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os.execve(sys.executable, list(sys.orig_argv), env)
+
+
+def apply_allocator(choice: str) -> str:
+    """Apply `choice` in this process, before the engine and trainer allocate: glibc-compact's
+    settings, or a check that the library asked for is the one serving malloc (a run started
+    from Python, not the CLI, cannot be re-executed: a log line says how to start it under
+    jemalloc). Returns the allocator in use (`loaded_allocator`).
+
+    Raises:
+        AllocatorError: `jemalloc` (or a library path) asked for and not loaded, or a
+            glibc setting asked for under another allocator.
+    """
+    loaded = loaded_allocator()
+    if choice in ("glibc", "glibc-compact"):
+        if loaded not in ("glibc", "system"):
+            raise AllocatorError(
+                f"run.allocator: {choice} asked for, but {loaded} serves this process (its "
+                "LD_PRELOAD): drop it from LD_PRELOAD, or set run.allocator: auto"
+            )
+        if choice == "glibc-compact":
+            compact_allocator()
+        return loaded
+    if loaded == "glibc" and sys.platform.startswith("linux"):
+        library = _wanted_library(choice)
+        if library is not None:
+            hint = (
+                f"start it with the agentscope-rft command, or with LD_PRELOAD={library} "
+                "before python"
+            )
+            if choice != "auto":
+                raise AllocatorError(
+                    f"run.allocator: {choice} asked for, but this process runs on glibc's "
+                    f"allocator: {hint}"
+                )
+            logger.info("allocator: glibc (run.allocator: auto; for jemalloc %s)", hint)
+    logger.info("allocator: %s", loaded)
+    return loaded
+
+
+@functools.cache
+def _jemalloc_mallctl() -> Any:
+    """jemalloc's `mallctl` from the preloaded library (its symbols are the process's)."""
+    try:
+        return ctypes.CDLL(None).mallctl
+    except (OSError, AttributeError):
+        return None
 
 
 def weight_sharing_refusal(config: Any, engine: object, trainer: object) -> str | None:

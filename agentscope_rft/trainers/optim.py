@@ -115,7 +115,7 @@ class BF16StateAdamW(torch.optim.Optimizer):
     def _update(self, param: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         """One parameter's AdamW update, `CHUNK` elements at a time in reused fp32 buffers: no
         temporary of the parameter's size (each would be mapped and zeroed afresh where glibc maps
-        large blocks, `engine.compact_allocator`)."""
+        large blocks, `run.allocator: glibc-compact`)."""
         lr, eps, decay = group["lr"], group["eps"], group["weight_decay"]
         beta1, beta2 = group["betas"]
         step = float(state["step"])

@@ -1,4 +1,4 @@
-"""`engine.compact_allocator`: glibc returns freed tensors' memory at once (runtime/memory.py).
+"""`run.allocator: glibc-compact`: glibc returns freed tensors' memory at once (runtime/memory.py).
 
 Each case runs in a fresh interpreter: the allocator settings are process-wide."""
 
