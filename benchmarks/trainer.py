@@ -6,7 +6,9 @@ Both sides do the whole step: generate `prompts x group` completions of exactly 
 tokens (sampling, temperature 1), score them, compute GRPO advantages, one optimizer step.
 Ours: the embedded engine + gateway + explorer + torch trainer + in-process weight sync (the real
 `agentscope-rft train` loop with a minimal workflow). TRL: `trl.GRPOTrainer` (HF `generate`).
-Each side runs in its own process (peak RSS is per process) after one warm-up step; reported:
+Each side runs in its own process (peak RSS is per process) after one warm-up step, on glibc's
+allocator unless named in `--jemalloc` (`agentscope-rft train` runs under jemalloc where one is
+found: `run.allocator`); reported:
 seconds per step, trained tokens/s, peak RSS, and an MFU-style figure: trained tokens/s x 6N
 FLOPs over this CPU's measured bf16 matmul FLOP/s. Prints a Markdown table.
 """
@@ -206,6 +208,9 @@ def child(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         result = run_ours(args, Path(tmp)) if args.child == "ours" else run_trl(args, Path(tmp))
     result["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    from agentscope_rft.runtime.memory import loaded_allocator
+
+    result["name"] += f" ({loaded_allocator()})"
     if args.device != "cpu":
         import torch
 
@@ -219,15 +224,25 @@ def main(args: argparse.Namespace) -> None:
     params = sum(p.numel() for p in load_causal_lm(resolve_model(EMBEDDED_MODEL)).parameters())
     flops = matmul_flops(args.device)
     results = []
-    for side in args.sides:
+    from agentscope_rft.runtime.memory import jemalloc_library
+
+    jemalloc = jemalloc_library()
+    runs = [(side, False) for side in args.sides] + [(side, True) for side in args.jemalloc]
+    for side, preload in runs:
         cmd = [sys.executable, __file__, "--child", side, *sys.argv[1:]]
-        done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ})
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        if preload:
+            if jemalloc is None:
+                raise SystemExit("--jemalloc: no jemalloc library found (pip install ray)")
+            env["LD_PRELOAD"] = jemalloc
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
         line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
         if done.returncode != 0 or not line:
             print(done.stderr[-4000:], file=sys.stderr)
             raise SystemExit(f"{side} failed")
         results.append(json.loads(line[-1][len("RESULT ") :]))
-    base = results[-1]["s_per_step"]
+    trl = [r for r in results if r["name"].startswith("TRL")]
+    base = (trl or results)[0]["s_per_step"]  # the first TRL run (glibc), else the first run
     print(
         f"\nSmolLM2-135M ({params / 1e6:.1f}M params), {args.prompts} prompts x {args.group} "
         f"completions x {args.tokens} tokens, {args.steps} measured steps, {where(args.device)}, "
@@ -262,6 +277,13 @@ if __name__ == "__main__":
         "--device", default="cpu", help="cuda: both sides on the GPU (ours in bf16, `auto`)"
     )
     parser.add_argument("--sides", nargs="+", default=["ours", "trl"])
+    parser.add_argument(
+        "--jemalloc",
+        nargs="*",
+        default=[],
+        choices=["ours", "trl"],
+        help="sides to run once more under jemalloc (LD_PRELOAD), after --sides",
+    )
     parser.add_argument("--child", choices=["ours", "trl"])
     parsed = parser.parse_args()
     child(parsed) if parsed.child else main(parsed)
