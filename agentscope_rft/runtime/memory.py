@@ -268,3 +268,44 @@ def apply_allocator(choice: str) -> str:
             logger.info("allocator: glibc (run.allocator: auto; for jemalloc %s)", hint)
     logger.info("allocator: %s", loaded)
     return loaded
+
+
+def weight_sharing_refusal(config: Any, engine: object, trainer: object) -> str | None:
+    """Why the engine cannot compute with the trainer's weights in place (None: it can).
+
+    It can in a synchronous run (the engine is idle while the trainer steps) of the embedded
+    engine and the torch trainer without LoRA (whose synced weights are merged copies), when both
+    hold the policy on the same device in the same dtype.
+    """
+    from agentscope_rft.engines.embedded import EmbeddedEngine
+    from agentscope_rft.trainers.torch_trainer import TorchTrainer
+
+    if not isinstance(engine, EmbeddedEngine) or not isinstance(trainer, TorchTrainer):
+        return "only the embedded engine with the torch trainer shares weights"
+    if not getattr(config.engine, "share_trainer_weights", False):
+        return "engine.share_trainer_weights is off"
+    if config.run.mode != "sync":
+        return f"run.mode {config.run.mode} explores while the trainer steps"
+    if config.trainer.lora is not None:
+        return "trainer.lora: the synced weights are merged copies"
+    weight = next(trainer.model.parameters())
+    if engine.dtype != weight.dtype:
+        return f"engine dtype {engine.dtype} differs from the trainer's {weight.dtype}"
+    if engine.batcher.model.device != weight.device:
+        return f"engine device {engine.batcher.model.device} differs from the trainer's"
+    return None
+
+
+async def share_trainer_weights(config: Any, engine: object, trainer: object) -> int:
+    """Have the embedded engine compute with the trainer's weights in place where it can (see
+    `weight_sharing_refusal`); returns the bytes of the engine's own copy freed (0: not shared,
+    the reason logged)."""
+    refusal = weight_sharing_refusal(config, engine, trainer)
+    if refusal is not None:
+        if getattr(config.engine, "type", None) == "embedded":
+            logger.info("engine keeps its own copy of the weights: %s", refusal)
+        return 0
+    shared = int(await engine.share_weights(trainer.state_dict_for_sync()))  # type: ignore[attr-defined]
+    release_freed_memory()
+    logger.info("engine computes with the trainer's weights in place (%.2f GB freed)", shared / 1e9)
+    return shared
