@@ -258,15 +258,17 @@ class RunSettings(Section):
     """Replace an existing run folder (otherwise an existing folder is an error)."""
     get_timeout: float = Field(default=3600.0, gt=0)
     """Seconds the trainer waits for samples before failing with what it waits for."""
-    allocator: str = "auto"
-    """The process's memory allocator (Linux): `auto` (jemalloc where a library is found: Ray's
-    wheel bundles one, or the system's `libjemalloc.so.2`; else glibc), `jemalloc` (required),
-    `glibc`, `glibc-compact` (glibc returning every block above 64 KiB at once: low peak, but
-    each large tensor's pages mapped afresh), or a path to an allocator library. The
-    `agentscope-rft` command restarts itself with the library in `LD_PRELOAD` (its child
-    processes keep their environment); a run started from Python logs how. On the quickstart
-    with `trainer.memory_budget_gib` jemalloc keeps the peak as low as glibc-compact without its
-    fresh pages (docs/benchmarks.md)."""
+    allocator: str = "glibc"
+    """The process's memory allocator (Linux): `glibc` (the C library's, as the environment sets
+    it), `glibc-compact` (glibc returning every block above 64 KiB at once: low peak, but each
+    large tensor's pages mapped afresh), `jemalloc` (Ray's wheel bundles one, else the system's
+    `libjemalloc.so.2`; an error names the fix where none is found), `auto` (jemalloc where
+    found, else glibc) or a path to an allocator library. The `agentscope-rft` command restarts
+    itself with the library in `LD_PRELOAD` (its child processes keep their environment); a run
+    started from Python says how in its error. On the quickstart with
+    `trainer.memory_budget_gib: 2.8` and bf16 AdamW moments jemalloc peaks at 3.47 GB at 1.18x
+    glibc's wall time as shipped (glibc-compact: 1.28x); as shipped, jemalloc is slower than
+    glibc (docs/benchmarks.md), hence not the default."""
     deterministic: bool = False
     """Two runs with one seed give the same metrics and weights (wall times, throughput and engine
     queue counters aside) with the embedded engine, the torch trainer and `mode: sync`: engine
@@ -303,7 +305,7 @@ def _compact_allocator_moved(data: dict[str, Any]) -> dict[str, Any]:
     data = {**data, "engine": engine}
     if str(compact).lower() in ("true", "1", "yes", "on"):
         run = dict(data.get("run") or {})
-        if run.get("allocator", "auto") not in ("auto", "glibc", "glibc-compact"):
+        if run.get("allocator", "glibc") not in ("auto", "glibc", "glibc-compact"):
             raise ValueError(
                 f"engine.compact_allocator: true (glibc's settings) contradicts run.allocator "
                 f"{run['allocator']!r}: keep run.allocator only"

@@ -31,7 +31,7 @@ def _package(name: str, package: str, purpose: str) -> Check:
 
 
 def _allocator() -> Check:
-    """Whether `run.allocator: auto` finds jemalloc (the lower peak at no cost in time)."""
+    """Whether `run.allocator: jemalloc` (or `auto`) finds a jemalloc library."""
     from agentscope_rft.runtime.memory import jemalloc_library
 
     if not sys.platform.startswith("linux"):
@@ -41,10 +41,10 @@ def _allocator() -> Check:
         return Check(
             "allocator",
             False,
-            "no jemalloc: runs use glibc's allocator (higher peak memory); pip install "
-            "'ray[default]' (bundles one) or apt install libjemalloc2",
+            "no jemalloc (run.allocator: jemalloc, the lower peak with a memory budget); "
+            "pip install 'ray[default]' (bundles one) or apt install libjemalloc2",
         )
-    return Check("allocator", True, f"jemalloc ({found}), used by run.allocator: auto")
+    return Check("allocator", True, f"jemalloc ({found}) for run.allocator: jemalloc or auto")
 
 
 def _torch() -> Check:

@@ -3,16 +3,15 @@
 A training step on CPU frees gigabytes of activations in the trainer's thread, and the engine's
 batches free theirs in another. `run.allocator` chooses who serves those tensors:
 
-- `jemalloc` (the default where a library is found: Ray's wheel bundles one, or the system's
-  `libjemalloc.so.2`): size classes keep the resident memory near what is live, and a freed page
-  is reused by the next pass instead of being mapped and zeroed afresh. The CLI starts the run
-  under it (`preload_allocator` re-executes the command with `LD_PRELOAD`); its child processes
-  (vLLM, browsers, runners) keep the environment they had.
-- `glibc`: the C library's allocator as the environment configures it. It keeps each thread's
-  freed heap pages (one arena per thread) for reuse, so the process keeps the peak of each;
-  `malloc_trim(0)` after a step returns what it can.
+- `glibc` (the default): the C library's allocator as the environment configures it. It keeps
+  each thread's freed heap pages (one arena per thread) for reuse, so the process keeps the peak
+  of each; `malloc_trim(0)` after a step returns what it can.
 - `glibc-compact`: glibc with allocations above 64 KiB mapped on their own and 2 arenas, so
   the peak follows what is live too, at the cost of mapping every large tensor's pages afresh.
+- `jemalloc` (Ray's wheel bundles one, or the system's `libjemalloc.so.2`; `auto`: where found):
+  size classes keep the resident memory near what is live with fewer fresh pages than
+  glibc-compact. The CLI starts the run under it (`preload_allocator` re-executes the command
+  with `LD_PRELOAD`); its child processes (vLLM, browsers, runners) keep their environment.
 
 Measured on the quickstart in docs/benchmarks.md.
 """
@@ -23,7 +22,6 @@ import ctypes
 import ctypes.util
 import functools
 import importlib.util
-import json
 import logging
 import os
 import sys
@@ -84,17 +82,18 @@ def compact_allocator() -> dict[str, int]:
 
 
 def release_freed_memory() -> bool:
-    """Return glibc's freed heap pages to the OS (`malloc_trim(0)`); False where the C library
-    cannot (not glibc) or jemalloc serves malloc: it reuses freed pages for the next phase's
-    tensors (the trainer's after the engine's, and back), so handing them back would only have
-    them mapped and zeroed afresh (`JEMALLOC_CONF`).
+    """Return freed memory to the OS: glibc's `malloc_trim(0)`, or under jemalloc a purge of
+    every arena's unused pages; False where neither applies.
 
     Example:
         >>> release_freed_memory() in (True, False)
         True
     """
-    if loaded_allocator() != "glibc":
-        return False
+    if loaded_allocator() == "jemalloc":
+        mallctl = _jemalloc_mallctl()
+        if mallctl is not None:
+            mallctl(f"arena.{JEMALLOC_ALL_ARENAS}.purge".encode(), None, None, None, 0)
+            return True
     trim = _glibc("malloc_trim")
     if trim is None:
         return False
@@ -106,16 +105,12 @@ def release_freed_memory() -> bool:
 
 ALLOCATORS = ("auto", "jemalloc", "glibc", "glibc-compact")
 """`run.allocator`'s named choices (a path to a shared library is the fourth kind)."""
-JEMALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
-"""jemalloc's settings for a run (where `MALLOC_CONF` does not give others): freed pages stay
-with the process for the next pass or phase instead of going back to the system after ~10 s
-(its default), which on the quickstart had them faulted in again 29 million times a run; the
-resident memory stays at the run's high-water mark, which is its peak anyway."""
+JEMALLOC_ALL_ARENAS = 4096
+"""jemalloc's `MALLCTL_ARENAS_ALL`: `arena.4096.purge` purges every arena."""
 _PRELOADED = "_AGENTSCOPE_RFT_PRELOADED"
 """Set on the re-executed command: the library it was started under."""
-_ENV_WAS = "_AGENTSCOPE_RFT_ENV_WAS"
-"""The LD_PRELOAD and MALLOC_CONF the command had before, as JSON (restored in it, so its
-children start with theirs)."""
+_LD_PRELOAD_WAS = "_AGENTSCOPE_RFT_LD_PRELOAD_WAS"
+"""The LD_PRELOAD the command had before (restored in it, so its children keep theirs)."""
 _exec_allowed = False
 
 
@@ -198,12 +193,11 @@ def preload_allocator(choice: str) -> None:
     """
     if _PRELOADED in os.environ:  # the re-executed command
         preloaded = os.environ.pop(_PRELOADED)
-        was = json.loads(os.environ.pop(_ENV_WAS, "{}"))
-        for name in ("LD_PRELOAD", "MALLOC_CONF"):
-            if was.get(name) is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = was[name]
+        was = os.environ.pop(_LD_PRELOAD_WAS, "")
+        if was:
+            os.environ["LD_PRELOAD"] = was
+        else:
+            os.environ.pop("LD_PRELOAD", None)
         if loaded_allocator() == "glibc":
             logger.warning(
                 "allocator: %s was not loaded (the dynamic loader ignored LD_PRELOAD): running "
@@ -221,12 +215,10 @@ def preload_allocator(choice: str) -> None:
     if library is None or loaded_allocator() != "glibc" or not _exec_allowed:
         return
     env = dict(os.environ)
-    was = {name: env.get(name) for name in ("LD_PRELOAD", "MALLOC_CONF")}
-    env["LD_PRELOAD"] = f"{library}:{was['LD_PRELOAD']}" if was["LD_PRELOAD"] else library
-    if was["MALLOC_CONF"] is None and "jemalloc" in Path(library).name:
-        env["MALLOC_CONF"] = JEMALLOC_CONF
+    was = env.get("LD_PRELOAD", "")
+    env["LD_PRELOAD"] = f"{library}:{was}" if was else library
     env[_PRELOADED] = library
-    env[_ENV_WAS] = json.dumps(was)
+    env[_LD_PRELOAD_WAS] = was
     logger.info("allocator: restarting this command under %s (run.allocator: %s)", library, choice)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
@@ -268,6 +260,15 @@ def apply_allocator(choice: str) -> str:
             logger.info("allocator: glibc (run.allocator: auto; for jemalloc %s)", hint)
     logger.info("allocator: %s", loaded)
     return loaded
+
+
+@functools.cache
+def _jemalloc_mallctl() -> Any:
+    """jemalloc's `mallctl` from the preloaded library (its symbols are the process's)."""
+    try:
+        return ctypes.CDLL(None).mallctl
+    except (OSError, AttributeError):
+        return None
 
 
 def weight_sharing_refusal(config: Any, engine: object, trainer: object) -> str | None:
