@@ -341,8 +341,8 @@ def train(
             cfg = _resumed_config(Path(resume), set_ or [])
         else:  # without --config, --set alone must give what a run needs
             cfg = load_config(config, set_ or [])
-        checked = preflight(cfg)  # fail in seconds, before the training stack even imports
         preload_allocator(cfg.run.allocator)  # may restart this command under jemalloc
+        checked = preflight(cfg)  # fail in seconds, before the training stack even imports
         run_dir = Path(resume) if resume is not None else _run_dir(cfg)
         if fork is not None:
             from agentscope_rft.runtime.fork import fork_run

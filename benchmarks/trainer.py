@@ -7,8 +7,8 @@ tokens (sampling, temperature 1), score them, compute GRPO advantages, one optim
 Ours: the embedded engine + gateway + explorer + torch trainer + in-process weight sync (the real
 `agentscope-rft train` loop with a minimal workflow). TRL: `trl.GRPOTrainer` (HF `generate`).
 Each side runs in its own process (peak RSS is per process) after one warm-up step, on glibc's
-allocator unless named in `--jemalloc` (`agentscope-rft train` runs under jemalloc where one is
-found: `run.allocator`); reported:
+allocator unless named in `--jemalloc` (run again under jemalloc, as `run.allocator: jemalloc`
+starts `agentscope-rft train`); reported:
 seconds per step, trained tokens/s, peak RSS, and an MFU-style figure: trained tokens/s x 6N
 FLOPs over this CPU's measured bf16 matmul FLOP/s. Prints a Markdown table.
 """
