@@ -15,7 +15,9 @@ both answered (the same test questions, resampled together).
 Each folder's `rollouts.jsonl` holds the episodes (their `f1` and `em` metrics); the question
 types come from the task file. A training run's folder works too, with `#STEP` for its greedy
 evaluation at that step (`before=runs/web_search#0`), and so does a seed's `test-best` folder of
-`agentscope-rft train --seeds ... --test`. The floors (`workflows/search_floors.py`: copy a
+`agentscope-rft train --seeds ... --test`. An earlier report's JSON with `#NAME` gives that run's
+per-question F1 (`seed0=examples/web_search/results/rl/seeds_test.json#seed0`), so a committed
+arm can be compared with a new one after its run folders are gone. The floors (`workflows/search_floors.py`: copy a
 question entity, name both, random, the oracle under the shipped tool settings of `app.py` and
 unbounded) run on exactly the questions the runs cover. Question types a trivial floor solves, or
 that the shipped tools cannot answer, are flagged; the `counted` column averages the others,
@@ -49,8 +51,11 @@ def shipped_settings() -> SearchAgentSettings:
 
 def read_rollouts(spec: str) -> list[dict[str, Any]]:
     """The episodes of `folder` (an explore run), or of `folder#STEP` (a training run's
-    evaluation at that step)."""
+    evaluation at that step), or `report.json#NAME`: run NAME's per-question F1 from an earlier
+    `--json` report (one episode per question, its mean F1), for runs whose folders are gone."""
     folder, _, step = spec.partition("#")
+    if folder.endswith(".json"):
+        return _reported_rollouts(Path(folder), step)
     with open(Path(folder) / "rollouts.jsonl", encoding="utf-8") as handle:
         rollouts = [json.loads(line) for line in handle]
     if step:
@@ -58,6 +63,20 @@ def read_rollouts(spec: str) -> list[dict[str, Any]]:
         if not rollouts:
             raise SystemExit(f"{folder} has no evaluation at step {step}")
     return rollouts
+
+
+def _reported_rollouts(path: Path, name: str) -> list[dict[str, Any]]:
+    """One pseudo-episode per question with run `name`'s F1 in the report `path`."""
+    try:
+        per_question = json.loads(path.read_text(encoding="utf-8"))["per_question"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(
+            f"{path}: not a report with per-question F1 ({exc!r}); give a JSON written by "
+            "report.py --json with named runs"
+        ) from exc
+    if name not in per_question:
+        raise SystemExit(f"{path}#{name}: no run {name!r} there; it has {sorted(per_question)}")
+    return [{"task_id": q, "metrics": {"f1": f1}} for q, f1 in per_question[name].items()]
 
 
 def explored_scores(rollouts: list[dict[str, Any]], types: dict[str, str]) -> dict[str, float]:

@@ -137,3 +137,32 @@ def test_report_compares_runs_question_by_question(
     assert "seed_a:seed_b: +0.500 counted F1 [95% paired bootstrap" in printed
     with pytest.raises(SystemExit, match="matches no run"):
         report.main([f"x={base}", "--tasks", "val", "--group", "rl=seed"])
+
+
+def test_report_reads_a_committed_reports_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`name=report.json#RUN`: a run whose folder is gone is compared through an earlier report's
+    per-question F1, with the same numbers as from its folder."""
+    report = import_file(REPORT)
+    rows = [json.loads(line) for line in (ROOT_DATA / "val.jsonl").read_text().splitlines()]
+    single = [str(r["id"]) for r in rows if r["type"] == "single_hop"][:4]
+    two = [str(r["id"]) for r in rows if r["type"] == "two_hop"][:4]
+    a = _explored(tmp_path / "a", {**dict.fromkeys(single, 1.0), **dict.fromkeys(two, 0.0)})
+    b = _explored(tmp_path / "b", dict.fromkeys(single + two, 0.0))
+    first = tmp_path / "first.json"
+    report.main([f"seed_a={a}", "--tasks", "val", "--json", str(first)])
+    again = tmp_path / "again.json"
+    report.main(
+        [f"seed_a={first}#seed_a", f"control_a={b}", "--tasks", "val", "--json", str(again),
+         "--compare", "seed_a:control_a"]
+    )  # fmt: skip
+    saved = json.loads(again.read_text())
+    assert saved["scores"]["seed_a"] == json.loads(first.read_text())["scores"]["seed_a"]
+    assert saved["comparisons"]["pairs"]["seed_a:control_a"]["diff"] == 0.5
+    with pytest.raises(SystemExit, match="no run 'seed_b' there; it has \\['seed_a'\\]"):
+        report.main([f"x={first}#seed_b", "--tasks", "val"])
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    with pytest.raises(SystemExit, match="not a report with per-question F1"):
+        report.main([f"x={tmp_path / 'bad.json'}#seed_a", "--tasks", "val"])
+    capsys.readouterr()
