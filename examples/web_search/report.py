@@ -17,11 +17,11 @@ types come from the task file. A training run's folder works too, with `#STEP` f
 evaluation at that step (`before=runs/web_search#0`), and so does a seed's `test-best` folder of
 `agentscope-rft train --seeds ... --test`. An earlier report's JSON with `#NAME` gives that run's
 per-question F1 (`seed0=examples/web_search/results/rl/seeds_test.json#seed0`), so a committed
-arm can be compared with a new one after its run folders are gone. The floors (`workflows/search_floors.py`: copy a
-question entity, name both, random, the oracle under the shipped tool settings of `app.py` and
-unbounded) run on exactly the questions the runs cover. Question types a trivial floor solves, or
-that the shipped tools cannot answer, are flagged; the `counted` column averages the others,
-which is the only score a learning claim may use.
+arm can be compared with a new one after its run folders are gone. The floors
+(`workflows/search_floors.py`: copy a question entity, name both, random, the oracle under the
+shipped tool settings of `app.py` and unbounded) run on exactly the questions the runs cover.
+Question types a trivial floor solves, or that the shipped tools cannot answer, are flagged; the
+`counted` column averages the others, which is the only score a learning claim may use.
 """
 
 from __future__ import annotations
