@@ -262,7 +262,8 @@ class RunSettings(Section):
     """The process's memory allocator (Linux): `glibc` (the C library's, as the environment sets
     it), `glibc-compact` (glibc returning every block above 64 KiB at once: low peak, but each
     large tensor's pages mapped afresh), `jemalloc` (Ray's wheel bundles one, else the system's
-    `libjemalloc.so.2`; an error names the fix where none is found), `auto` (jemalloc where
+    `libjemalloc.so.2`; an error names the fix where none is found), `tcmalloc` (gperftools'
+    `libtcmalloc_minimal.so.4`, e.g. `apt install libtcmalloc-minimal4`), `auto` (jemalloc where
     found, else glibc) or a path to an allocator library. The `agentscope-rft` command restarts
     itself with the library in `LD_PRELOAD` (its child processes keep their environment); a run
     started from Python says how in its error. On the quickstart with

@@ -31,20 +31,23 @@ def _package(name: str, package: str, purpose: str) -> Check:
 
 
 def _allocator() -> Check:
-    """Whether `run.allocator: jemalloc` (or `auto`) finds a jemalloc library."""
-    from agentscope_rft.runtime.memory import jemalloc_library
+    """Which allocator libraries `run.allocator: jemalloc` / `tcmalloc` (or `auto`) find."""
+    from agentscope_rft.runtime.memory import jemalloc_library, tcmalloc_library
 
     if not sys.platform.startswith("linux"):
         return Check("allocator", True, "the system's (run.allocator applies on Linux)")
-    found = jemalloc_library()
-    if found is None:
+    jemalloc, tcmalloc = jemalloc_library(), tcmalloc_library()
+    if jemalloc is None and tcmalloc is None:
         return Check(
             "allocator",
             False,
-            "no jemalloc (run.allocator: jemalloc, the lower peak with a memory budget); "
-            "pip install 'ray[default]' (bundles one) or apt install libjemalloc2",
+            "no jemalloc or tcmalloc (run.allocator: jemalloc, the lower peak with a memory "
+            "budget); pip install 'ray[default]' (bundles jemalloc), apt install libjemalloc2 "
+            "or apt install libtcmalloc-minimal4",
         )
-    return Check("allocator", True, f"jemalloc ({found}) for run.allocator: jemalloc or auto")
+    found = (("jemalloc", jemalloc), ("tcmalloc", tcmalloc))
+    names = [f"{name} ({path}) for run.allocator: {name}" for name, path in found if path]
+    return Check("allocator", True, "; ".join(names))
 
 
 def _torch() -> Check:

@@ -12,6 +12,9 @@ batches free theirs in another. `run.allocator` chooses who serves those tensors
   size classes keep the resident memory near what is live with fewer fresh pages than
   glibc-compact. The CLI starts the run under it (`preload_allocator` re-executes the command
   with `LD_PRELOAD`); its child processes (vLLM, browsers, runners) keep their environment.
+- `tcmalloc` (gperftools' `libtcmalloc_minimal.so.4`, e.g. Debian/Ubuntu `libtcmalloc-minimal4`):
+  the same restart; per-thread caches over central size classes, so freed pages are reused
+  across threads without being mapped afresh.
 
 Measured on the quickstart in docs/benchmarks.md.
 """
@@ -82,8 +85,9 @@ def compact_allocator() -> dict[str, int]:
 
 
 def release_freed_memory() -> bool:
-    """Return freed memory to the OS: glibc's `malloc_trim(0)`, or under jemalloc a purge of
-    every arena's unused pages; False where neither applies.
+    """Return freed memory to the OS: glibc's `malloc_trim(0)`, under jemalloc a purge of every
+    arena's unused pages, under tcmalloc `MallocExtension_ReleaseFreeMemory`; False where none
+    applies.
 
     Example:
         >>> release_freed_memory() in (True, False)
@@ -94,6 +98,11 @@ def release_freed_memory() -> bool:
         if mallctl is not None:
             mallctl(f"arena.{JEMALLOC_ALL_ARENAS}.purge".encode(), None, None, None, 0)
             return True
+    if loaded_allocator() == "tcmalloc":
+        release = _preloaded_symbol("MallocExtension_ReleaseFreeMemory")
+        if release is not None:
+            release()
+            return True
     trim = _glibc("malloc_trim")
     if trim is None:
         return False
@@ -103,8 +112,8 @@ def release_freed_memory() -> bool:
 
 # --------------------------------------------------------------------------- run.allocator
 
-ALLOCATORS = ("auto", "jemalloc", "glibc", "glibc-compact")
-"""`run.allocator`'s named choices (a path to a shared library is the fourth kind)."""
+ALLOCATORS = ("auto", "jemalloc", "tcmalloc", "glibc", "glibc-compact")
+"""`run.allocator`'s named choices (a path to a shared library is one more kind)."""
 JEMALLOC_ALL_ARENAS = 4096
 """jemalloc's `MALLCTL_ARENAS_ALL`: `arena.4096.purge` purges every arena."""
 _PRELOADED = "_AGENTSCOPE_RFT_PRELOADED"
@@ -159,10 +168,26 @@ def jemalloc_library() -> str | None:
     return ctypes.util.find_library("jemalloc")
 
 
+def tcmalloc_library() -> str | None:
+    """gperftools' tcmalloc to preload: the system's `libtcmalloc_minimal.so.4` (Debian/Ubuntu
+    `libtcmalloc-minimal4`), else the full `libtcmalloc.so.4`; None where neither is found."""
+    return ctypes.util.find_library("tcmalloc_minimal") or ctypes.util.find_library("tcmalloc")
+
+
 def _wanted_library(choice: str) -> str | None:
     """The library `choice` preloads (None: none; `auto` without one found)."""
     if choice in ("glibc", "glibc-compact"):
         return None
+    if choice == "tcmalloc":
+        found = tcmalloc_library()
+        if found is None:
+            raise AllocatorError(
+                "run.allocator: tcmalloc was asked for and no tcmalloc library was found: "
+                "install gperftools' (apt install libtcmalloc-minimal4; dnf install "
+                "gperftools-libs), give its path as run.allocator, or set run.allocator: "
+                "jemalloc or glibc"
+            )
+        return found
     if choice not in ("auto", "jemalloc"):  # a path to an allocator library
         if not Path(choice).is_file():
             raise AllocatorError(
@@ -189,7 +214,8 @@ def preload_allocator(choice: str) -> None:
     the system's allocator and any other choice but glibc is an error.
 
     Raises:
-        AllocatorError: `jemalloc` asked for and none found, or a path that is not a file.
+        AllocatorError: `jemalloc` or `tcmalloc` asked for and none found, or a path that is not
+            a file.
     """
     if _PRELOADED in os.environ:  # the re-executed command
         preloaded = os.environ.pop(_PRELOADED)
@@ -232,7 +258,7 @@ def apply_allocator(choice: str) -> str:
     jemalloc). Returns the allocator in use (`loaded_allocator`).
 
     Raises:
-        AllocatorError: `jemalloc` (or a library path) asked for and not loaded, or a
+        AllocatorError: `jemalloc`, `tcmalloc` (or a library path) asked for and not loaded, or a
             glibc setting asked for under another allocator.
     """
     loaded = loaded_allocator()
@@ -265,8 +291,13 @@ def apply_allocator(choice: str) -> str:
 @functools.cache
 def _jemalloc_mallctl() -> Any:
     """jemalloc's `mallctl` from the preloaded library (its symbols are the process's)."""
+    return _preloaded_symbol("mallctl")
+
+
+def _preloaded_symbol(name: str) -> Any:
+    """A C function of the preloaded allocator (its symbols are the process's); None if absent."""
     try:
-        return ctypes.CDLL(None).mallctl
+        return getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None
 

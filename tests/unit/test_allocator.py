@@ -19,12 +19,18 @@ from agentscope_rft.runtime.memory import (
     apply_allocator,
     jemalloc_library,
     loaded_allocator,
+    tcmalloc_library,
 )
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_PRELOAD is Linux's")
 JEMALLOC = jemalloc_library() if sys.platform.startswith("linux") else None
 with_jemalloc = pytest.mark.skipif(
     JEMALLOC is None, reason="no jemalloc library here (Ray's wheel bundles one)"
+)
+TCMALLOC = tcmalloc_library() if sys.platform.startswith("linux") else None
+with_tcmalloc = pytest.mark.skipif(
+    TCMALLOC is None,
+    reason="no tcmalloc library here (apt install libtcmalloc-minimal4; .ci/run does)",
 )
 
 RESTART = """
@@ -153,6 +159,32 @@ def test_release_freed_memory_purges_jemalloc_arenas() -> None:
 
 
 @linux
+@with_tcmalloc
+def test_the_cli_restarts_under_tcmalloc_and_releases_its_free_pages() -> None:
+    starts, end = restart("cli", "tcmalloc")
+    assert len(starts) == 2 and starts[0] == starts[1] == end["end"]
+    assert end["loaded"] == "tcmalloc" and end["ld_preload"] == "" and end["child"] == ["glibc"]
+    assert TCMALLOC is not None
+    done = subprocess.run(
+        [sys.executable, "-c", PURGE, "tcmalloc"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "LD_PRELOAD": TCMALLOC},
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["loaded"] == "tcmalloc" and result["released"] is True
+    assert result["grown"] > 150 and result["freed"] > 150  # tcmalloc keeps freed spans...
+    assert result["kept"] < 30  # ...until released
+
+
+def test_tcmalloc_asked_for_and_missing_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memory, "tcmalloc_library", lambda: None)
+    with pytest.raises(AllocatorError, match="apt install libtcmalloc-minimal4"):
+        memory._wanted_library("tcmalloc")
+
+
+@linux
 @with_jemalloc
 def test_glibc_settings_under_another_allocator_are_refused() -> None:
     assert JEMALLOC is not None
@@ -186,5 +218,5 @@ def test_the_old_compact_allocator_key_becomes_glibc_compact(tmp_path) -> None: 
 def test_an_unknown_allocator_is_refused_with_the_choices(tmp_path) -> None:  # type: ignore[no-untyped-def]
     config = tmp_path / "x.yaml"
     config.write_text("workflow: app.py:run\ntasks: {train: tasks.jsonl}\n")
-    with pytest.raises(ConfigError, match="auto, jemalloc, glibc, glibc-compact"):
-        load_config(config, ["run.allocator=tcmalloc"])
+    with pytest.raises(ConfigError, match="auto, jemalloc, tcmalloc, glibc, glibc-compact"):
+        load_config(config, ["run.allocator=mimalloc"])
