@@ -10,7 +10,8 @@
 `--baseline` prints each run's counted F1 minus the baseline's; `--group LABEL=PREFIX` the mean,
 std, min and max of the runs whose names start with PREFIX (a seed table); `--compare A:B` the
 difference A - B in counted F1 with a 95% paired bootstrap interval over the counted questions
-both answered (the same test questions, resampled together).
+both answered (the same test questions, resampled together); `--compare A1,A2:B1,B2` the same
+over several seeds paired in order (each question's F1 averaged over the seeds of each side).
 
 Each folder's `rollouts.jsonl` holds the episodes (their `f1` and `em` metrics); the question
 types come from the task file. A training run's folder works too, with `#STEP` for its greedy
@@ -217,12 +218,33 @@ def comparisons(
     out["pairs"] = {}
     questions = set(result["counted_questions"])
     for spec in pairs:
-        a, sep, b = spec.partition(":")
-        if not sep or a not in value or b not in value:
-            raise SystemExit(f"--compare {spec!r}: give A:B of two runs from {sorted(value)}")
+        left, sep, right = spec.partition(":")
+        firsts, seconds = left.split(","), right.split(",")
+        names = firsts + seconds
+        if not sep or len(firsts) != len(seconds) or any(n not in value for n in names):
+            raise SystemExit(
+                f"--compare {spec!r}: give A:B of two runs, or A1,A2:B1,B2 of equally many "
+                f"(paired in order), from {sorted(value)}"
+            )
         per = result["per_question"]
-        out["pairs"][spec] = paired_difference(per[a], per[b], questions)
+        out["pairs"][spec] = paired_difference(
+            _mean_per_question([per[n] for n in firsts]),
+            _mean_per_question([per[n] for n in seconds]),
+            questions,
+        )
     return out
+
+
+def _mean_per_question(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Each question's F1 averaged over `runs` (the questions all of them answered): several
+    seeds compared as one arm, so the bootstrap resamples questions with every seed's answer.
+
+    Example:
+        >>> _mean_per_question([{"q1": 1.0, "q2": 0.0}, {"q1": 0.5}])
+        {'q1': 0.75}
+    """
+    shared = set.intersection(*(set(run) for run in runs))
+    return {q: statistics.fmean(run[q] for run in runs) for q in sorted(shared)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -235,7 +257,10 @@ def main(argv: list[str] | None = None) -> None:
         "--group", action="append", default=[], help="LABEL=PREFIX: seed-table statistics"
     )
     parser.add_argument(
-        "--compare", action="append", default=[], help="A:B: paired difference in counted F1"
+        "--compare",
+        action="append",
+        default=[],
+        help="A:B (or A1,A2:B1,B2, seeds paired in order): paired difference in counted F1",
     )
     args = parser.parse_args(argv)
     result = report(args.runs, args.tasks)

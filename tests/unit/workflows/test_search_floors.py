@@ -121,7 +121,8 @@ def test_report_compares_runs_question_by_question(
     out = tmp_path / "report.json"
     report.main(
         [f"untrained={base}", f"seed_a={a}", f"seed_b={b}", "--tasks", "val", "--json", str(out),
-         "--baseline", "untrained", "--group", "rl=seed_", "--compare", "seed_a:seed_b"]
+         "--baseline", "untrained", "--group", "rl=seed_", "--compare", "seed_a:seed_b",
+         "--compare", "seed_a,seed_b:untrained,untrained"]
     )  # fmt: skip
     printed = capsys.readouterr().out
     saved = json.loads(out.read_text())["comparisons"]
@@ -135,6 +136,12 @@ def test_report_compares_runs_question_by_question(
     assert pair["diff"] == 0.5 and pair["questions"] == 8
     assert 0.0 <= pair["low"] < 0.5 < pair["high"] <= 1.0
     assert "seed_a:seed_b: +0.500 counted F1 [95% paired bootstrap" in printed
+    # two seeds against the untrained model, each question's F1 averaged over the seeds
+    pooled = saved["pairs"]["seed_a,seed_b:untrained,untrained"]
+    assert pooled["diff"] == 0.75 and pooled["questions"] == 8
+    assert pooled["low"] < 0.75 < pooled["high"]
+    with pytest.raises(SystemExit, match="equally many"):
+        report.main([f"x={base}", f"y={a}", "--tasks", "val", "--compare", "x,y:x"])
     with pytest.raises(SystemExit, match="matches no run"):
         report.main([f"x={base}", "--tasks", "val", "--group", "rl=seed"])
 
