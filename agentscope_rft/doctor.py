@@ -41,9 +41,9 @@ def _allocator() -> Check:
         return Check(
             "allocator",
             False,
-            "no jemalloc or tcmalloc (run.allocator: jemalloc, the lower peak with a memory "
-            "budget); pip install 'ray[default]' (bundles jemalloc), apt install libjemalloc2 "
-            "or apt install libtcmalloc-minimal4",
+            "no jemalloc or tcmalloc (run.allocator: tcmalloc or jemalloc, the low-memory "
+            "recipe with a memory budget); apt install libtcmalloc-minimal4, pip install "
+            "'ray[default]' (bundles jemalloc) or apt install libjemalloc2",
         )
     found = (("jemalloc", jemalloc), ("tcmalloc", tcmalloc))
     names = [f"{name} ({path}) for run.allocator: {name}" for name, path in found if path]

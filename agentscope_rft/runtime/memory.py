@@ -93,12 +93,13 @@ def release_freed_memory() -> bool:
         >>> release_freed_memory() in (True, False)
         True
     """
-    if loaded_allocator() == "jemalloc":
-        mallctl = _jemalloc_mallctl()
+    loaded = loaded_allocator()
+    if loaded == "jemalloc":
+        mallctl = _preloaded_symbol("mallctl")
         if mallctl is not None:
             mallctl(f"arena.{JEMALLOC_ALL_ARENAS}.purge".encode(), None, None, None, 0)
             return True
-    if loaded_allocator() == "tcmalloc":
+    if loaded == "tcmalloc":
         release = _preloaded_symbol("MallocExtension_ReleaseFreeMemory")
         if release is not None:
             release()
@@ -289,11 +290,6 @@ def apply_allocator(choice: str) -> str:
 
 
 @functools.cache
-def _jemalloc_mallctl() -> Any:
-    """jemalloc's `mallctl` from the preloaded library (its symbols are the process's)."""
-    return _preloaded_symbol("mallctl")
-
-
 def _preloaded_symbol(name: str) -> Any:
     """A C function of the preloaded allocator (its symbols are the process's); None if absent."""
     try:
