@@ -41,5 +41,16 @@ if [ "$torch_before" != "$torch_after" ]; then
     echo "[setup] ERROR: torch changed from $torch_before to $torch_after during install" >&2
     exit 1
 fi
+# gperftools' tcmalloc: the allocator the quickstart's `run.allocator: auto` picks first (peak
+# under 4 GB at glibc's speed; docs/benchmarks.md). A system package, so only where this runs as
+# root with apt; elsewhere `auto` takes Ray's jemalloc (installed above) and doctor says how.
+if [ "${AGENTSCOPE_RFT_SYSTEM_PACKAGES:-1}" = "1" ] && [ "$(id -u)" = "0" ] \
+    && command -v apt-get >/dev/null && ! ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal; then
+    echo "[setup] installing libtcmalloc-minimal4 (apt; AGENTSCOPE_RFT_SYSTEM_PACKAGES=0 skips)"
+    (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4 \
+        || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            libtcmalloc-minimal4)) >/dev/null 2>&1 \
+        || echo "[setup] libtcmalloc-minimal4 not installed: run.allocator: auto uses jemalloc"
+fi
 .venv/bin/agentscope-rft doctor --brief
 echo "[setup] done: torch $torch_after; activate with 'source .venv/bin/activate'"

@@ -8,13 +8,15 @@ batches free theirs in another. `run.allocator` chooses who serves those tensors
   of each; `malloc_trim(0)` after a step returns what it can.
 - `glibc-compact`: glibc with allocations above 64 KiB mapped on their own and 2 arenas, so
   the peak follows what is live too, at the cost of mapping every large tensor's pages afresh.
-- `jemalloc` (Ray's wheel bundles one, or the system's `libjemalloc.so.2`; `auto`: where found):
+- `jemalloc` (Ray's wheel bundles one, or the system's `libjemalloc.so.2`):
   size classes keep the resident memory near what is live with fewer fresh pages than
   glibc-compact. The CLI starts the run under it (`preload_allocator` re-executes the command
   with `LD_PRELOAD`); its child processes (vLLM, browsers, runners) keep their environment.
 - `tcmalloc` (gperftools' `libtcmalloc_minimal.so.4`, e.g. Debian/Ubuntu `libtcmalloc-minimal4`):
   the same restart; per-thread caches over central size classes, so freed pages are reused
   across threads without being mapped afresh.
+- `auto`: tcmalloc where found, else jemalloc, else glibc (the quickstart's choice: with
+  `trainer.memory_budget_gib` it keeps the peak under 4 GB at glibc's time).
 
 Measured on the quickstart in docs/benchmarks.md.
 """
@@ -196,13 +198,15 @@ def _wanted_library(choice: str) -> str | None:
                 "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2) or one of " + ", ".join(ALLOCATORS)
             )
         return choice
+    if choice == "auto":  # the fastest low-memory allocator found (docs/benchmarks.md)
+        return tcmalloc_library() or jemalloc_library()
     found = jemalloc_library()
-    if found is None and choice == "jemalloc":
+    if found is None:
         raise AllocatorError(
             "run.allocator: jemalloc was asked for and no jemalloc library was found: install "
             "Ray (pip install 'ray[default]', whose wheel bundles one) or the system's "
             "(apt install libjemalloc2), give its path as run.allocator, or set run.allocator: "
-            "auto (jemalloc where found) or glibc"
+            "auto (tcmalloc or jemalloc where found) or glibc"
         )
     return found
 
@@ -284,7 +288,7 @@ def apply_allocator(choice: str) -> str:
                     f"run.allocator: {choice} asked for, but this process runs on glibc's "
                     f"allocator: {hint}"
                 )
-            logger.info("allocator: glibc (run.allocator: auto; for jemalloc %s)", hint)
+            logger.info("allocator: glibc (run.allocator: auto; for %s: %s)", library, hint)
     logger.info("allocator: %s", loaded)
     return loaded
 

@@ -67,7 +67,7 @@ def restart(mode: str, choice: str, **env: str) -> tuple[list[int], dict]:
 @linux
 @with_jemalloc
 def test_the_cli_restarts_under_jemalloc_and_its_children_keep_their_environment() -> None:
-    starts, end = restart("cli", "auto")
+    starts, end = restart("cli", "jemalloc")
     assert len(starts) == 2 and starts[0] == starts[1] == end["end"]  # one process, run twice
     assert end["loaded"] == "jemalloc"
     assert end["ld_preload"] == ""  # restored: the command's children start as they would have
@@ -78,7 +78,7 @@ def test_the_cli_restarts_under_jemalloc_and_its_children_keep_their_environment
 @with_jemalloc
 def test_a_preload_given_by_the_user_is_kept_and_not_restarted() -> None:
     assert JEMALLOC is not None
-    starts, end = restart("cli", "auto", LD_PRELOAD=JEMALLOC)
+    starts, end = restart("cli", "auto", LD_PRELOAD=JEMALLOC)  # auto would pick tcmalloc
     assert len(starts) == 1 and end["loaded"] == "jemalloc"
     assert end["ld_preload"] == JEMALLOC  # the user's own setting, untouched
 
@@ -86,7 +86,7 @@ def test_a_preload_given_by_the_user_is_kept_and_not_restarted() -> None:
 @linux
 @with_jemalloc
 def test_a_cli_invoked_inside_another_program_never_replaces_it() -> None:
-    starts, end = restart("library", "auto")
+    starts, end = restart("library", "jemalloc")
     assert len(starts) == 1 and end["loaded"] == "glibc"
 
 
@@ -108,9 +108,19 @@ def test_jemalloc_asked_for_and_missing_names_the_fix(monkeypatch: pytest.Monkey
     monkeypatch.setattr(memory, "jemalloc_library", lambda: None)
     with pytest.raises(AllocatorError, match=r"pip install 'ray\[default\]'.*libjemalloc2"):
         memory._wanted_library("jemalloc")
+    monkeypatch.setattr(memory, "tcmalloc_library", lambda: None)
     assert memory._wanted_library("auto") is None  # auto falls back to glibc
     with pytest.raises(AllocatorError, match="is not a file"):
         memory._wanted_library("/nowhere/libjemalloc.so.2")
+
+
+def test_auto_picks_tcmalloc_then_jemalloc_then_glibc(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memory, "tcmalloc_library", lambda: "/lib/libtcmalloc_minimal.so.4")
+    monkeypatch.setattr(memory, "jemalloc_library", lambda: "/lib/libjemalloc.so.2")
+    assert memory._wanted_library("auto") == "/lib/libtcmalloc_minimal.so.4"
+    assert memory._wanted_library("jemalloc") == "/lib/libjemalloc.so.2"
+    monkeypatch.setattr(memory, "tcmalloc_library", lambda: None)
+    assert memory._wanted_library("auto") == "/lib/libjemalloc.so.2"
 
 
 @linux
