@@ -1,15 +1,17 @@
 """Torch trainer step with and without shared-prefix passes, on an agent-shaped GRPO batch.
 
     python benchmarks/shared_prefix.py [--model smollm2-135m-instruct] [--prefix 420]
-        [--tasks 4] [--group 8] [--steps 3] [--micro-batch-tokens 2048]
+        [--task-prompt 12] [--tasks 4] [--group 8] [--steps 3] [--micro-batch-tokens 2048]
 
 The batch looks like the quickstart's: every sample starts with the same `--prefix` tokens
-(system prompt, tool schema, worked examples), then a per-task question (12 tokens) and a sampled
-answer of 20-90 trained tokens. Baseline: `trainer.share_prefix: false` (every row runs its whole
+(system prompt, tool schema, worked examples), then a per-task prompt (`--task-prompt` tokens: the
+quickstart's 12-token question, or an agent's task and first observation) and a sampled answer
+of 20-90 trained tokens. Baseline: `trainer.share_prefix: false` (every row runs its whole
 sequence). Ours: `share_prefix: true` (the shared prefix runs once per mini-batch; gradients flow
-through it). Each side runs in its own process (so peak RSS is its own) on the same batches;
+through it) without and with `share_group_prefix` (each group's task prompt runs once per
+micro-batch too). Each side runs in its own process (so peak RSS is its own) on the same batches;
 reported: median step seconds after a warm-up step, peak RSS, and the loss of the first step
-(the two must agree). Prints a Markdown table for docs/benchmarks.md.
+(all must agree). Prints a Markdown table for docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -26,12 +28,12 @@ import time
 from agentscope_rft.types import Sample
 
 
-def batch(prefix: int, tasks: int, group: int, seed: int) -> list[Sample]:
+def batch(prefix: int, task_prompt: int, tasks: int, group: int, seed: int) -> list[Sample]:
     rng = random.Random(seed)
     shared = [rng.randrange(100, 40000) for _ in range(prefix)]
     samples = []
     for t in range(tasks):
-        question = [rng.randrange(100, 40000) for _ in range(12)]
+        question = [rng.randrange(100, 40000) for _ in range(task_prompt)]
         for e in range(group):
             answer = [rng.randrange(100, 40000) for _ in range(rng.randint(20, 90))]
             context = len(shared) + len(question)
@@ -49,6 +51,13 @@ def batch(prefix: int, tasks: int, group: int, seed: int) -> list[Sample]:
     return samples
 
 
+SIDES = {
+    "plain": "share_prefix: false (baseline)",
+    "shared": "share_prefix: true, share_group_prefix: false",
+    "grouped": "share_prefix: true, share_group_prefix: true",
+}
+
+
 def child(args: argparse.Namespace) -> None:
     from agentscope_rft.algorithms import AlgorithmConfig
     from agentscope_rft.config import TorchTrainerConfig
@@ -58,7 +67,8 @@ def child(args: argparse.Namespace) -> None:
     config = TorchTrainerConfig(
         lr=1e-5,
         micro_batch_tokens=args.micro_batch_tokens,
-        share_prefix=args.child == "shared",
+        share_prefix=args.child != "plain",
+        share_group_prefix=args.child == "grouped",
         device="cpu",
     )
     trainer = TorchTrainer(
@@ -66,12 +76,13 @@ def child(args: argparse.Namespace) -> None:
     )
     times, first_loss = [], None
     for step in range(args.steps + 1):
-        samples = batch(args.prefix, args.tasks, args.group, seed=step)
+        samples = batch(args.prefix, args.task_prompt, args.tasks, args.group, seed=step)
         started = time.perf_counter()
         metrics = trainer.step(samples, step)
         times.append(time.perf_counter() - started)
         first_loss = metrics["loss"] if first_loss is None else first_loss
-    tokens = sum(len(s.token_ids) for s in batch(args.prefix, args.tasks, args.group, seed=0))
+    shape = (args.prefix, args.task_prompt, args.tasks, args.group)
+    tokens = sum(len(s.token_ids) for s in batch(*shape, seed=0))
     print(
         json.dumps(
             {
@@ -90,34 +101,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--prefix", type=int, default=420)
+    parser.add_argument("--task-prompt", type=int, default=12)
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--micro-batch-tokens", type=int, default=2048)
-    parser.add_argument("--child", choices=["plain", "shared"])
+    parser.add_argument("--child", choices=SIDES)
     args = parser.parse_args()
     if args.child:
         child(args)
         return
     rows = {}
-    for side in ("plain", "shared"):
+    for side in SIDES:
         argv = [sys.executable, __file__, *sys.argv[1:], "--child", side]
         out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
         rows[side] = json.loads(out.strip().splitlines()[-1])
-    plain, shared = rows["plain"], rows["shared"]
+    plain = rows["plain"]
     print(
         f"{args.tasks * args.group} samples, {args.prefix}-token shared prefix, "
-        f"{plain['tokens']} tokens per batch, {args.model}, compute {plain['dtype']}, "
+        f"{args.task_prompt}-token task prompts, "
+        f"{plain['tokens']} tokens per batch, {args.model}, "
         f"micro_batch_tokens {args.micro_batch_tokens}\n"
     )
-    print("| trainer step | seconds (median) | tokens/s | peak RSS GB | first-step loss |")
-    print("|---|---|---|---|---|")
-    for name, row in (("share_prefix: false (baseline)", plain), ("share_prefix: true", shared)):
+    print("| trainer step | seconds (median) | tokens/s | peak RSS GB | first-step loss | dtype |")
+    print("|---|---|---|---|---|---|")
+    for side, name in SIDES.items():
+        row = rows[side]
         print(
             f"| {name} | {row['step_s']:.1f} | {row['tokens'] / row['step_s']:.0f} | "
-            f"{row['peak_rss_gb']:.1f} | {row['first_loss']:.6f} |"
+            f"{row['peak_rss_gb']:.1f} | {row['first_loss']:.6f} | {row['dtype']} |"
         )
-    print(f"\nspeed-up: {plain['step_s'] / shared['step_s']:.2f}x")
+    for side in ("shared", "grouped"):
+        print(f"speed-up of {SIDES[side]}: {plain['step_s'] / rows[side]['step_s']:.2f}x")
 
 
 if __name__ == "__main__":

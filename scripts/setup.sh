@@ -41,9 +41,9 @@ if [ "$torch_before" != "$torch_after" ]; then
     echo "[setup] ERROR: torch changed from $torch_before to $torch_after during install" >&2
     exit 1
 fi
-# gperftools' tcmalloc: the allocator the quickstart's `run.allocator: auto` picks first (peak
-# under 4 GB at glibc's speed; docs/benchmarks.md). A system package, so only where this runs as
-# root with apt; elsewhere `auto` takes Ray's jemalloc (installed above) and doctor says how.
+# gperftools' tcmalloc: the allocator `run.allocator: auto` picks first (the low-memory recipe:
+# peak under 4 GB at about glibc's speed; docs/benchmarks.md). A system package, so only where
+# this runs as root with apt; elsewhere `auto` takes Ray's jemalloc (installed above).
 if [ "${AGENTSCOPE_RFT_SYSTEM_PACKAGES:-1}" = "1" ] && [ "$(id -u)" = "0" ] \
     && command -v apt-get >/dev/null && ! ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal; then
     echo "[setup] installing libtcmalloc-minimal4 (apt; AGENTSCOPE_RFT_SYSTEM_PACKAGES=0 skips)"

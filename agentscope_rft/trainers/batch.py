@@ -160,12 +160,20 @@ def build_batch(
     )
 
 
-def micro_batches(batch: TrainBatch, token_budget: int, skip: int = 0) -> list[list[int]]:
+GROUP_PREFIX_MINIMUM = 32
+"""Tokens past the batch's shared prefix that rows must share to be a prefix family."""
+
+
+def micro_batches(
+    batch: TrainBatch, token_budget: int, skip: int = 0, *, families: bool = False
+) -> list[list[int]]:
     """Rows grouped so each micro-batch's padded size (rows x longest) stays within the budget.
 
     Longest samples first, so padding is small; both samples of a DPO pair stay together; a
     sample longer than the budget gets a micro-batch of its own. `skip` leading tokens (a prefix
-    computed once for all rows) do not count against the budget.
+    computed once for all rows) do not count against the budget. With `families`, rows that share
+    a prompt past those (`prefix_families`: a GRPO group's task) are packed among themselves, so
+    each micro-batch can run that prompt once (`group_prefix_length`).
 
     Example:
         >>> micro_batches(batch, token_budget=4096)  # doctest: +SKIP
@@ -174,8 +182,62 @@ def micro_batches(batch: TrainBatch, token_budget: int, skip: int = 0) -> list[l
     units: dict[int, list[int]] = {}
     for row, pair in enumerate(batch.pair_index.tolist()):
         units.setdefault(pair, []).append(row)
-    lengths = batch.lengths - skip
-    ordered = sorted(units.values(), key=lambda u: -int(lengths[u].max()))
+    if not families:
+        return _pack(list(units.values()), batch.lengths - skip, token_budget)
+    out: list[list[int]] = []
+    for family in prefix_families(batch, list(units.values()), skip):
+        rows = [row for unit in family for row in unit]
+        shared = group_prefix_length(batch.select(rows), skip)
+        # a pass runs the family's prompt once and each row's tokens after it
+        out.extend(_pack(family, batch.lengths - skip - shared, max(token_budget - shared, 1)))
+    return out
+
+
+def prefix_families(
+    batch: TrainBatch, units: list[list[int]], skip: int, minimum: int = GROUP_PREFIX_MINIMUM
+) -> list[list[list[int]]]:
+    """`units` (rows packed together: one sample, or a DPO pair) grouped by the `minimum` tokens
+    after the first `skip` that all their rows share (and may run once: before any row's first
+    trained token and last token); units that share them with no other unit are one more group.
+
+    Example:
+        >>> prefix_families(batch, [[0], [1], [2]], skip=0)  # doctest: +SKIP
+        [[[0], [2]], [[1]]]
+    """
+    trained = batch.loss_mask.bool()
+    first_trained = torch.where(trained.any(1), trained.int().argmax(1), batch.lengths)
+    limit = torch.minimum(batch.lengths, first_trained) - 1
+    groups: dict[tuple[int, ...], list[list[int]]] = {}
+    rest: list[list[int]] = []
+    for unit in units:
+        keys = {
+            tuple(batch.input_ids[row, skip : skip + minimum].tolist())
+            for row in unit
+            if int(limit[row]) >= skip + minimum
+        }
+        if len(keys) == 1 and all(int(limit[row]) >= skip + minimum for row in unit):
+            groups.setdefault(keys.pop(), []).append(unit)
+        else:
+            rest.append(unit)
+    out = []
+    for family in groups.values():
+        if len(family) == 1 and len(family[0]) == 1:
+            rest.extend(family)
+        else:
+            out.append(family)
+    return out + ([sorted(rest)] if rest else [])
+
+
+def group_prefix_length(batch: TrainBatch, skip: int, minimum: int = GROUP_PREFIX_MINIMUM) -> int:
+    """Tokens after the first `skip` that every row of `batch` (a micro-batch) shares and that
+    can run once for all of them (0 if fewer than `minimum`; see `shared_prefix_length`)."""
+    total = shared_prefix_length(batch, minimum=skip + minimum)
+    return total - skip if total else 0
+
+
+def _pack(units: list[list[int]], lengths: Tensor, token_budget: int) -> list[list[int]]:
+    """Units packed longest first into micro-batches of at most `token_budget` padded tokens."""
+    ordered = sorted(units, key=lambda u: -int(lengths[u].max()))
     out: list[list[int]] = []
     current: list[int] = []
     longest = 0

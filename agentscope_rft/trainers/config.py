@@ -75,6 +75,12 @@ class TorchTrainerConfig(TrainerSettings):
     few-shot turns) through the model once, not once per sample. Exact: gradients flow through
     it. Off with `gradient_checkpointing`, for models with sliding-window layers, and when the
     shared prefix is shorter than 32 tokens."""
+    share_group_prefix: bool = True
+    """With `share_prefix`, also run the prompt that only some samples share past it (a GRPO
+    group's task and first observation) once per micro-batch: micro-batches are packed family by
+    family (samples sharing at least 32 more tokens), each running that prompt once for all its
+    rows. Exact like `share_prefix`; it trades larger passes for fewer tokens, which pays on CPU
+    and when prompts are long against completions (docs/benchmarks.md)."""
     optimizer_state_dtype: Literal["float32", "bfloat16"] = "float32"
     """AdamW's two moments: fp32 (torch's AdamW), or bf16 with stochastic rounding
     (`trainers/optim.py`): 4 bytes a trained parameter instead of 8 (-0.54 GB for SmolLM2-135M),

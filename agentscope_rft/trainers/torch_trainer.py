@@ -38,6 +38,7 @@ from agentscope_rft.trainers.attention import use_training_attention
 from agentscope_rft.trainers.batch import (
     TrainBatch,
     build_batch,
+    group_prefix_length,
     micro_batches,
     shared_prefix_length,
 )
@@ -195,6 +196,7 @@ class TorchTrainer:
             )
         self.model: Any = model.train()
         self.share_prefix = _can_share_prefix(config, self._base())
+        self.share_group_prefix = self.share_prefix and config.share_group_prefix
         hidden = int(self._base().config.get_text_config().hidden_size)
         self.value_head: nn.Linear | None = None
         groups: list[dict] = [
@@ -283,14 +285,14 @@ class TorchTrainer:
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         """Per-token log-probs and entropy [b, t] at trained positions (0 elsewhere), values.
 
-        With a `prefix`, only the tokens after it run through the model, attending to its cache.
+        With a `prefix`, only the tokens after it run through the model, attending to its cache;
+        the prompt the rows share past it (`_group_prefix`) runs once too, in this pass's graph.
         """
         base = _unwrap(model)
-        skip = prefix.length if prefix is not None else 0
         ids = mb.input_ids.to(self.device)
+        cache, skip = self._group_prefix(base, mb, prefix)
         # Token i is predicted from the hidden state at i - 1, which is in the suffix for i > skip.
         trained = mb.loss_mask[:, skip + 1 :].bool().to(self.device)  # [b, t-skip-1]
-        cache = prefix.cache(len(ids)) if prefix is not None else None
         with self._autocast():
             hidden = base.get_decoder()(
                 input_ids=ids[:, skip:],
@@ -316,6 +318,42 @@ class TorchTrainer:
             assert self.value_head is not None
             value_out = place(self.value_head(selected.float()).squeeze(-1))
         return place(token_logprobs), place(token_entropy), value_out
+
+    def _grouping(self) -> bool:
+        """Whether this step runs each group's shared prompt once (`trainer.share_group_prefix`;
+        not under gradient checkpointing, which runs the model without a cache)."""
+        return self.share_group_prefix and not self.plan.checkpointing
+
+    def _group_length(self, mb: TrainBatch, skip: int) -> int:
+        """Tokens past the shared prefix that the rows of micro-batch `mb` share and run once
+        (0 when grouping is off or they share too few)."""
+        return group_prefix_length(mb, skip) if self._grouping() else 0
+
+    def _group_prefix(
+        self, base: PreTrainedModel, mb: TrainBatch, prefix: SharedPrefix | None
+    ) -> tuple[DynamicCache | None, int]:
+        """The cache the rows of `mb` start from, and its length: the shared `prefix`, then the
+        prompt all rows share past it (a GRPO group's task), run once for one row (with the
+        graph when gradients are on: they reach the weights through the expanded keys and
+        values exactly as if each row had run it)."""
+        skip = prefix.length if prefix is not None else 0
+        rows = len(mb.input_ids)
+        extra = self._group_length(mb, skip)
+        if not extra:
+            return (prefix.cache(rows) if prefix is not None else None), skip
+        ids = mb.input_ids[:1, skip : skip + extra].to(self.device)
+        with self._autocast():
+            cache = base.get_decoder()(
+                input_ids=ids,
+                attention_mask=mb.attention_mask[:1, : skip + extra].to(self.device),
+                past_key_values=prefix.cache(1) if prefix is not None else None,
+                use_cache=True,
+            ).past_key_values
+        expanded = DynamicCache()
+        for layer, kv in enumerate(cache.layers):
+            keys, values = kv.keys, kv.values
+            expanded.update(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1), layer)
+        return expanded, skip + extra
 
     def _token_logprobs(
         self, base: PreTrainedModel, selected: Tensor, targets: Tensor, temperature: Tensor
@@ -389,7 +427,9 @@ class TorchTrainer:
         with torch.no_grad(), context:
             prefix = self._shared_prefix(model, batch, grad=False)
             skip = prefix.length if prefix is not None else 0
-            for rows in micro_batches(batch, self.plan.micro_batch_tokens, skip):
+            for rows in micro_batches(
+                batch, self.plan.micro_batch_tokens, skip, families=self._grouping()
+            ):
                 mb = batch.select(rows)
                 lp, _, vals = self._forward(
                     model, mb, entropy=False, values=values is not None, prefix=prefix
@@ -511,9 +551,11 @@ class TorchTrainer:
         prefix = self._shared_prefix(self.model, part, grad=True)
         skip = prefix.length if prefix is not None else 0
         sums["train/shared_prefix_tokens"] += float(skip)
-        for local in micro_batches(part, self.plan.micro_batch_tokens, skip):
+        families = self._grouping()
+        for local in micro_batches(part, self.plan.micro_batch_tokens, skip, families=families):
             mb = part.select(local)
             rows = [mini[i] for i in local]
+            sums["train/group_prefix_tokens"] += float(self._group_length(mb, skip))
             width = mb.input_ids.shape[1]
             logprobs, entropy, values = self._forward(
                 self.model,

@@ -8,7 +8,13 @@ import torch
 
 from agentscope_rft.algorithms import AlgorithmConfig
 from agentscope_rft.config import TorchTrainerConfig
-from agentscope_rft.trainers.batch import build_batch, shared_prefix_length
+from agentscope_rft.trainers.batch import (
+    build_batch,
+    group_prefix_length,
+    micro_batches,
+    prefix_families,
+    shared_prefix_length,
+)
 from agentscope_rft.trainers.torch_trainer import TorchTrainer
 from agentscope_rft.types import Sample
 
@@ -110,7 +116,9 @@ def test_recomputing_the_prefix_for_its_backward_gives_the_same_step(tiny_model_
         trainer = TorchTrainer(tiny_model_path, config, algorithm, total_steps=2, seed=0)
         trainer.plan = dataclasses.replace(trainer.plan, recompute_prefix=recompute)
         vocab = int(trainer._base().config.vocab_size)
-        metrics = [trainer.step(prefixed_samples(vocab, seed=s), s) for s in range(2)]
+        # the second step's groups also run their own prompts once, after the shared prefix
+        batches = [prefixed_samples(vocab, seed=0), grouped_samples(vocab, seed=1)]
+        metrics = [trainer.step(samples, s) for s, samples in enumerate(batches)]
         assert trainer.plan.recompute_prefix is recompute  # no budget: the plan stays
         results[recompute] = (metrics, trainer.state_dict_for_sync(), torch.random.get_rng_state())
     (kept_metrics, kept_weights, kept_rng), (re_metrics, re_weights, re_rng) = (
@@ -118,9 +126,86 @@ def test_recomputing_the_prefix_for_its_backward_gives_the_same_step(tiny_model_
         results[True],
     )
     assert re_metrics[0]["train/shared_prefix_tokens"] >= PREFIX
+    assert re_metrics[1]["train/group_prefix_tokens"] > 0
     for kept, recomputed in zip(kept_metrics, re_metrics, strict=True):
         for key in ("loss", "grad_norm", "entropy/mean"):
             assert recomputed[key] == pytest.approx(kept[key], rel=1e-5, abs=1e-7), key
     for name, weight in kept_weights.items():
         torch.testing.assert_close(re_weights[name], weight, rtol=1e-5, atol=1e-6)
     assert torch.equal(re_rng, kept_rng)  # the recompute leaves the random stream where it was
+
+
+def grouped_samples(vocab: int, seed: int = 0) -> list[Sample]:
+    """Three groups of three, each with its own 40-token prompt (a task and its first
+    observation), and one sample alone; odd seeds put a 40-token prefix common to all in front
+    (so the shared prefix and the groups' prompts run once each, the latter after the former)."""
+    rng = random.Random(seed)
+    system = [rng.randrange(100, vocab) for _ in range(PREFIX)] if seed % 2 else []
+    samples = []
+    for g in range(3):
+        prompt = system + [rng.randrange(100, vocab) for _ in range(40)]
+        for e in range(3):
+            answer = [rng.randrange(100, vocab) for _ in range(rng.randint(4, 16))]
+            samples.append(
+                Sample(
+                    token_ids=prompt + answer,
+                    loss_mask=[0] * len(prompt) + [1] * len(answer),
+                    logprobs=[0.0] * len(prompt) + [-rng.uniform(0.5, 3.0) for _ in answer],
+                    reward=float(e % 2) + 0.1 * e + 0.05 * g,
+                    rollout_id=f"r{g}{e}",
+                    task_id=f"t{g}",
+                    sample_id=f"r{g}{e}",
+                )
+            )
+    alone = system + [rng.randrange(100, vocab) for _ in range(30)]
+    samples.append(sample(alone, [0] * (len(alone) - 10) + [1] * 10))
+    return samples
+
+
+def test_prefix_families_group_rows_sharing_a_prompt_past_the_shared_prefix():
+    rows = [
+        sample([1] * 10 + [2] * 40 + [9] * 5, [0] * 50 + [1] * 5),
+        sample([1] * 10 + [3] * 40 + [9] * 5, [0] * 50 + [1] * 5),
+        sample([1] * 10 + [2] * 40 + [8] * 5, [0] * 50 + [1] * 5),
+        sample([1] * 10 + [2] * 20 + [8] * 25, [0] * 30 + [1] * 25),  # trained too early
+    ]
+    batch = build_batch(rows, 0)
+    units = [[0], [1], [2], [3]]
+    assert prefix_families(batch, units, skip=10) == [[[0], [2]], [[1], [3]]]
+    assert micro_batches(batch, 10_000, skip=10, families=True) == [[0, 2], [1, 3]]
+    assert micro_batches(batch, 10_000, skip=10) == [[0, 1, 2, 3]]
+    assert group_prefix_length(batch.select([0, 2]), skip=10) == 39  # up to the first trained
+    assert group_prefix_length(batch.select([0, 1]), skip=10) == 0
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_sharing_each_groups_prompt_changes_nothing_but_the_cost(tiny_model_path, case):
+    algorithm_args, trainer_args = CASES[case]
+    algorithm = AlgorithmConfig.model_validate(algorithm_args)
+    results = {}
+    for share in (False, True):
+        config = TorchTrainerConfig(
+            lr=1e-3,
+            micro_batch_tokens=96,
+            dtype="float32",
+            share_group_prefix=share,
+            **trainer_args,
+        )
+        trainer = TorchTrainer(tiny_model_path, config, algorithm, total_steps=2, seed=0)
+        vocab = int(trainer._base().config.vocab_size)
+        metrics = [trainer.step(grouped_samples(vocab, seed=s), s) for s in range(2)]
+        results[share] = (metrics, trainer.state_dict_for_sync())
+    (plain_metrics, plain_weights), (shared_metrics, shared_weights) = results[False], results[True]
+    assert plain_metrics[0]["train/group_prefix_tokens"] == 0
+    assert shared_metrics[0]["train/group_prefix_tokens"] > 0
+    assert shared_metrics[1]["train/group_prefix_tokens"] > 0
+    assert shared_metrics[1]["train/shared_prefix_tokens"] >= PREFIX
+    for plain, shared in zip(plain_metrics, shared_metrics, strict=True):
+        for key in ("loss", "grad_norm", "entropy/mean"):
+            assert shared[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
+    # As above; here a handful of elements whose gradient is float noise (rows of tokens the batch
+    # barely touches) may move by up to lr per Adam update: at most 1 in 100,000 of them.
+    for name, weight in plain_weights.items():
+        diff = (shared_weights[name] - weight).abs()
+        assert float(diff.max()) <= 4 * 1e-3, name  # 4 updates (2 steps x 2 epochs) of lr 1e-3
+        assert int((diff > 1e-4 + 1e-4 * weight.abs()).sum()) <= max(1, weight.numel() // 100_000)
