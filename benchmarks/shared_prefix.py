@@ -2,6 +2,7 @@
 
     python benchmarks/shared_prefix.py [--model smollm2-135m-instruct] [--prefix 420]
         [--task-prompt 12] [--tasks 4] [--group 8] [--steps 3] [--micro-batch-tokens 2048]
+        [--dtype auto|float32|bfloat16] [--child plain|shared|grouped  (one side only)]
 
 The batch looks like the quickstart's: every sample starts with the same `--prefix` tokens
 (system prompt, tool schema, worked examples), then a per-task prompt (`--task-prompt` tokens: the
@@ -69,6 +70,7 @@ def child(args: argparse.Namespace) -> None:
         micro_batch_tokens=args.micro_batch_tokens,
         share_prefix=args.child != "plain",
         share_group_prefix=args.child == "grouped",
+        dtype=args.dtype,
         device="cpu",
     )
     trainer = TorchTrainer(
@@ -102,6 +104,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--prefix", type=int, default=420)
     parser.add_argument("--task-prompt", type=int, default=12)
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--steps", type=int, default=3)

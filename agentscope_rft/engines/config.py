@@ -14,7 +14,8 @@ class EmbeddedEngineConfig(Section):
 
     type: Literal["embedded"] = "embedded"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """`auto`: bf16 on CUDA; on CPU bf16 only where it measures faster than fp32."""
+    """`auto`: bf16 on CUDA; on CPU bf16 only where the CPU has bf16 instructions (x86:
+    avx512_bf16 or AMX) and it measures faster than fp32 there, else fp32."""
     device: str = "auto"
     """`auto` (CUDA if available), `cpu`, `cuda` or `cuda:N`."""
     max_batch_size: int = Field(default=32, ge=1, le=1024)

@@ -52,7 +52,8 @@ class TrainerSettings(Section):
     """Passes over each batch (PPO epochs)."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Compute dtype; weights and optimizer stay fp32. `auto`: bf16 where it is faster (CUDA with
-    bf16; torch also on CPUs with fast bf16 matmuls), else fp32."""
+    bf16; on CPU as the embedded engine's `dtype: auto` decides: bf16 instructions and faster
+    matmuls), else fp32."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward: less memory, ~30% more time."""
     lora: LoRAConfig | None = None
