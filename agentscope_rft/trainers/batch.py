@@ -210,11 +210,7 @@ def prefix_families(
     groups: dict[tuple[int, ...], list[list[int]]] = {}
     rest: list[list[int]] = []
     for unit in units:
-        keys = {
-            tuple(batch.input_ids[row, skip : skip + minimum].tolist())
-            for row in unit
-            if int(limit[row]) >= skip + minimum
-        }
+        keys = {tuple(batch.input_ids[row, skip : skip + minimum].tolist()) for row in unit}
         if len(keys) == 1 and all(int(limit[row]) >= skip + minimum for row in unit):
             groups.setdefault(keys.pop(), []).append(unit)
         else:
