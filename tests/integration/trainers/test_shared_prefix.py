@@ -80,20 +80,28 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_sharing_the_prefix_changes_nothing_but_the_cost(tiny_model_path, case):
+def two_steps_each_way(tiny_model_path, case, samples, switch):
+    """The case's two training steps on `samples(vocab, seed)`, with the trainer key `switch` off
+    and on: ((metrics, weights) off, (metrics, weights) on)."""
     algorithm_args, trainer_args = CASES[case]
     algorithm = AlgorithmConfig.model_validate(algorithm_args)
     results = {}
     for share in (False, True):
         config = TorchTrainerConfig(
-            lr=1e-3, micro_batch_tokens=96, dtype="float32", share_prefix=share, **trainer_args
+            lr=1e-3, micro_batch_tokens=96, dtype="float32", **{switch: share}, **trainer_args
         )
         trainer = TorchTrainer(tiny_model_path, config, algorithm, total_steps=2, seed=0)
         vocab = int(trainer._base().config.vocab_size)
-        metrics = [trainer.step(prefixed_samples(vocab, seed=s), s) for s in range(2)]
+        metrics = [trainer.step(samples(vocab, seed=s), s) for s in range(2)]
         results[share] = (metrics, trainer.state_dict_for_sync())
-    (plain_metrics, plain_weights), (shared_metrics, shared_weights) = results[False], results[True]
+    return results[False], results[True]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_sharing_the_prefix_changes_nothing_but_the_cost(tiny_model_path, case):
+    (plain_metrics, plain_weights), (shared_metrics, shared_weights) = two_steps_each_way(
+        tiny_model_path, case, prefixed_samples, "share_prefix"
+    )
     assert shared_metrics[0]["train/shared_prefix_tokens"] >= PREFIX
     assert plain_metrics[0]["train/shared_prefix_tokens"] == 0
     for plain, shared in zip(plain_metrics, shared_metrics, strict=True):
@@ -180,22 +188,9 @@ def test_prefix_families_group_rows_sharing_a_prompt_past_the_shared_prefix():
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_sharing_each_groups_prompt_changes_nothing_but_the_cost(tiny_model_path, case):
-    algorithm_args, trainer_args = CASES[case]
-    algorithm = AlgorithmConfig.model_validate(algorithm_args)
-    results = {}
-    for share in (False, True):
-        config = TorchTrainerConfig(
-            lr=1e-3,
-            micro_batch_tokens=96,
-            dtype="float32",
-            share_group_prefix=share,
-            **trainer_args,
-        )
-        trainer = TorchTrainer(tiny_model_path, config, algorithm, total_steps=2, seed=0)
-        vocab = int(trainer._base().config.vocab_size)
-        metrics = [trainer.step(grouped_samples(vocab, seed=s), s) for s in range(2)]
-        results[share] = (metrics, trainer.state_dict_for_sync())
-    (plain_metrics, plain_weights), (shared_metrics, shared_weights) = results[False], results[True]
+    (plain_metrics, plain_weights), (shared_metrics, shared_weights) = two_steps_each_way(
+        tiny_model_path, case, grouped_samples, "share_group_prefix"
+    )
     assert plain_metrics[0]["train/group_prefix_tokens"] == 0
     assert shared_metrics[0]["train/group_prefix_tokens"] > 0
     assert shared_metrics[1]["train/group_prefix_tokens"] > 0
