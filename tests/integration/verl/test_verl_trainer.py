@@ -55,8 +55,15 @@ def _trainers(model: str, algorithm: AlgorithmConfig, **shared: object):
     return torch_trainer, verl_trainer
 
 
-# Timings, and what only one trainer does (the torch trainer's shared-prefix passes).
-TIMINGS = {"time/train", "tokens_per_s", "perf/mfu", "train/shared_prefix_tokens"}
+# Timings, and what only one trainer does (the torch trainer's shared-prefix and group-prefix
+# passes).
+TIMINGS = {
+    "time/train",
+    "tokens_per_s",
+    "perf/mfu",
+    "train/shared_prefix_tokens",
+    "train/group_prefix_tokens",
+}
 
 
 def _assert_same_steps(got: list[dict], want: list[dict]) -> None:
