@@ -269,8 +269,8 @@ class RunSettings(Section):
     itself with the library in `LD_PRELOAD` (its child processes keep their environment); a run
     started from Python says how in its error. On the quickstart with
     `trainer.memory_budget_gib: 2.8` and bf16 AdamW moments tcmalloc peaks at 3.80 GB at 1.03x
-    glibc's wall time as shipped (jemalloc 3.47 GB at 1.18x, glibc-compact 1.28x); glibc stays
-    the default as the one always present (docs/benchmarks.md)."""
+    glibc's wall time (jemalloc 3.47 GB at 1.18x, glibc-compact 1.28x); the quickstart's config
+    ships `auto`; glibc stays the default as the one always present (docs/benchmarks.md)."""
     deterministic: bool = False
     """Two runs with one seed give the same metrics and weights (wall times, throughput and engine
     queue counters aside) with the embedded engine, the torch trainer and `mode: sync`: engine
