@@ -637,6 +637,11 @@ class ContinuousBatcher:
             logits = self.grammar_mask.apply(logits, constrained)
             self.stats["constrained_tokens"] += len(constrained)
         sampled = sample_next(logits, [r.job.sampling for r in rows], [r.generator for r in rows])
+        # One write of the rows' next tokens and one read of their positions for the whole batch
+        # (row by row, an engine on a GPU would wait for the device twice per row).
+        ids = torch.tensor(row_ids, dtype=torch.long, device=self.device)
+        self._next_ids[ids] = torch.tensor(sampled.token_ids, dtype=torch.long, device=self.device)
+        positions = self._positions[ids].tolist()
         finished = []
         for k, (row_id, row) in enumerate(zip(row_ids, rows, strict=True)):
             token = sampled.token_ids[k]
@@ -649,10 +654,9 @@ class ContinuousBatcher:
             if row.job.sampling.top_logprobs:
                 row.top = row.top or []
                 row.top.append(sampled.top_logprobs[k] or [])
-            self._next_ids[row_id] = token
             if row.job.on_token is not None and not row.job.cancelled:
                 row.job.loop.call_soon_threadsafe(row.job.on_token, row.index, token)
-            self._check_finished(row, total_len=int(self._positions[row_id]) + 1)
+            self._check_finished(row, total_len=positions[k] + 1)
             if row.finish_reason is not None or row.job.cancelled:
                 finished.append(row_id)
         if finished:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy
 import torch
 
 from agentscope_rft.types import SamplingParams
@@ -22,12 +23,9 @@ class SampledTokens:
     top_logprobs: list[list[tuple[int, float]] | None]
 
 
-def _apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
-    # logits: [B, V]; top_k: [B] (V means "off")
+def _apply_top_k(logits: torch.Tensor, top_k: torch.Tensor, k_max: int) -> torch.Tensor:
+    # logits: [B, V]; top_k: [B] (V means "off"); k_max: the largest of top_k, at most V
     vocab = logits.shape[-1]
-    k_max = int(top_k.max().item())
-    if k_max >= vocab:
-        k_max = vocab
     values = torch.topk(logits, k_max, dim=-1).values  # [B, k_max]
     kth = values.gather(-1, (top_k.clamp(max=k_max) - 1).unsqueeze(-1))  # [B, 1]
     off = top_k >= vocab
@@ -61,21 +59,23 @@ def sample_next(
     batch = logits.shape[0]
     logits = logits.float()
     device = logits.device  # the settings go where the logits are (a GPU engine's are on CUDA)
-    greedy = torch.tensor([p.temperature == 0.0 for p in params], device=device)
-    temperature = torch.tensor(
-        [p.temperature if p.temperature > 0 else 1.0 for p in params], device=device
-    )
-    scaled = logits
-    if bool((temperature != 1.0).any()):
-        scaled = logits / temperature.unsqueeze(-1)  # [B, V]
     vocab = logits.shape[-1]
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
-    top_p = torch.tensor([p.top_p for p in params], device=device)
-    sampling_rows = ~greedy
-    if bool(((top_k < vocab) & sampling_rows).any()):
-        scaled = _apply_top_k(scaled, torch.where(sampling_rows, top_k, vocab))
-    if bool(((top_p < 1.0) & sampling_rows).any()):
-        scaled = _apply_top_p(scaled, torch.where(sampling_rows, top_p, torch.ones_like(top_p)))
+    # Which steps apply is decided from the settings on the host, so an engine on a GPU never
+    # waits for the device to learn it; values are compared as the float32 the kernels use.
+    temperatures = [p.temperature if p.temperature > 0 else 1.0 for p in params]
+    top_ks = [p.top_k if p.top_k > 0 else vocab for p in params]
+    top_ps = [float(numpy.float32(p.top_p)) for p in params]
+    sampling = [p.temperature != 0.0 for p in params]
+    scaled = logits
+    if any(numpy.float32(t) != 1.0 for t in temperatures):
+        temperature = torch.tensor(temperatures, device=device)
+        scaled = logits / temperature.unsqueeze(-1)  # [B, V]
+    if any(s and k < vocab for s, k in zip(sampling, top_ks, strict=True)):
+        top_k = [k if s else vocab for s, k in zip(sampling, top_ks, strict=True)]
+        scaled = _apply_top_k(scaled, torch.tensor(top_k, device=device), min(max(top_k), vocab))
+    if any(s and p < 1.0 for s, p in zip(sampling, top_ps, strict=True)):
+        top_p = [p if s else 1.0 for s, p in zip(sampling, top_ps, strict=True)]
+        scaled = _apply_top_p(scaled, torch.tensor(top_p, device=device))
     # One log-softmax serves both kinds of row: greedy rows were divided by exactly 1.0 and skip
     # top-k/top-p, so theirs is the unscaled model distribution.
     logprobs_all = scaled.log_softmax(dim=-1)  # [B, V]
