@@ -285,6 +285,10 @@ class EmbeddedEngine:
                 logger.info("engine fused decode off: %s", reason)
             else:
                 fused = FusedDecoder(model)
+                # Every prefill and decode step runs fused: the fused groups' layers need no
+                # packed copies of their own (SmolLM2-135M in bf16: 139 MB, and their repacking
+                # after each weight swap).
+                self.packed_layers -= fused.drop_module_packs()
         self.fused_decode = fused is not None
         limit = int(getattr(model.config.get_text_config(), "max_position_embeddings", 4096))
         max_len = min(self._max_model_len_override or limit, limit)

@@ -56,6 +56,7 @@ from agentscope_rft.engines.packed import (
     pack,
     packed_weight,
     packing_fails,
+    unpack,
 )
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -161,6 +162,22 @@ class FusedDecoder:
         self.layers: list[_Layer] = []
         self.refresh()
         on_repack(model, self.refresh)
+
+    def drop_module_packs(self) -> int:
+        """Free the packed copies of the linear layers this decoder runs fused (q/k/v and
+        gate/up, whose concatenations it packs itself); returns how many were dropped.
+
+        Only for an engine that runs every prefill and decode through this decoder: the
+        model's own forward then multiplies those layers unpacked (the same results, slower).
+        """
+        if not (self.fuse and self.use_packing):
+            return 0  # unfused groups use the modules' own packed copies
+        dropped = 0
+        for layer in self.model.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            for module in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj):
+                dropped += unpack(module)
+        return dropped
 
     def release(self) -> None:
         """Free the fused weight copies until the next `refresh` (no decode may run meanwhile:

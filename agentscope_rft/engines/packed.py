@@ -100,6 +100,16 @@ def repack(model: nn.Module) -> None:
         callback()
 
 
+def unpack(module: nn.Module) -> bool:
+    """Drop `module`'s packed copy: it computes with its plain weight again. Returns whether it
+    was packed."""
+    if getattr(module, _ATTR, None) is None:
+        return False
+    delattr(module, _ATTR)
+    del module.forward  # the packed forward set on the instance; the class's forward again
+    return True
+
+
 def on_repack(model: nn.Module, callback: Callable[[], None]) -> None:
     """Have `repack(model)` call `callback` (after the packed copies are retaken)."""
     callbacks = getattr(model, _CALLBACKS, None)

@@ -15,7 +15,7 @@ from transformers import (
 from agentscope_rft.engines.attention import use_decode_attention
 from agentscope_rft.engines.fused import FusedDecoder, Segment, fused_decode_unsupported
 from agentscope_rft.engines.kv_cache import BatchCache, GrowingLayer, right_pad_mask
-from agentscope_rft.engines.packed import pack_linear_weights, packing_unsupported
+from agentscope_rft.engines.packed import pack_linear_weights, packed_weight, packing_unsupported
 from agentscope_rft.engines.weights import copy_weights
 from agentscope_rft.models import load_causal_lm
 
@@ -127,6 +127,37 @@ def test_the_embedded_model_is_fused_and_follows_weight_swaps(tiny_model_path):
     fresh = prepare(load_causal_lm(tiny_model_path, dtype=dtype), dtype)
     copy_weights(fresh, new)
     assert torch.equal(after, decode(fresh, 5))
+
+
+@pytest.mark.skipif(not PACKING, reason="oneDNN bf16 packing does not work on this CPU")
+def test_dropping_the_fused_layers_packs_keeps_results_and_swaps(tiny_model_path):
+    """The engine frees the packed copies of q/k/v and gate/up (the fused groups pack their own):
+    the fused steps, the plain forward and later weight swaps give what they gave before."""
+    dtype = torch.bfloat16
+    model = prepare(load_causal_lm(tiny_model_path, dtype=dtype), dtype)
+    fused = FusedDecoder(model)
+    if not fused.fuse:
+        pytest.skip("fused matmuls round differently here: the decoder uses the modules' packs")
+    before_fused, before_plain = decode(model, 5, fused), decode(model, 5)
+    layers = model.model.layers
+    assert fused.drop_module_packs() == 5 * len(layers)
+    assert fused.drop_module_packs() == 0  # once
+    attn, mlp = layers[0].self_attn, layers[0].mlp
+    assert packed_weight(attn.q_proj) is None and packed_weight(mlp.up_proj) is None
+    assert packed_weight(attn.o_proj) is not None and packed_weight(mlp.down_proj) is not None
+    assert torch.equal(decode(model, 5, fused), before_fused)
+    assert torch.equal(decode(model, 5), before_plain)
+
+    generator = torch.Generator().manual_seed(0)
+    new = {
+        name: tensor + 0.05 * torch.randn(tensor.shape, generator=generator).to(tensor.dtype)
+        for name, tensor in model.state_dict().items()
+    }
+    copy_weights(model, new)  # repacks what is still packed and retakes the fused copies
+    fresh = prepare(load_causal_lm(tiny_model_path, dtype=dtype), dtype)
+    copy_weights(fresh, new)
+    assert torch.equal(decode(model, 5, fused), decode(fresh, 5))
+    assert packed_weight(attn.q_proj) is None
 
 
 def prompts(model, lengths, seed=2):
