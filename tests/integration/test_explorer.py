@@ -96,6 +96,34 @@ async def test_in_place_app_is_captured_without_mixing(tiny_gateway):
     assert str(model.client.base_url) == "http://x:1/v1/"
 
 
+async def raw_openai_app(task, _model_unused):
+    from agentscope_rft.integration.agentscope import current_scope
+
+    client = current_scope().client_for(None)  # openai by hand, on the run's shared pool
+    assert client is current_scope().client_for(None)
+    for turn in ("first", "second"):
+        await client.chat.completions.create(
+            model="policy",
+            messages=[{"role": "user", "content": f"{turn} {task['word']}"}],
+            max_tokens=4,
+        )
+    return 1.0
+
+
+async def test_an_app_calling_openai_by_hand_is_captured(tiny_gateway):
+    explorer = Explorer(
+        agentscope_rft.workflow(raw_openai_app), tiny_gateway, EpisodeSettings(max_concurrency=8)
+    )
+    tasks = load_tasks([{"id": f"t{i}", "word": f"w{i:02d}x"} for i in range(8)])
+    result = await explorer.explore(tasks, group_size=1, batch_id="b")
+    await explorer.close()
+    assert all(r.ok for r in result.rollouts), [r.error for r in result.rollouts]
+    for rollout in result.rollouts:
+        assert len(rollout.calls) == 2
+        assert all(rollout.task["word"] in str(call.messages) for call in rollout.calls)
+    assert len(result.samples) == 16  # the second prompt does not extend the first: 2 samples
+
+
 async def two_agent_app(task, model):
     solver = Agent(
         name="solver",
