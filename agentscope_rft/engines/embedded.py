@@ -47,7 +47,7 @@ from agentscope_rft.engines.packed import pack_linear_weights, packing_unsupport
 from agentscope_rft.engines.prefix_cache import PrefixCache
 from agentscope_rft.engines.structured import GrammarMask, grammar_for
 from agentscope_rft.engines.threads import ThreadPolicy, confine_main_thread, in_own_thread
-from agentscope_rft.engines.weights import copy_weights, share_weights
+from agentscope_rft.engines.weights import copy_weights, free_weights, share_weights
 from agentscope_rft.models import load_causal_lm, load_tokenizer, resolve_model
 from agentscope_rft.types import JSON, SamplingParams
 
@@ -182,6 +182,12 @@ def load_weights_dir(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def _stamp(weights: Mapping[str, torch.Tensor]) -> tuple[tuple[str, int, int], ...]:
+    """Which tensors `weights` are and how often each was written in place (a tensor's version
+    counter, shared with the parameter it was detached from): equal stamps, equal weights."""
+    return tuple((name, t.data_ptr(), t._version) for name, t in weights.items())
+
+
 class EmbeddedEngine:
     """Serves a local HF causal LM with continuous batching.
 
@@ -210,6 +216,7 @@ class EmbeddedEngine:
         prefill_chunk_tokens: int | None = 512,
         num_threads: int | None = None,
         fused_decode: bool = True,
+        free_weights_while_training: bool = True,
     ) -> None:
         self.model_path = resolve_model(model)
         self._model_name = served_model_name or str(model)
@@ -227,6 +234,8 @@ class EmbeddedEngine:
         self._prefill_chunk_tokens = prefill_chunk_tokens
         self._num_threads = num_threads
         self._fused_decode = fused_decode
+        self._free_weights_while_training = free_weights_while_training
+        self._refilled: tuple[tuple[str, int, int], ...] | None = None  # see idle_for_training
         self.tokenizer = load_tokenizer(self.model_path)
         self.renderer = ChatRenderer(self.tokenizer, chat_template)
         self.prompts = PromptBuilder(self.renderer, reuse=reuse_prompt_tokens)
@@ -466,16 +475,36 @@ class EmbeddedEngine:
         return shared[0]
 
     @contextlib.asynccontextmanager
-    async def idle_for_training(self) -> AsyncIterator[None]:
+    async def idle_for_training(
+        self, refill: Callable[[], Mapping[str, torch.Tensor]] | None = None
+    ) -> AsyncIterator[None]:
         """Around a synchronous trainer step: the prefix and batch caches are freed (their KV
-        belongs to the weights the step replaces, and the step needs the memory), and when the
-        engine shares the trainer's weights its thread waits until the step is over, so no
-        request reads weights the optimizer is writing (requests queue meanwhile); its fused
-        weight copies are freed for the step too and retaken from the new weights after it."""
-        if not self.shared_weight_bytes:
+        belongs to the weights the step replaces, and the step needs the memory).
+
+        When the engine shares the trainer's weights its thread waits until the step is over, so
+        no request reads weights the optimizer is writing (requests queue meanwhile); its fused
+        weight copies are freed for the step too and retaken from the new weights after it.
+        When it keeps its own copy and `refill` gives the trainer's weights (and
+        `free_weights_while_training` is on), that copy and every copy derived from it are freed
+        for the step and taken from `refill()` after it (vLLM's sleep at level 2, in process):
+        the weight sync that follows finds them current and copies nothing."""
+        if self.shared_weight_bytes:
+            async with self._parked(None):
+                yield
+        elif refill is not None and self._free_weights_while_training:
+            async with self._parked(refill):
+                yield
+        else:
             await self.release_caches()
             yield
-            return
+
+    @contextlib.asynccontextmanager
+    async def _parked(
+        self, refill: Callable[[], Mapping[str, torch.Tensor]] | None
+    ) -> AsyncIterator[None]:
+        """Hold the engine thread (no request runs) with its caches and derived weight copies
+        freed until the block ends, then retake them from the weights it shares; with `refill`,
+        its own weights are freed too and taken from `refill()` instead."""
         batcher = self._running()
         loop = asyncio.get_running_loop()
         parked: asyncio.Future[float] = loop.create_future()
@@ -485,11 +514,16 @@ class EmbeddedEngine:
             batcher.drop_idle_cache()
             if batcher.fused is not None:
                 batcher.fused.release()  # its q/k/v and gate/up copies: retaken below
+            if refill is not None:
+                free_weights(batcher.model)
             loop.call_soon_threadsafe(_resolve, parked, 0.0)
             try:
                 release.wait()
             finally:
-                repack(batcher.model)  # derived copies of the weights as the trainer left them
+                if refill is None:
+                    repack(batcher.model)  # derived copies of the weights as the trainer left them
+                else:
+                    self._refill(refill)
 
         done = self._between_steps(park)
         try:
@@ -502,9 +536,25 @@ class EmbeddedEngine:
             with contextlib.suppress(EngineError):  # stopped meanwhile: its next call says so
                 await done
 
+    def _refill(self, refill: Callable[[], Mapping[str, torch.Tensor]]) -> None:
+        """Take the weights freed for a trainer step from the trainer (engine thread, parked).
+        On failure the weights stay freed (requests fail) and the sync that follows the step
+        copies them in, or raises what is wrong."""
+        try:
+            weights = refill()
+            copy_weights(self._running().model, weights)
+        except Exception:
+            logger.exception("engine: the weights freed for the trainer step were not retaken")
+            return
+        self._refilled = _stamp(weights)
+
     async def load_weights(self, weights: Mapping[str, torch.Tensor] | Path, version: int) -> float:
         batcher = self._running()
         state = load_weights_dir(weights) if isinstance(weights, Path) else weights
+        refilled, self._refilled = self._refilled, None
+        if refilled is not None and not isinstance(weights, Path) and _stamp(state) == refilled:
+            # taken from these very tensors after the step, unchanged since: only the version
+            return await self._between_steps(lambda: None, version)
         return await self._between_steps(lambda: copy_weights(batcher.model, state), version)
 
     def _between_steps(

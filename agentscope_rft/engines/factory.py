@@ -83,4 +83,5 @@ def build_engine(
         prefill_chunk_tokens=engine.prefill_chunk_tokens,
         num_threads=engine.num_threads,
         fused_decode=engine.fused_decode,
+        free_weights_while_training=engine.free_weights_while_training,
     )

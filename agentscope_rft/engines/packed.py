@@ -100,6 +100,18 @@ def repack(model: nn.Module) -> None:
         callback()
 
 
+def free_packs(model: nn.Module) -> int:
+    """Free every packed copy of `model`'s layers until the next `repack` (which retakes them:
+    the layers stay packed, nothing may compute meanwhile); returns the bytes freed."""
+    freed = 0
+    for module in model.modules():
+        packed = getattr(module, _ATTR, None)
+        if packed is not None:
+            freed += packed.numel() * packed.element_size()
+            setattr(module, _ATTR, packed.new_empty(0))
+    return freed
+
+
 def unpack(module: nn.Module) -> bool:
     """Drop `module`'s packed copy: it computes with its plain weight again. Returns whether it
     was packed."""

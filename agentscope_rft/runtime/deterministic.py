@@ -49,9 +49,11 @@ VARYING_METRICS = (
     "engine/running",
     "engine/waiting",
     "engine/threads/",
+    "memory/",
 )
 """Metric names (or prefixes) that `run.deterministic` does not make repeat: wall time and
-throughput, and the engine's queue and batching counters (timing decides them)."""
+throughput, the process's memory, and the engine's queue and batching counters (timing decides
+them)."""
 
 
 def repeats(name: str) -> bool:

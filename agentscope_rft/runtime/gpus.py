@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Literal, Protocol, cast
 
@@ -35,6 +35,8 @@ from agentscope_rft.config_base import Section
 from agentscope_rft.runtime.memory import release_freed_memory
 
 if TYPE_CHECKING:
+    import torch
+
     from agentscope_rft.config import RunConfig
 
 logger = logging.getLogger(__name__)
@@ -207,14 +209,19 @@ class Sleeper(Protocol):
 
 
 @asynccontextmanager
-async def room_for_training(engine: object, config: RunConfig) -> AsyncIterator[None]:
+async def room_for_training(
+    engine: object,
+    config: RunConfig,
+    refill: Callable[[], Mapping[str, torch.Tensor]] | None = None,
+) -> AsyncIterator[None]:
     """Around a trainer step, the engine gives its memory to the trainer where it can.
 
     Colocated GPUs: vLLM sleeps inside and wakes after (the weight sync that follows loads the
     new weights into the woken servers). A synchronous run on the embedded engine: its prefix and
     batch caches are freed first (their KV belongs to the weights the step replaces; the swap
     would drop them anyway) and the memory goes back to the OS, so the trainer's peak does not
-    stack on the explorer's.
+    stack on the explorer's; an engine with its own copy of the weights frees that too and takes
+    it from `refill()` (the trainer's weights) after the step.
     """
     if engine is None:  # a run without an engine (train_only)
         yield
@@ -230,7 +237,7 @@ async def room_for_training(engine: object, config: RunConfig) -> AsyncIterator[
         return
     idle = getattr(engine, "idle_for_training", None)
     if idle is not None and config.run.mode == "sync":
-        async with idle():  # caches freed; held while the step writes weights it shares
+        async with idle(refill):  # caches freed; held while the step writes weights it shares
             release_freed_memory()
             yield
         return

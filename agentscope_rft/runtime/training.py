@@ -60,6 +60,7 @@ from agentscope_rft.runtime.gpus import room_for_training
 from agentscope_rft.runtime.memory import release_freed_memory, share_trainer_weights
 from agentscope_rft.runtime.offline import offline_batches
 from agentscope_rft.runtime.preflight import Checked
+from agentscope_rft.runtime.rss import PhasePeaks, phase_metric
 from agentscope_rft.runtime.sample_log import SampleLog
 from agentscope_rft.runtime.signals import RunStop, RunStopped, Stopping
 from agentscope_rft.trainers.base import Trainer
@@ -135,11 +136,17 @@ class TrainingRun:
         self.offline: Iterator[list[Sample]] | None = None
         self.val_tasks, self.val_phase = self._validation_split(checked)
         self.diagnosis = RunDiagnosis(run_dir)  # the first batch of each phase, reported once
+        self.peaks = PhasePeaks()  # memory/<phase>_peak_gib in each step's metrics
 
     # ------------------------------------------------------------------ the run, top to bottom
     async def run(self) -> dict[str, float]:
         """Train as configured; returns the last step's metrics (see `runtime.local.train`)."""
-        await self._open()
+        self.peaks.start()
+        try:
+            await self._open()
+        except BaseException:
+            self.peaks.stop()
+            raise
         try:
             with self.monitor, self.monitor.progress() as progress:
                 progress.reset("run", total=self.steps, completed=self.start)
@@ -292,6 +299,7 @@ class TrainingRun:
             await self.engine.close()
         await self.buffer.close()
         self.trainer.close()
+        self.peaks.stop()
 
     @staticmethod
     def _validation_split(checked: Checked) -> tuple[list[Task], str]:
@@ -405,11 +413,14 @@ class TrainingRun:
         """Train on the step's samples, sync the weights, watch the run's health, checkpoint,
         log, and validate when due."""
         progress.reset("train", total=1)  # a step once begun finishes, even on a stop
+        self._peak(metrics, "explore")  # (in a sync run: exploring the step's groups)
         metrics.update(await self._trainer_step(samples, step))
+        self._peak(metrics, "train")
         progress.advance("train")
         done = step + 1
         if self.engine is not None and not self.stop.requested:
             metrics["time/sync"] = await sync_weights(self.engine, self.trainer, version=done)
+            self._peak(metrics, "sync")
         self.policy_version = done
         metrics["time/step"] = time.perf_counter() - started
         events = self.health.observe(step, metrics)
@@ -437,6 +448,7 @@ class TrainingRun:
             saving = time.perf_counter()
             saved = await self._save_checkpoint(done)  # before the explorer moves on (sync mode)
             metrics["time/checkpoint"] = time.perf_counter() - saving
+            self._peak(metrics, "checkpoint")
         await self._finish_step(done)
         self._log_step(step, metrics)
         if saved is not None:
@@ -451,7 +463,9 @@ class TrainingRun:
     async def _trainer_step(self, samples: list[Sample], step: int) -> dict[str, float]:
         """`trainer.step`; a non-finite gradient is a health event when the rule watches it."""
         try:
-            async with room_for_training(self.engine, self.config):  # caches freed / vLLM asleep
+            # caches (and an engine's own weight copy) freed / vLLM asleep
+            weights = self.trainer.state_dict_for_sync
+            async with room_for_training(self.engine, self.config, weights):
                 return await in_own_thread(self.trainer.step, samples, step)
         except FloatingPointError as exc:
             health = self.config.health
@@ -460,8 +474,17 @@ class TrainingRun:
             logger.warning("step %d: %s; the update was not applied", step, exc)
             return {"train/non_finite": 1.0, "train/skipped": 1.0}
 
+    def _peak(self, metrics: dict[str, float], phase: str) -> None:
+        """Record the process's peak RSS since the previous phase ended as `phase`'s."""
+        peak = self.peaks.take()
+        if peak is not None:
+            metrics[phase_metric(phase)] = round(peak, 3)
+
     def _log_step(self, step: int, metrics: dict[str, float]) -> None:
         metrics["policy_version"] = float(step + 1)
+        rss = self.peaks.now()
+        if rss is not None:
+            metrics["memory/rss_gib"] = round(rss, 3)
         self.last = metrics
         self.monitor.log(step, metrics)
 
@@ -493,6 +516,7 @@ class TrainingRun:
         if self.explorer is None or not self.val_tasks or not self.config.run.eval_every:
             return
         phase = self.val_phase
+        self.peaks.take()  # (what ran before belongs to the step just logged)
         result = await self.explorer.explore(
             self.val_tasks,
             group_size=self.config.explorer.eval_group_size,
@@ -503,6 +527,7 @@ class TrainingRun:
         if self.config.tasks.stratify_field:
             metrics |= stratum_metrics(result.rollouts, self.config.tasks.stratify_field)
         metrics |= self.diagnosis.first(step, phase, result.rollouts)
+        self._peak(metrics, "eval")
         self.monitor.log(step, metrics, phase=phase)
         if phase == "val":
             await in_own_thread(self.best.consider, step, metrics, self.trainer.export_hf)
@@ -547,7 +572,8 @@ class TrainingRun:
         self.health.record(_rolled_back(event, target))
         folder = checkpoint_dir(self.run_dir, target)
         saved = json.loads((folder / RUN_STATE_FILE).read_text())
-        async with room_for_training(self.engine, self.config):  # it may share these weights
+        # (the engine may share these weights, or free its own copy meanwhile)
+        async with room_for_training(self.engine, self.config, self.trainer.state_dict_for_sync):
             await in_own_thread(self.trainer.load, folder)
         self.rollback = self.rollback.after(settings)
         await self._apply_rollback_changes()

@@ -1,17 +1,21 @@
-"""The embedded engine computing with the trainer's weights in place
-(`engine.share_trainer_weights`): the same results as its own copy, one copy less, and no
-request runs while the trainer writes."""
+"""The embedded engine beside the trainer's weights: computing with them in place
+(`engine.share_trainer_weights`: the same results as its own copy, one copy less, and no request
+runs while the trainer writes), or freeing its own copy while the trainer steps and retaking it
+from the trainer's weights after (`engine.free_weights_while_training`)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
 import pytest
 import torch
 
+from agentscope_rft.engines import embedded
 from agentscope_rft.engines.base import EngineError
 from agentscope_rft.engines.embedded import EmbeddedEngine
+from agentscope_rft.engines.packed import packed_weight
 from agentscope_rft.models import load_causal_lm
 from agentscope_rft.runtime.local import train
 from agentscope_rft.types import SamplingParams
@@ -29,8 +33,16 @@ def _torch_settings_restored():
     torch.use_deterministic_algorithms(False)  # run.deterministic switches it on process-wide
 
 
-def engine_for(path: str) -> EmbeddedEngine:
-    return EmbeddedEngine(path, dtype="float32", device="cpu", max_batch_size=4)
+def engine_for(path: str, dtype: str = "float32") -> EmbeddedEngine:
+    return EmbeddedEngine(path, dtype=dtype, device="cpu", max_batch_size=4)
+
+
+def nudge(model: torch.nn.Module, seed: int) -> None:
+    """What an optimizer step does to the weights: write every one in place."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=generator))
 
 
 async def test_a_shared_engine_answers_with_the_weights_the_trainer_writes(tiny_model_path):
@@ -125,3 +137,109 @@ async def test_a_run_sharing_weights_repeats_a_run_with_a_copy(
     assert len(runs[True]) == 3 and runs[True] == runs[False]  # same episodes, losses, rewards
     a, b = final_weights(tmp_path / "share-True", 3), final_weights(tmp_path / "share-False", 3)
     assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+async def test_an_engine_with_its_own_copy_frees_it_while_the_trainer_steps(
+    tiny_model_path, monkeypatch
+):
+    trainer_model = load_causal_lm(tiny_model_path, dtype=torch.float32)
+    weights = {k: v.detach() for k, v in trainer_model.state_dict().items()}
+    freeing, reference = (engine_for(tiny_model_path, "bfloat16") for _ in range(2))
+    await freeing.start()
+    await reference.start()
+    model = freeing.batcher.model
+    copies: list[int] = []  # weight copies into `freeing`'s model
+    real_copy = embedded.copy_weights
+    monkeypatch.setattr(
+        embedded,
+        "copy_weights",
+        lambda into, w: (copies.extend([1] if into is model else []), real_copy(into, w)),
+    )
+    try:
+        shapes = {n: p.shape for n, p in model.named_parameters()}
+        async with freeing.idle_for_training(refill=lambda: weights):
+            request = asyncio.create_task(freeing.generate(PROMPT, GREEDY))
+            assert all(p.numel() == 0 for p in model.parameters())  # its copy freed
+            assert all(
+                packed_weight(m) is None or packed_weight(m).numel() == 0 for m in model.modules()
+            )
+            fused = freeing.batcher.fused
+            assert fused is None or fused.layers == []
+            nudge(trainer_model, seed=1)  # the trainer's step
+            await asyncio.sleep(0.2)
+            assert not request.done()  # held: nothing computes on freed weights
+        assert {n: p.shape for n, p in model.named_parameters()} == shapes
+        assert copies == [1]  # retaken from the trainer's new weights after the step
+        await freeing.load_weights(weights, version=1)  # the sync: already current
+        assert copies == [1]
+        await reference.load_weights({k: v.clone() for k, v in weights.items()}, version=1)
+        [a], [b] = await asyncio.gather(
+            freeing.generate(PROMPT, GREEDY), reference.generate(PROMPT, GREEDY)
+        )
+        assert a.policy_version == b.policy_version == 1
+        assert a.completion_ids == b.completion_ids and a.logprobs == b.logprobs
+        [queued] = await asyncio.wait_for(request, timeout=120)  # the request held meanwhile
+        assert queued.completion_ids == a.completion_ids
+
+        # Weights written after they were retaken are copied at the sync.
+        async with freeing.idle_for_training(refill=lambda: weights):
+            nudge(trainer_model, seed=2)
+        nudge(trainer_model, seed=3)
+        await freeing.load_weights(weights, version=2)
+        assert copies == [1, 1, 1]
+        await reference.load_weights({k: v.clone() for k, v in weights.items()}, version=2)
+        [a], [b] = await asyncio.gather(
+            freeing.generate(PROMPT, GREEDY), reference.generate(PROMPT, GREEDY)
+        )
+        assert a.completion_ids == b.completion_ids and a.logprobs == b.logprobs
+    finally:
+        await freeing.close()
+        await reference.close()
+
+
+async def test_weights_not_retaken_after_the_step_come_back_at_the_sync(tiny_model_path, caplog):
+    trainer_model = load_causal_lm(tiny_model_path, dtype=torch.float32)
+    weights = {k: v.detach() for k, v in trainer_model.state_dict().items()}
+    engine = engine_for(tiny_model_path, "bfloat16")
+    await engine.start()
+
+    def broken() -> dict[str, torch.Tensor]:
+        raise RuntimeError("the trainer's weights are gone")
+
+    try:
+        [before] = await engine.generate(PROMPT, GREEDY)
+        async with engine.idle_for_training(refill=broken):
+            pass
+        assert "weights freed for the trainer step were not retaken" in caplog.text
+        assert all(p.numel() == 0 for p in engine.batcher.model.parameters())
+        await engine.load_weights(weights, version=1)  # the sync gives them back
+        [after] = await engine.generate(PROMPT, GREEDY)
+        assert after.completion_ids == before.completion_ids
+        assert after.logprobs == before.logprobs
+    finally:
+        await engine.close()
+
+
+async def test_a_run_freeing_the_engines_copy_repeats_a_run_keeping_it(
+    tiny_model_path, toy_tasks, tmp_path
+):
+    runs = {}
+    for free in (True, False):
+        run_dir = tmp_path / f"free-{free}"
+        config = toy_config(
+            tiny_model_path,
+            toy_tasks,
+            run_dir,
+            "run.steps=3",
+            "run.deterministic=true",
+            "engine.dtype=bfloat16",  # its own copy beside the trainer's fp32 weights
+            f"engine.free_weights_while_training={str(free).lower()}",
+        )
+        await train(config, run_dir)
+        runs[free] = repeated_metrics(run_dir)
+    assert len(runs[True]) == 3 and runs[True] == runs[False]  # same episodes, losses, rewards
+    rows = [json.loads(line) for line in (tmp_path / "free-True" / "metrics.jsonl").open()]
+    for row in rows:  # where each phase of the step peaked
+        for phase in ("explore", "train", "sync"):
+            assert 0 < row[f"memory/{phase}_peak_gib"] < 64
+        assert row["memory/rss_gib"] <= row["memory/train_peak_gib"] + 0.5

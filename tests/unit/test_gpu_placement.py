@@ -155,7 +155,8 @@ def test_a_sync_run_frees_the_embedded_engines_caches_before_the_step() -> None:
             self.calls: list[str] = []
 
         @contextlib.asynccontextmanager
-        async def idle_for_training(self) -> AsyncIterator[None]:
+        async def idle_for_training(self, refill: object = None) -> AsyncIterator[None]:
+            assert refill is weights  # what it retakes a freed copy of its weights from
             self.calls.append("release")  # caches freed (held too, when weights are shared)
             yield
             self.calls.append("resume")
@@ -165,9 +166,12 @@ def test_a_sync_run_frees_the_embedded_engines_caches_before_the_step() -> None:
         run = RunConfig.model_validate(
             {"workflow": "app.py:run", "tasks": {"train": "t.jsonl"}, "run": {"mode": mode}}
         )
-        async with room_for_training(engine, run):
+        async with room_for_training(engine, run, weights):
             engine.calls.append("train")
         return engine.calls
+
+    def weights() -> dict[str, Any]:
+        return {}
 
     assert asyncio.run(step("sync")) == ["release", "train", "resume"]
     assert asyncio.run(step("one_step_off")) == ["train"]  # it explores during the step
