@@ -240,5 +240,8 @@ async def room_for_training(
         async with idle(refill):  # caches freed; held while the step writes weights it shares
             release_freed_memory()
             yield
+            # the step's freed activations go back before the engine retakes a freed weight copy
+            # (else the allocator's cache of them and the new copy add up to a higher peak)
+            release_freed_memory()
         return
     yield

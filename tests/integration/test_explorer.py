@@ -72,20 +72,26 @@ async def inplace_app(task, _model_unused):
     return 0.5
 
 
-async def test_in_place_app_is_captured_without_mixing(tiny_gateway):
-    explorer = Explorer(
-        agentscope_rft.workflow(inplace_app), tiny_gateway, EpisodeSettings(max_concurrency=16)
-    )
-    tasks = load_tasks([{"id": f"t{i}", "word": f"w{i:02d}x"} for i in range(16)])
+async def explore_word_tasks(app, gateway, n: int):
+    """Explore `n` tasks, each with its own secret word, once each, `n` at a time; every
+    episode must succeed and make 2 calls, each of which names its task's word."""
+    explorer = Explorer(agentscope_rft.workflow(app), gateway, EpisodeSettings(max_concurrency=n))
+    tasks = load_tasks([{"id": f"t{i}", "word": f"w{i:02d}x"} for i in range(n)])
     result = await explorer.explore(tasks, group_size=1, batch_id="b")
     await explorer.close()
     assert all(r.ok for r in result.rollouts), [r.error for r in result.rollouts]
     for rollout in result.rollouts:
-        word = rollout.task["word"]
         assert len(rollout.calls) == 2
+        assert all(rollout.task["word"] in str(call.messages) for call in rollout.calls)
+    return result
+
+
+async def test_in_place_app_is_captured_without_mixing(tiny_gateway):
+    result = await explore_word_tasks(inplace_app, tiny_gateway, 16)
+    for rollout in result.rollouts:
+        word = rollout.task["word"]
         for call in rollout.calls:
             text = str(call.messages)
-            assert word in text
             assert all(f"w{i:02d}x" not in text for i in range(16) if f"w{i:02d}x" != word)
             assert call.agent_name == "assistant"
             assert call.model == "gpt-4o-mini"
@@ -111,16 +117,7 @@ async def raw_openai_app(task, _model_unused):
 
 
 async def test_an_app_calling_openai_by_hand_is_captured(tiny_gateway):
-    explorer = Explorer(
-        agentscope_rft.workflow(raw_openai_app), tiny_gateway, EpisodeSettings(max_concurrency=8)
-    )
-    tasks = load_tasks([{"id": f"t{i}", "word": f"w{i:02d}x"} for i in range(8)])
-    result = await explorer.explore(tasks, group_size=1, batch_id="b")
-    await explorer.close()
-    assert all(r.ok for r in result.rollouts), [r.error for r in result.rollouts]
-    for rollout in result.rollouts:
-        assert len(rollout.calls) == 2
-        assert all(rollout.task["word"] in str(call.messages) for call in rollout.calls)
+    result = await explore_word_tasks(raw_openai_app, tiny_gateway, 8)
     assert len(result.samples) == 16  # the second prompt does not extend the first: 2 samples
 
 
