@@ -99,11 +99,20 @@ def deterministic_config(config: RunConfig) -> RunConfig:
                 "(with requests computed alone, concurrent episodes only queue for the engine, and "
                 "queueing runs into explorer.episode_timeout, whose timeouts do not repeat)"
             )
+    trainer = config.trainer
+    if getattr(trainer, "memory_budget_gib", None) and getattr(
+        trainer, "memory_budget_measured", False
+    ):
+        trainer = trainer.model_copy(update={"memory_budget_measured": False})
+        logger.info(
+            "run.deterministic: trainer.memory_budget_measured off (measured memory varies, and "
+            "with it the micro-batch sizes)"
+        )
     # cuBLAS needs a fixed workspace for deterministic matmuls; set before CUDA initializes.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
     _warn_what_varies(config)
-    return config.model_copy(update={"engine": engine, "explorer": explorer})
+    return config.model_copy(update={"engine": engine, "explorer": explorer, "trainer": trainer})
 
 
 def _warn_what_varies(config: RunConfig) -> None:

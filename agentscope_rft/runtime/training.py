@@ -41,6 +41,7 @@ from agentscope_rft.health.watcher import (
     strongest,
 )
 from agentscope_rft.monitor import Monitor
+from agentscope_rft.rss import PhasePeaks, phase_metric
 from agentscope_rft.runtime.best import BestCheckpoint
 from agentscope_rft.runtime.components import (
     RUN_STATE_FILE,
@@ -60,7 +61,6 @@ from agentscope_rft.runtime.gpus import room_for_training
 from agentscope_rft.runtime.memory import release_freed_memory, share_trainer_weights
 from agentscope_rft.runtime.offline import offline_batches
 from agentscope_rft.runtime.preflight import Checked
-from agentscope_rft.runtime.rss import PhasePeaks, phase_metric
 from agentscope_rft.runtime.sample_log import SampleLog
 from agentscope_rft.runtime.signals import RunStop, RunStopped, Stopping
 from agentscope_rft.trainers.base import Trainer

@@ -95,6 +95,13 @@ class TorchTrainerConfig(TrainerSettings):
     otherwise it first recomputes the log-probs in backward instead of keeping them, then turns
     on gradient checkpointing, for that step only (all logged). A budget below the fixed part is
     an error naming it. null: no budget (`micro_batch_tokens` as given)."""
+    memory_budget_measured: bool = True
+    """With `memory_budget_gib`: measure each step (resident memory on CPU, allocated on CUDA; from
+    the second step of the process on, the first loads weights and AdamW state) and hold back from
+    the budget the most a step exceeded its plan by (the allocator's cached blocks, autocast's
+    weight casts, temporaries the estimate leaves out; metrics `train/memory_step_gib`,
+    `train/memory_overshoot_gib`). Off: plans follow the estimate only (`run.deterministic`
+    turns it off: measured memory varies from run to run, and micro-batch sizes change sums)."""
 
 
 class VerlRayConfig(Section):

@@ -8,14 +8,23 @@ activations fit what the fixed part leaves, and turns gradient checkpointing on 
 when a single row would not fit otherwise. The per-token figure is derived from the model's
 shapes (what a Llama/Qwen-style layer saves for backward) and checked against measured peaks in
 `benchmarks/memory.py`.
+
+The estimate leaves out what depends on the machine: the allocator's cached free blocks, the
+bf16 casts autocast keeps of every weight for backward, temporaries. So each step is measured
+(`BudgetWatch`: resident memory sampled on CPU, torch's allocated peak on CUDA) and the amount by
+which a step exceeded its plan is held back from the budget in every later plan
+(`plan_step(overshoot_bytes=...)`): the budget is kept as measured, not only as estimated.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import torch
+
+from agentscope_rft.rss import PhasePeaks
 from agentscope_rft.trainers.logprobs import CHUNK_BYTES, KEEP_BYTES
 
 if TYPE_CHECKING:
@@ -62,6 +71,11 @@ class ModelFootprint:
         """fp32 weights (+ a reference copy), gradients and AdamW moments of trained weights."""
         weights = 4 * self.parameters * (2 if self.reference else 1)
         return weights + 4 * self.trainable + self.optimizer_bytes * self.trainable
+
+    def step_bytes(self) -> int:
+        """What every step adds above the weights and optimizer state resident before it: the
+        gradients (freed after it) and the output projection's workspace."""
+        return 4 * self.trainable + self.workspace_bytes()
 
     def workspace_bytes(self) -> int:
         """The output projection's pass, whatever its size: its weight cast to the compute dtype
@@ -127,6 +141,10 @@ class StepPlan:
     with their gradients) and again with one after them, for its backward: its activations are
     not alive during the passes, so a tight budget fits more rows per pass, for one more forward
     over the prefix per update."""
+    planned_bytes: float = field(default=0.0, compare=False)
+    """What the plan expects a step to add above the weights and optimizer state resident before
+    it: gradients, the output projection's workspace and the largest pass (with what the shared
+    prefix keeps alive); 0 for a plan not made under a budget."""
 
 
 def plan_step(
@@ -136,12 +154,14 @@ def plan_step(
     longest_row: int,
     reserved_tokens: int = 0,
     extra_bytes_per_token: float = 0.0,
+    overshoot_bytes: float = 0.0,
 ) -> StepPlan:
     """The micro-batch size (padded tokens, at most `configured_tokens`) and checkpointing choice
     that keep a step within `budget_gib`, given the step's longest row (tokens per pass) and
     `reserved_tokens` whose activations stay alive across the passes (a shared prefix, unless
     the plan recomputes it after them: `StepPlan.recompute_prefix`), plus
-    `extra_bytes_per_token` (the prefix's keys and values each row holds, spread over its tokens).
+    `extra_bytes_per_token` (the prefix's keys and values each row holds, spread over its tokens),
+    and `overshoot_bytes` held back (what earlier steps measured above their plans).
 
     Raises:
         MemoryBudgetError: the fixed part alone exceeds the budget, or one row does not fit even
@@ -154,13 +174,18 @@ def plan_step(
         (960, False, True, False)
     """
     fixed = footprint.fixed_bytes() + footprint.workspace_bytes()
-    left = budget_gib * GIB - fixed
+    left = budget_gib * GIB - fixed - overshoot_bytes
     if left <= 0:
+        measured = (
+            f" and {overshoot_bytes / GIB:.2f} GiB that earlier steps measured above their plans"
+            if overshoot_bytes
+            else ""
+        )
         raise MemoryBudgetError(
             f"trainer.memory_budget_gib={budget_gib:g} is below the trainer's fixed footprint "
             f"({fixed / GIB:.2f} GiB: fp32 weights, gradients and AdamW moments of "
             f"{footprint.trainable / 1e6:.0f}M trained parameters, plus the output projection's "
-            "workspace); raise the budget, keep AdamW's moments in bf16 "
+            f"workspace{measured}); raise the budget, keep AdamW's moments in bf16 "
             "(trainer.optimizer_state_dtype: bfloat16), or train LoRA adapters (trainer.lora)"
         )
     # Fastest first: no checkpointing with small passes keeping their log-probs, then without
@@ -181,7 +206,11 @@ def plan_step(
         if tokens >= longest_row:  # (rounded down to 64 tokens where the longest row still fits)
             rounded = tokens - tokens % 64
             size = min(configured_tokens, max(rounded, longest_row))
-            return StepPlan(size, checkpointing, keep, recompute)
+            alive = leaves if recompute else reserved_tokens * activations
+            kept = keep and size <= footprint.kept_logprob_tokens()
+            pass_bytes = size * per_token + (4 * footprint.vocab * size if kept else 0)
+            planned = footprint.step_bytes() + alive + pass_bytes
+            return StepPlan(size, checkpointing, keep, recompute, planned)
     need = fixed + (longest_row + reserved_tokens) * footprint.activation_bytes_per_token(True)
     raise MemoryBudgetError(
         f"a {longest_row}-token sample needs ~{need / GIB:.2f} GiB even with gradient "
@@ -226,3 +255,77 @@ def footprint_of(
         compute_bytes=compute_bytes,
         optimizer_bytes=optimizer_bytes,
     )
+
+
+@dataclass(slots=True)
+class BudgetWatch:
+    """What the trainer's steps measured against their plans: `overshoot_bytes` is the most any
+    measured step exceeded its plan by (0 until one did), held back from the budget in every later
+    plan. A step's measurement is the peak it added above what was resident when it began.
+
+    Example:
+        >>> watch = BudgetWatch()
+        >>> watch.observe(planned=1.0 * GIB, measured=1.3 * GIB)
+        True
+        >>> round(watch.overshoot_bytes / GIB, 2), watch.observe(GIB, 1.1 * GIB)
+        (0.3, False)
+    """
+
+    overshoot_bytes: float = 0.0
+    steps: int = 0
+
+    def observe(self, planned: float, measured: float) -> bool:
+        """Record one step; returns whether the overshoot grew (later plans change)."""
+        self.steps += 1
+        over = measured - planned
+        if over <= self.overshoot_bytes:
+            return False
+        self.overshoot_bytes = over
+        return True
+
+
+class StepMeter:
+    """What one trainer step adds to memory above what was resident when it began: on CUDA
+    torch's peak of allocated memory; on CPU the process's resident memory, sampled every 10 ms by
+    a thread (so an allocator's cached free blocks count, as they do for the machine). None where
+    neither can be read.
+
+    Example:
+        >>> meter = StepMeter(torch.device("cpu"))
+        >>> meter.start()
+        >>> block = bytearray(32 * 2**20)
+        >>> added = meter.stop()
+        >>> added is None or added >= 0
+        True
+        >>> meter.close()
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self._peaks = None if self.cuda else PhasePeaks(interval=0.01).start()
+        self._base: float | None = None
+
+    def start(self) -> None:
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._base = float(torch.cuda.memory_allocated(self.device))
+        elif self._peaks is not None and self._peaks.available:
+            self._peaks.take()  # a new phase: its peak counts from now
+            now = self._peaks.now()
+            self._base = None if now is None else now * GIB
+
+    def stop(self) -> float | None:
+        """Bytes the step added at its peak above its start (None: not measurable here)."""
+        base, self._base = self._base, None
+        if base is None:
+            return None
+        if self.cuda:
+            return float(torch.cuda.max_memory_allocated(self.device)) - base
+        assert self._peaks is not None
+        peak = self._peaks.take()
+        return None if peak is None else max(0.0, peak * GIB - base)
+
+    def close(self) -> None:
+        if self._peaks is not None:
+            self._peaks.stop()

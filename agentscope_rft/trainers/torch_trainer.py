@@ -59,7 +59,10 @@ from agentscope_rft.trainers.common import (
 )
 from agentscope_rft.trainers.logprobs import KEEP_BYTES, token_logprobs_entropy
 from agentscope_rft.trainers.memory_budget import (
+    GIB,
+    BudgetWatch,
     ModelFootprint,
+    StepMeter,
     StepPlan,
     footprint_of,
     plan_step,
@@ -242,6 +245,10 @@ class TorchTrainer:
                 optimizer_bytes_per_parameter(config.optimizer_state_dtype),
             )
         self.plan = StepPlan(config.micro_batch_tokens, config.gradient_checkpointing)
+        self.budget_watch = BudgetWatch()  # what steps measured above their plans
+        measured = self.footprint is not None and config.memory_budget_measured
+        self._meter = StepMeter(self.device) if measured else None
+        self._measured_steps = 0
         logger.info(
             "torch trainer: %s on %s, compute %s, %.1fM trainable parameters%s",
             Path(model_path).name,
@@ -465,6 +472,8 @@ class TorchTrainer:
             return {**metrics, "time/train": time.perf_counter() - started}
         batch = build_batch(samples, self.pad_id, self.config.max_seq_len)
         self._keep_budget(batch, step)
+        if self._meter is not None:
+            self._meter.start()
         algo = self.algorithm
         ref = self._no_grad_pass(batch, reference=True)[0] if algo.needs_reference() else None
         old_values = None
@@ -490,7 +499,29 @@ class TorchTrainer:
         recomputed = self.config.old_logprobs == "recompute"
         metrics.update(batch_metrics(batch, old, ref, recomputed, gap))
         metrics["lr"] = float(self.scheduler.get_last_lr()[0])
+        self._measure_budget(step, metrics)
         return metrics
+
+    def _measure_budget(self, step: int, metrics: dict[str, float]) -> None:
+        """Compare what the step added to memory with its plan; a step over it makes every later
+        plan hold the difference back (`trainer.memory_budget_measured`)."""
+        added = self._meter.stop() if self._meter is not None else None
+        if added is None:
+            return
+        metrics["train/memory_step_gib"] = added / GIB
+        self._measured_steps += 1
+        if self._measured_steps == 1:  # (it faults in the weights and allocates AdamW's state)
+            return
+        if self.budget_watch.observe(self.plan.planned_bytes, added):
+            logger.info(
+                "step %d: the trainer's step added %.2f GiB at its peak, %.2f GiB more than "
+                "planned; later steps hold that back from trainer.memory_budget_gib=%g",
+                step,
+                added / GIB,
+                self.budget_watch.overshoot_bytes / GIB,
+                self.config.memory_budget_gib,
+            )
+        metrics["train/memory_overshoot_gib"] = self.budget_watch.overshoot_bytes / GIB
 
     def _keep_budget(self, batch: TrainBatch, step: int) -> None:
         """Pick this step's micro-batch size and checkpointing under `memory_budget_gib`."""
@@ -501,11 +532,17 @@ class TorchTrainer:
         shared = shared_prefix_length(batch) if self.share_prefix else 0
         suffix = float((batch.lengths - shared).float().mean())
         per_row = self.footprint.prefix_kv_bytes(shared) / max(suffix, 1.0)
-        plan = plan_step(self.footprint, budget, configured, longest - shared, shared, per_row)
+        over = self.budget_watch.overshoot_bytes
+        plan = plan_step(
+            self.footprint, budget, configured, longest - shared, shared, per_row, over
+        )
         if plan.checkpointing and not self.config.gradient_checkpointing and shared:
-            plan = plan_step(self.footprint, budget, configured, longest)  # no prefix pass then
+            # no prefix pass then
+            plan = plan_step(self.footprint, budget, configured, longest, overshoot_bytes=over)
         if self.config.gradient_checkpointing:
-            plan = StepPlan(plan.micro_batch_tokens, True, plan.keep_logprobs)
+            plan = StepPlan(
+                plan.micro_batch_tokens, True, plan.keep_logprobs, planned_bytes=plan.planned_bytes
+            )
         elif plan.checkpointing != self.plan.checkpointing:
             base = self._base()
             if plan.checkpointing:
@@ -647,7 +684,8 @@ class TorchTrainer:
         load_trainer_state(self, directory)
 
     def close(self) -> None:
-        return None
+        if self._meter is not None:
+            self._meter.close()
 
 
 def weights_changed(before: Mapping[str, Tensor], after: Mapping[str, Tensor]) -> bool:

@@ -76,6 +76,13 @@ def test_timed_settings_are_fixed_and_said(caplog):
     assert deterministic_config(vllm).explorer.max_concurrency == 32  # not claimed there
     plain = RunConfig.model_validate(BASE)
     assert deterministic_config(plain) is plain
+    # A memory budget plans from the estimate only: measured memory varies from run to run.
+    budget = RunConfig.model_validate(
+        {**BASE, "run": {"deterministic": True}, "trainer": {"memory_budget_gib": 3}}
+    )
+    with caplog.at_level(logging.INFO):
+        assert not deterministic_config(budget).trainer.memory_budget_measured  # type: ignore[union-attr]
+    assert "memory_budget_measured off" in caplog.text
 
 
 def test_async_modes_warn_that_they_do_not_repeat(caplog):
@@ -92,6 +99,7 @@ def test_wall_times_and_engine_batching_are_the_only_metrics_left_out():
         "tokens_per_s",
         "engine/decode_steps",
         "engine/prefill_tokens",
+        "memory/train_peak_gib",
     ):
         assert not repeats(name)
     for name in ("loss", "reward/mean", "grad_norm", "engine/policy_version", "timeouts"):

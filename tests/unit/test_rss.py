@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from agentscope_rft.runtime.rss import GIB, PhasePeaks, phase_metric, rss_reader
+from agentscope_rft.rss import GIB, PhasePeaks, phase_metric, rss_reader
 
 
 def test_each_take_is_the_peak_since_the_one_before() -> None:

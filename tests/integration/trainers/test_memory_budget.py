@@ -125,6 +125,90 @@ def test_plan_refuses_a_budget_below_the_fixed_part_and_names_the_key() -> None:
         plan_step(SMOLLM2, _budget_for(SMOLLM2, 100), 2048, longest_row=10**6)
 
 
+def test_an_overshoot_measured_is_held_back_from_later_plans() -> None:
+    budget = _budget_for(SMOLLM2, 1024)
+    plan = plan_step(SMOLLM2, budget, configured_tokens=1024, longest_row=300)
+    assert plan.micro_batch_tokens == 1024
+    # What it expects a step to add: gradients, the workspace and its largest pass; with the
+    # weights and AdamW state resident before the step, that is the budget.
+    resident = SMOLLM2.fixed_bytes() - 4 * SMOLLM2.trainable
+    assert plan.planned_bytes == pytest.approx(
+        SMOLLM2.step_bytes() + SMOLLM2.pass_bytes(1024, False)
+    )
+    assert resident + plan.planned_bytes <= budget * GIB
+    over = 0.5 * SMOLLM2.pass_bytes(1024, False)
+    held = plan_step(SMOLLM2, budget, 1024, 300, overshoot_bytes=over)
+    assert 300 <= held.micro_batch_tokens <= 576
+    assert resident + held.planned_bytes + over <= budget * GIB
+    with pytest.raises(MemoryBudgetError, match="measured above their plans"):
+        plan_step(SMOLLM2, budget, 1024, 300, overshoot_bytes=budget * GIB)
+
+
+class _Meter:
+    """A step meter that reports what it is told (a machine whose steps take more)."""
+
+    def __init__(self) -> None:
+        self.extra = 0.0
+        self.trainer: TorchTrainer | None = None
+
+    def start(self) -> None:
+        return None
+
+    def stop(self) -> float:
+        assert self.trainer is not None
+        return self.trainer.plan.planned_bytes + self.extra
+
+    def close(self) -> None:
+        return None
+
+
+def test_a_step_measured_above_its_plan_shrinks_the_later_ones(tiny_model_path, caplog) -> None:
+    probe = _run(tiny_model_path, memory_budget_gib=64.0)[0]
+    footprint = probe.footprint
+    assert footprint is not None
+    samples = prefixed_samples(int(probe._base().config.vocab_size))
+    batch = build_batch(samples, 0)
+    padded = len(batch.samples) * int(batch.lengths.max())
+    budget = _budget_for(footprint, padded + 64)  # one pass over the whole batch fits
+    config = TorchTrainerConfig.model_validate(
+        {
+            "lr": 1e-3,
+            "dtype": "float32",
+            "share_prefix": False,
+            "micro_batch_tokens": 4096,
+            "memory_budget_gib": budget,
+        }
+    )
+    trainer = TorchTrainer(tiny_model_path, config, AlgorithmConfig(), total_steps=4, seed=0)
+    meter = _Meter()
+    meter.trainer = trainer
+    trainer._meter = meter  # type: ignore[assignment]
+    meter.extra = 10 * GIB  # the first step loads weights and AdamW state: not held against it
+    first = trainer.step(samples, 0)
+    assert trainer.plan.micro_batch_tokens >= padded
+    assert "train/memory_overshoot_gib" not in first
+    meter.extra = footprint.pass_bytes(padded // 2, False)  # then a step takes more than planned
+    with caplog.at_level("INFO", logger="agentscope_rft.trainers.torch_trainer"):
+        second = trainer.step(samples, 1)
+    assert second["train/memory_overshoot_gib"] == pytest.approx(meter.extra / GIB)
+    assert "more than planned" in caplog.text
+    meter.extra = 0.0
+    third = trainer.step(samples, 2)
+    plan = trainer.plan
+    assert plan.micro_batch_tokens <= padded // 2 + 64  # the difference held back
+    assert len(micro_batches(batch, plan.micro_batch_tokens)) >= 2
+    assert third["train/memory_overshoot_gib"] == second["train/memory_overshoot_gib"]
+    assert third["train/memory_step_gib"] == pytest.approx(plan.planned_bytes / GIB)
+
+
+def test_a_cpu_step_is_measured_from_resident_memory(tiny_model_path) -> None:
+    trainer, metrics = _run(tiny_model_path, memory_budget_gib=64.0)
+    assert metrics["train/memory_step_gib"] >= 0  # the process's resident memory, sampled
+    trainer.close()
+    off = _run(tiny_model_path, memory_budget_gib=64.0, memory_budget_measured=False)[1]
+    assert "train/memory_step_gib" not in off
+
+
 def _run(tiny_model_path: str, **trainer_args: object) -> tuple[TorchTrainer, dict[str, float]]:
     config = TorchTrainerConfig.model_validate(
         {"lr": 1e-3, "dtype": "float32", "share_prefix": False, **trainer_args}
