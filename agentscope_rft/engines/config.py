@@ -54,9 +54,9 @@ class EmbeddedEngineConfig(Section):
     each sync. The engine is held (requests wait) while the trainer steps. Logged when it cannot
     apply and why; off: the engine keeps its own copy."""
     free_weights_while_training: bool = True
-    """In a synchronous run where the engine keeps its own copy of the weights (its dtype differs
-    from the trainer's, e.g. bf16 beside the trainer's fp32 master weights, or they are not
-    shared), that copy and the copies derived from it (oneDNN-packed, fused) are freed while the
+    """In a synchronous run with the torch trainer (no LoRA) where the engine keeps its own copy
+    of the weights (its dtype differs from the trainer's, e.g. bf16 beside the trainer's fp32
+    master weights, or they are not shared), that copy and the copies derived from it (oneDNN-packed, fused) are freed while the
     trainer steps and taken from the trainer's new weights after it, like vLLM's sleep mode at
     level 2: the engine is idle then, and the sync after the step overwrites them anyway. For
     SmolLM2-135M in bf16: 0.5 GB less at the trainer's peak for ~0.1 s a step. Off: the copy

@@ -30,6 +30,7 @@ import importlib.util
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -326,6 +327,19 @@ def weight_sharing_refusal(config: Any, engine: object, trainer: object) -> str 
     if engine.batcher.model.device != weight.device:
         return f"engine device {engine.batcher.model.device} differs from the trainer's"
     return None
+
+
+def live_trainer_weights(config: Any, trainer: object) -> Callable[[], Any] | None:
+    """Where the trainer's weights can be read without a copy (the torch trainer without LoRA:
+    its parameters themselves), the function that reads them: an embedded engine with its own
+    copy frees it while the trainer steps and takes it from them after (the sync that follows
+    then copies nothing). None for a trainer whose weights are merged or gathered copies (LoRA,
+    verl): reading them twice a step would cost a copy each time."""
+    from agentscope_rft.trainers.torch_trainer import TorchTrainer
+
+    if not isinstance(trainer, TorchTrainer) or config.trainer.lora is not None:
+        return None
+    return trainer.state_dict_for_sync
 
 
 async def share_trainer_weights(config: Any, engine: object, trainer: object) -> int:

@@ -58,7 +58,11 @@ from agentscope_rft.runtime.components import (
 )
 from agentscope_rft.runtime.deterministic import ordered
 from agentscope_rft.runtime.gpus import room_for_training
-from agentscope_rft.runtime.memory import release_freed_memory, share_trainer_weights
+from agentscope_rft.runtime.memory import (
+    live_trainer_weights,
+    release_freed_memory,
+    share_trainer_weights,
+)
 from agentscope_rft.runtime.offline import offline_batches
 from agentscope_rft.runtime.preflight import Checked
 from agentscope_rft.runtime.sample_log import SampleLog
@@ -464,7 +468,7 @@ class TrainingRun:
         """`trainer.step`; a non-finite gradient is a health event when the rule watches it."""
         try:
             # caches (and an engine's own weight copy) freed / vLLM asleep
-            weights = self.trainer.state_dict_for_sync
+            weights = live_trainer_weights(self.config, self.trainer)
             async with room_for_training(self.engine, self.config, weights):
                 return await in_own_thread(self.trainer.step, samples, step)
         except FloatingPointError as exc:
@@ -573,7 +577,8 @@ class TrainingRun:
         folder = checkpoint_dir(self.run_dir, target)
         saved = json.loads((folder / RUN_STATE_FILE).read_text())
         # (the engine may share these weights, or free its own copy meanwhile)
-        async with room_for_training(self.engine, self.config, self.trainer.state_dict_for_sync):
+        weights = live_trainer_weights(self.config, self.trainer)
+        async with room_for_training(self.engine, self.config, weights):
             await in_own_thread(self.trainer.load, folder)
         self.rollback = self.rollback.after(settings)
         await self._apply_rollback_changes()

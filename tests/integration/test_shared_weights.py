@@ -243,3 +243,19 @@ async def test_a_run_freeing_the_engines_copy_repeats_a_run_keeping_it(
         for phase in ("explore", "train", "sync"):
             assert 0 < row[f"memory/{phase}_peak_gib"] < 64
         assert row["memory/rss_gib"] <= row["memory/train_peak_gib"] + 0.5
+
+
+def test_only_weights_read_without_a_copy_are_retaken_after_the_step(tiny_model_path, tmp_path):
+    from agentscope_rft.algorithms import AlgorithmConfig
+    from agentscope_rft.runtime.memory import live_trainer_weights
+    from agentscope_rft.trainers.torch_trainer import TorchTrainer
+
+    config = toy_config(tiny_model_path, tmp_path / "t", tmp_path / "run")
+    trainer = TorchTrainer(tiny_model_path, config.trainer, AlgorithmConfig(), total_steps=1)
+    read = live_trainer_weights(config, trainer)
+    assert read is not None
+    params = dict(trainer.model.named_parameters())
+    assert all(t.data_ptr() == params[n].data_ptr() for n, t in read().items() if n in params)
+    lora = toy_config(tiny_model_path, tmp_path / "t", tmp_path / "run", "trainer.lora.rank=4")
+    assert live_trainer_weights(lora, trainer) is None  # merged copies: the engine keeps its own
+    assert live_trainer_weights(config, object()) is None  # (verl: gathered copies)
