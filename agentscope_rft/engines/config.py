@@ -56,11 +56,11 @@ class EmbeddedEngineConfig(Section):
     free_weights_while_training: bool = True
     """In a synchronous run with the torch trainer (no LoRA) where the engine keeps its own copy
     of the weights (its dtype differs from the trainer's, e.g. bf16 beside the trainer's fp32
-    master weights, or they are not shared), that copy and the copies derived from it (oneDNN-packed, fused) are freed while the
-    trainer steps and taken from the trainer's new weights after it, like vLLM's sleep mode at
-    level 2: the engine is idle then, and the sync after the step overwrites them anyway. For
-    SmolLM2-135M in bf16: 0.5 GB less at the trainer's peak for ~0.1 s a step. Off: the copy
-    stays resident."""
+    master weights, or they are not shared), that copy and the copies derived from it
+    (oneDNN-packed, fused) are freed while the trainer steps and taken from the trainer's new
+    weights after it, like vLLM's sleep mode at level 2: the engine is idle then, and the sync
+    after the step overwrites them anyway. SmolLM2-135M in bf16: ~0.5 GiB less at the trainer's
+    peak (docs/benchmarks.md). Off: the copy stays resident."""
     num_threads: int | None = Field(default=None, ge=1)
     """CPU threads the engine computes with (its own thread only; the trainer keeps its own).
     Default: per forward size, all cores but one or all cores, whichever measures faster here,

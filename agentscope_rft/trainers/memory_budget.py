@@ -149,10 +149,26 @@ class StepPlan:
     with their gradients) and again with one after them, for its backward: its activations are
     not alive during the passes, so a tight budget fits more rows per pass, for one more forward
     over the prefix per update."""
-    planned_bytes: float = field(default=0.0, compare=False)
-    """What the plan expects a step to add above the weights and optimizer state resident before
-    it: gradients, the output projection's workspace and the largest pass (with what the shared
-    prefix keeps alive); 0 for a plan not made under a budget."""
+    base_bytes: float = field(default=0.0, compare=False)
+    """What the plan expects every step to add above the weights and optimizer state resident
+    before it, whatever its passes: gradients, the workspace and what the shared prefix keeps
+    alive across the passes (0 for a plan not made under a budget)."""
+    bytes_per_token: float = field(default=0.0, compare=False)
+    """What it expects a pass to add per token (its activations, and the prefix's keys and values
+    each row holds)."""
+    kept_bytes_per_token: float = field(default=0.0, compare=False)
+    """Log-prob bytes per token a pass of at most `kept_up_to` tokens keeps for backward."""
+    kept_up_to: int = field(default=0, compare=False)
+
+    def expected_bytes(self, tokens: int) -> float:
+        """What a step whose largest pass has `tokens` tokens should add at its peak."""
+        kept = self.kept_bytes_per_token * tokens if tokens <= self.kept_up_to else 0.0
+        return self.base_bytes + tokens * self.bytes_per_token + kept
+
+    @property
+    def planned_bytes(self) -> float:
+        """`expected_bytes` of a pass as large as the plan allows."""
+        return self.expected_bytes(self.micro_batch_tokens)
 
 
 def plan_step(
@@ -215,10 +231,16 @@ def plan_step(
             rounded = tokens - tokens % 64
             size = min(configured_tokens, max(rounded, longest_row))
             alive = leaves if recompute else reserved_tokens * activations
-            kept = keep and size <= footprint.kept_logprob_tokens()
-            pass_bytes = size * per_token + (4 * footprint.vocab * size if kept else 0)
-            planned = footprint.step_bytes() + alive + pass_bytes
-            return StepPlan(size, checkpointing, keep, recompute, planned)
+            return StepPlan(
+                size,
+                checkpointing,
+                keep,
+                recompute,
+                base_bytes=footprint.step_bytes() + alive,
+                bytes_per_token=per_token,
+                kept_bytes_per_token=4 * footprint.vocab if keep else 0,
+                kept_up_to=footprint.kept_logprob_tokens(),
+            )
     need = fixed + (longest_row + reserved_tokens) * footprint.activation_bytes_per_token(True)
     raise MemoryBudgetError(
         f"a {longest_row}-token sample needs ~{need / GIB:.2f} GiB even with gradient "

@@ -10,6 +10,7 @@ each sample's sampling temperature, in fp32 from (optionally bf16-autocast) hidd
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import time
 from collections import defaultdict
@@ -61,6 +62,7 @@ from agentscope_rft.trainers.logprobs import KEEP_BYTES, token_logprobs_entropy
 from agentscope_rft.trainers.memory_budget import (
     GIB,
     BudgetWatch,
+    MemoryBudgetError,
     ModelFootprint,
     StepMeter,
     StepPlan,
@@ -249,6 +251,8 @@ class TorchTrainer:
         measured = self.footprint is not None and config.memory_budget_measured
         self._meter = StepMeter(self.device) if measured else None
         self._measured_steps = 0
+        self._largest_pass = 0
+        self._estimate_only = False  # (said once as a warning)
         logger.info(
             "torch trainer: %s on %s, compute %s, %.1fM trainable parameters%s",
             Path(model_path).name,
@@ -474,6 +478,7 @@ class TorchTrainer:
         self._keep_budget(batch, step)
         if self._meter is not None:
             self._meter.start()
+            self._largest_pass = 0  # tokens of the step's largest gradient pass (`_update`)
         algo = self.algorithm
         ref = self._no_grad_pass(batch, reference=True)[0] if algo.needs_reference() else None
         old_values = None
@@ -512,7 +517,8 @@ class TorchTrainer:
         self._measured_steps += 1
         if self._measured_steps == 1:  # (it faults in the weights and allocates AdamW's state)
             return
-        if self.budget_watch.observe(self.plan.planned_bytes, added):
+        planned = self.plan.expected_bytes(self._largest_pass)
+        if self.budget_watch.observe(planned, added):
             logger.info(
                 "step %d: the trainer's step added %.2f GiB at its peak, %.2f GiB more than "
                 "planned; later steps hold that back from trainer.memory_budget_gib=%g",
@@ -532,17 +538,28 @@ class TorchTrainer:
         shared = shared_prefix_length(batch) if self.share_prefix else 0
         suffix = float((batch.lengths - shared).float().mean())
         per_row = self.footprint.prefix_kv_bytes(shared) / max(suffix, 1.0)
-        over = self.budget_watch.overshoot_bytes
-        plan = plan_step(
-            self.footprint, budget, configured, longest - shared, shared, per_row, over
-        )
-        if plan.checkpointing and not self.config.gradient_checkpointing and shared:
-            # no prefix pass then
-            plan = plan_step(self.footprint, budget, configured, longest, overshoot_bytes=over)
+        footprint = self.footprint
+
+        def planned(over: float) -> StepPlan:
+            plan = plan_step(footprint, budget, configured, longest - shared, shared, per_row, over)
+            if plan.checkpointing and not self.config.gradient_checkpointing and shared:
+                # no prefix pass then
+                plan = plan_step(footprint, budget, configured, longest, overshoot_bytes=over)
+            return plan
+
+        try:
+            plan = planned(self.budget_watch.overshoot_bytes)
+        except MemoryBudgetError as exc:
+            if not self.budget_watch.overshoot_bytes:
+                raise
+            # What was measured cannot be held back (memory the process holds beside the
+            # trainer, e.g. an engine exploring meanwhile): plan from the estimate alone.
+            log = logger.info if self._estimate_only else logger.warning
+            log("step %d: %s; this step plans from the estimate alone", step, exc)
+            self._estimate_only = True
+            plan = planned(0.0)
         if self.config.gradient_checkpointing:
-            plan = StepPlan(
-                plan.micro_batch_tokens, True, plan.keep_logprobs, planned_bytes=plan.planned_bytes
-            )
+            plan = dataclasses.replace(plan, checkpointing=True, recompute_prefix=False)
         elif plan.checkpointing != self.plan.checkpointing:
             base = self._base()
             if plan.checkpointing:
@@ -591,6 +608,9 @@ class TorchTrainer:
         families = self._grouping()
         for local in micro_batches(part, self.plan.micro_batch_tokens, skip, families=families):
             mb = part.select(local)
+            self._largest_pass = max(
+                self._largest_pass, len(local) * (int(mb.lengths.max()) - skip)
+            )
             rows = [mini[i] for i in local]
             sums["train/group_prefix_tokens"] += float(self._group_length(mb, skip))
             width = mb.input_ids.shape[1]

@@ -156,7 +156,8 @@ class _Meter:
 
     def stop(self) -> float:
         assert self.trainer is not None
-        return self.trainer.plan.planned_bytes + self.extra
+        trainer = self.trainer
+        return trainer.plan.expected_bytes(trainer._largest_pass) + self.extra
 
     def close(self) -> None:
         return None
@@ -179,7 +180,7 @@ def test_a_step_measured_above_its_plan_shrinks_the_later_ones(tiny_model_path, 
             "memory_budget_gib": budget,
         }
     )
-    trainer = TorchTrainer(tiny_model_path, config, AlgorithmConfig(), total_steps=4, seed=0)
+    trainer = TorchTrainer(tiny_model_path, config, AlgorithmConfig(), total_steps=5, seed=0)
     meter = _Meter()
     meter.trainer = trainer
     trainer._meter = meter  # type: ignore[assignment]
@@ -198,7 +199,20 @@ def test_a_step_measured_above_its_plan_shrinks_the_later_ones(tiny_model_path, 
     assert plan.micro_batch_tokens <= padded // 2 + 64  # the difference held back
     assert len(micro_batches(batch, plan.micro_batch_tokens)) >= 2
     assert third["train/memory_overshoot_gib"] == second["train/memory_overshoot_gib"]
-    assert third["train/memory_step_gib"] == pytest.approx(plan.planned_bytes / GIB)
+    expected = plan.expected_bytes(trainer._largest_pass)  # of the passes it ran, not the cap
+    assert expected <= plan.planned_bytes
+    assert third["train/memory_step_gib"] == pytest.approx(expected / GIB)
+    # A step whose passes are the same size as before and which takes the same memory again
+    # does not hold more back: the plan is compared with the passes it ran.
+    meter.extra = footprint.pass_bytes(padded // 2, False)
+    trainer.step(samples, 3)
+    assert trainer.budget_watch.overshoot_bytes == pytest.approx(meter.extra)
+    # More than the budget could ever hold back: the step plans from the estimate, and says so.
+    trainer.budget_watch.overshoot_bytes = budget * GIB
+    with caplog.at_level("WARNING", logger="agentscope_rft.trainers.torch_trainer"):
+        trainer.step(samples, 4)
+    assert trainer.plan.micro_batch_tokens >= padded
+    assert "plans from the estimate alone" in caplog.text
 
 
 def test_a_cpu_step_is_measured_from_resident_memory(tiny_model_path) -> None:
