@@ -182,10 +182,14 @@ def load_weights_dir(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def _stamp(weights: Mapping[str, torch.Tensor]) -> tuple[tuple[str, int, int], ...]:
+def _stamp(weights: Mapping[str, torch.Tensor]) -> tuple[tuple[str, int, int], ...] | None:
     """Which tensors `weights` are and how often each was written in place (a tensor's version
-    counter, shared with the parameter it was detached from): equal stamps, equal weights."""
-    return tuple((name, t.data_ptr(), t._version) for name, t in weights.items())
+    counter, shared with the parameter it was detached from): equal stamps, equal weights. None
+    for tensors without a version counter (made under `torch.inference_mode`)."""
+    try:
+        return tuple((name, t.data_ptr(), t._version) for name, t in weights.items())
+    except RuntimeError:
+        return None
 
 
 class EmbeddedEngine:

@@ -73,11 +73,6 @@ def free_weights(model: PreTrainedModel) -> int:
     return freed
 
 
-def weights_freed(model: PreTrainedModel) -> bool:
-    """Whether `free_weights` freed `model`'s weights and nothing has given them back yet."""
-    return getattr(model, _FREED, None) is not None
-
-
 def reallocate(model: PreTrainedModel) -> None:
     """Give weights freed by `free_weights` their memory again (uninitialised: copy into them),
     each at the offset from a 64-byte boundary it had: CPU matmul kernels choose their code path
