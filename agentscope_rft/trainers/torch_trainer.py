@@ -252,7 +252,7 @@ class TorchTrainer:
         self._meter = StepMeter(self.device) if measured else None
         self._measured_steps = 0
         self._largest_pass = 0
-        self._estimate_only = False  # (said once as a warning)
+        self._estimate_only = False  # (a partial hold-back is said once as a warning)
         logger.info(
             "torch trainer: %s on %s, compute %s, %.1fM trainable parameters%s",
             Path(model_path).name,
@@ -547,17 +547,25 @@ class TorchTrainer:
                 plan = plan_step(footprint, budget, configured, longest, overshoot_bytes=over)
             return plan
 
-        try:
-            plan = planned(self.budget_watch.overshoot_bytes)
-        except MemoryBudgetError as exc:
-            if not self.budget_watch.overshoot_bytes:
-                raise
-            # What was measured cannot be held back (memory the process holds beside the
-            # trainer, e.g. an engine exploring meanwhile): plan from the estimate alone.
-            log = logger.info if self._estimate_only else logger.warning
-            log("step %d: %s; this step plans from the estimate alone", step, exc)
-            self._estimate_only = True
-            plan = planned(0.0)
+        over = self.budget_watch.overshoot_bytes
+        plan = planned(0.0)
+        if over and not plan.checkpointing:
+            held = _held_back(planned, over)
+            if held < over:
+                # Holding back all that was measured would need gradient checkpointing (or not
+                # fit at all) where the estimate does not: the smallest passes without it.
+                log = logger.info if self._estimate_only else logger.warning
+                log(
+                    "step %d: holding back %.2f of the %.2f GiB that steps measured above their "
+                    "plans: more would need gradient checkpointing (1.5x+ the step time) under "
+                    "trainer.memory_budget_gib=%g; raise the budget to keep it as measured",
+                    step,
+                    held / GIB,
+                    over / GIB,
+                    budget,
+                )
+                self._estimate_only = True
+            plan = planned(held)
         if self.config.gradient_checkpointing:
             plan = dataclasses.replace(plan, checkpointing=True, recompute_prefix=False)
         elif plan.checkpointing != self.plan.checkpointing:
@@ -706,6 +714,25 @@ class TorchTrainer:
     def close(self) -> None:
         if self._meter is not None:
             self._meter.close()
+
+
+def _held_back(planned: Callable[[float], StepPlan], over: float) -> float:
+    """The most of `over` bytes a plan can hold back without gradient checkpointing (`planned`
+    without any needs none), to 1/64 of `over`."""
+    try:
+        if not planned(over).checkpointing:
+            return over
+    except MemoryBudgetError:
+        pass
+    low, high = 0.0, over
+    for _ in range(6):
+        middle = (low + high) / 2
+        try:
+            fits = not planned(middle).checkpointing
+        except MemoryBudgetError:
+            fits = False
+        low, high = (middle, high) if fits else (low, middle)
+    return low
 
 
 def weights_changed(before: Mapping[str, Tensor], after: Mapping[str, Tensor]) -> bool:
