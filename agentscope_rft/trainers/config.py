@@ -98,10 +98,12 @@ class TorchTrainerConfig(TrainerSettings):
     memory_budget_measured: bool = True
     """With `memory_budget_gib`: measure each step (resident memory on CPU, allocated on CUDA; from
     the second step of the process on, the first loads weights and AdamW state) and hold back from
-    the budget the most a step exceeded its plan by (the allocator's cached blocks, autocast's
-    weight casts, temporaries the estimate leaves out; metrics `train/memory_step_gib`,
-    `train/memory_overshoot_gib`). Off: plans follow the estimate only (`run.deterministic`
-    turns it off: measured memory varies from run to run, and micro-batch sizes change sums)."""
+    the budget the most a step exceeded its plan by (the allocator's cached blocks, temporaries
+    the estimate leaves out; metrics `train/memory_step_gib`, `train/memory_overshoot_gib`), as
+    far as passes without gradient checkpointing allow (checkpointing only where the estimate
+    needs it; a partial hold-back is warned once). Off: plans follow the estimate only
+    (`run.deterministic` turns it off: measured memory varies from run to run, and micro-batch
+    sizes change sums)."""
 
 
 class VerlRayConfig(Section):
