@@ -114,23 +114,34 @@ async def test_weights_that_do_not_match_are_refused_and_nothing_changes(tiny_mo
         await engine.close()
 
 
+async def deterministic_runs(model: str, tasks, tmp_path, ways: dict[str, str]):
+    """Three `run.deterministic` steps of the toy run for each named setting; the metrics that
+    repeat, per name (each run in `tmp_path / name`)."""
+    runs = {}
+    for name, setting in ways.items():
+        run_dir = tmp_path / name
+        config = toy_config(
+            model, tasks, run_dir, "run.steps=3", "run.deterministic=true", *setting.split()
+        )
+        await train(config, run_dir)
+        runs[name] = repeated_metrics(run_dir)
+    return runs
+
+
 async def test_a_run_sharing_weights_repeats_a_run_with_a_copy(
     tiny_model_path, toy_tasks, tmp_path, caplog
 ):
     caplog.set_level(logging.INFO, logger="agentscope_rft.runtime.memory")
-    runs = {}
-    for share in (True, False):
-        run_dir = tmp_path / f"share-{share}"
-        config = toy_config(
-            tiny_model_path,
-            toy_tasks,
-            run_dir,
-            "run.steps=3",
-            "run.deterministic=true",
-            f"engine.share_trainer_weights={str(share).lower()}",
-        )
-        await train(config, run_dir)
-        runs[share] = repeated_metrics(run_dir)
+    runs = await deterministic_runs(
+        tiny_model_path,
+        toy_tasks,
+        tmp_path,
+        {
+            "share-True": "engine.share_trainer_weights=true",
+            "share-False": "engine.share_trainer_weights=false",
+        },
+    )
+    runs = {True: runs["share-True"], False: runs["share-False"]}
     said = caplog.text
     assert "engine computes with the trainer's weights in place" in said
     assert "engine keeps its own copy of the weights: engine.share_trainer_weights is off" in said
@@ -223,20 +234,17 @@ async def test_weights_not_retaken_after_the_step_come_back_at_the_sync(tiny_mod
 async def test_a_run_freeing_the_engines_copy_repeats_a_run_keeping_it(
     tiny_model_path, toy_tasks, tmp_path
 ):
-    runs = {}
-    for free in (True, False):
-        run_dir = tmp_path / f"free-{free}"
-        config = toy_config(
-            tiny_model_path,
-            toy_tasks,
-            run_dir,
-            "run.steps=3",
-            "run.deterministic=true",
-            "engine.dtype=bfloat16",  # its own copy beside the trainer's fp32 weights
-            f"engine.free_weights_while_training={str(free).lower()}",
-        )
-        await train(config, run_dir)
-        runs[free] = repeated_metrics(run_dir)
+    own_copy = "engine.dtype=bfloat16"  # its own copy beside the trainer's fp32 weights
+    runs = await deterministic_runs(
+        tiny_model_path,
+        toy_tasks,
+        tmp_path,
+        {
+            "free-True": f"{own_copy} engine.free_weights_while_training=true",
+            "free-False": f"{own_copy} engine.free_weights_while_training=false",
+        },
+    )
+    runs = {True: runs["free-True"], False: runs["free-False"]}
     assert len(runs[True]) == 3 and runs[True] == runs[False]  # same episodes, losses, rewards
     rows = [json.loads(line) for line in (tmp_path / "free-True" / "metrics.jsonl").open()]
     for row in rows:  # where each phase of the step peaked
