@@ -14,14 +14,11 @@ Off Linux (no `/proc/self/statm`) it samples with psutil where installed, else r
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-
-logger = logging.getLogger(__name__)
 
 GIB = 2**30
 STATM = Path("/proc/self/statm")

@@ -9,11 +9,11 @@ when a single row would not fit otherwise. The per-token figure is derived from 
 shapes (what a Llama/Qwen-style layer saves for backward) and checked against measured peaks in
 `benchmarks/memory.py`.
 
-The estimate leaves out what depends on the machine: the allocator's cached free blocks, the
-bf16 casts autocast keeps of every weight for backward, temporaries. So each step is measured
-(`BudgetWatch`: resident memory sampled on CPU, torch's allocated peak on CUDA) and the amount by
-which a step exceeded its plan is held back from the budget in every later plan
-(`plan_step(overshoot_bytes=...)`): the budget is kept as measured, not only as estimated.
+The estimate leaves out what depends on the machine: the allocator's cached free blocks and
+temporaries. So each step is measured (`StepMeter`: resident memory sampled on CPU, torch's
+allocated peak on CUDA), the most a step exceeded its plan by is kept (`BudgetWatch`) and held
+back from the budget in later plans (`plan_step(overshoot_bytes=...)`): the budget is kept as
+measured, not only as estimated.
 """
 
 from __future__ import annotations
@@ -302,11 +302,9 @@ class BudgetWatch:
     """
 
     overshoot_bytes: float = 0.0
-    steps: int = 0
 
     def observe(self, planned: float, measured: float) -> bool:
         """Record one step; returns whether the overshoot grew (later plans change)."""
-        self.steps += 1
         over = measured - planned
         if over <= self.overshoot_bytes:
             return False
