@@ -34,7 +34,7 @@ from agentscope_rft.runtime.components import (
     max_tokens_per_call,
     sampling_rules,
 )
-from agentscope_rft.runtime.memory import apply_allocator
+from agentscope_rft.runtime.memory import apply_allocator, limit_kernel_cache
 from agentscope_rft.runtime.signals import RunStop, RunStopped, Stopping
 from agentscope_rft.types import Rollout
 
@@ -102,6 +102,7 @@ async def explore(
     """
     stop = stop or RunStop()
     apply_allocator(config.run.allocator)  # before the model allocates
+    limit_kernel_cache()
     if config.runtime.type == "local":
         return await _explore(config, out_dir, split, limit, group_size, stop, None)
     from agentscope_rft.runtime.ray import RayRuntime

@@ -21,7 +21,7 @@ from agentscope_rft.explorer.explorer import EpisodeSettings, Explorer, ExploreR
 from agentscope_rft.explorer.runner import EpisodeRunner, ModelSettings
 from agentscope_rft.gateway.server import Gateway
 from agentscope_rft.runtime.deterministic import deterministic_config
-from agentscope_rft.runtime.memory import apply_allocator
+from agentscope_rft.runtime.memory import apply_allocator, limit_kernel_cache
 from agentscope_rft.runtime.preflight import Checked, preflight
 from agentscope_rft.runtime.signals import RunStop
 from agentscope_rft.runtime.training import TrainingRun
@@ -53,6 +53,7 @@ async def train(
     config = deterministic_config(config)  # a no-op unless run.deterministic
     checked = checked or preflight(config)  # everything checkable, before anything loads
     apply_allocator(config.run.allocator)  # before the model and the trainer allocate
+    limit_kernel_cache()
     if config.runtime.type == "local":
         return await TrainingRun(config, run_dir, resume, stop, checked, ray_runtime=None).run()
     from agentscope_rft.runtime.ray import RayRuntime

@@ -87,6 +87,33 @@ def compact_allocator() -> dict[str, int]:
     return applied
 
 
+KERNEL_CACHE_ENTRIES = 256
+"""oneDNN primitives a process keeps (oneDNN's own default: 1,024)."""
+_KERNEL_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+
+
+def limit_kernel_cache(entries: int = KERNEL_CACHE_ENTRIES) -> int | None:
+    """Cap oneDNN's cache of primitives at `entries`, before this process's first bf16 matmul on
+    CPU: each matmul shape it meets gets a primitive of ~0.6 MiB of compiled kernels, kept in an
+    LRU cache of 1,024 by default, and a training run meets new shapes every step (micro-batches
+    of other sizes, attention over other lengths): ~30 MB a step on the quickstart, up to 0.6 GiB.
+    The trainer's matmuls run on bucketed sizes (`trainers.cast_linear`), so its shapes recur
+    and a smaller cache keeps them. A value the environment gives (`ONEDNN_PRIMITIVE_CACHE_CAPACITY`
+    or `DNNL_PRIMITIVE_CACHE_CAPACITY`) is kept. Returns the capacity in force (None: the
+    environment's, unparsed).
+
+    Example:
+        >>> limit_kernel_cache() is None or limit_kernel_cache() > 0
+        True
+    """
+    for name in (_KERNEL_CACHE_ENV, "DNNL_PRIMITIVE_CACHE_CAPACITY"):
+        if name in os.environ:
+            value = os.environ[name]
+            return int(value) if value.isdigit() else None
+    os.environ[_KERNEL_CACHE_ENV] = str(entries)  # (oneDNN reads it at its first primitive)
+    return entries
+
+
 def release_freed_memory() -> bool:
     """Return freed memory to the OS: glibc's `malloc_trim(0)`, under jemalloc a purge of every
     arena's unused pages, under tcmalloc `MallocExtension_ReleaseFreeMemory`; False where none

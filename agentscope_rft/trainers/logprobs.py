@@ -45,7 +45,7 @@ def _chunk_logits(
     logits = hidden @ weight.t()
     if bias is not None:
         logits = logits + bias
-    return logits.float() / temperature.unsqueeze(-1)
+    return logits.float().div_(temperature.unsqueeze(-1))  # (in place: a fresh tensor)
 
 
 class _TokenLogProbs(torch.autograd.Function):
@@ -65,10 +65,11 @@ class _TokenLogProbs(torch.autograd.Function):
         entropy = hidden.new_empty(tokens, dtype=torch.float32)
         lse = hidden.new_empty(tokens, dtype=torch.float32)
         kept: list[Tensor] = []
+        w, b = _cast(weight, bias, hidden.dtype)  # (a temporary: backward casts again)
         with torch.autocast(hidden.device.type, enabled=False):
             for start in range(0, tokens, chunk):
                 end = min(start + chunk, tokens)
-                logp = _chunk_logits(hidden[start:end], weight, bias, temperature[start:end])
+                logp = _chunk_logits(hidden[start:end], w, b, temperature[start:end])
                 chunk_lse = logp.logsumexp(dim=-1)  # [c]
                 logp.sub_(chunk_lse.unsqueeze(-1))  # [c, V] log-probs, in place of the logits
                 logprobs[start:end] = logp.gather(-1, targets[start:end].unsqueeze(-1)).squeeze(-1)
@@ -90,38 +91,41 @@ class _TokenLogProbs(torch.autograd.Function):
         if grad_logprobs is None and grad_entropy is None:
             return (None,) * 7
         want_hidden, want_weight, want_bias = ctx.needs_input_grad[:3]
+        # Gradients accumulate in fp32 and come back in the weights' own dtype: an fp32 master
+        # weight gets the fp32 sum over chunks, not a bf16 rounding of it.
         grad_hidden = torch.zeros_like(hidden) if want_hidden else None
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_weight else None
         grad_bias = (
             torch.zeros_like(bias, dtype=torch.float32) if want_bias and bias is not None else None
         )
         g_lp = grad_logprobs if grad_logprobs is not None else torch.zeros_like(lse)
+        w, b = _cast(weight, bias, hidden.dtype)
         with torch.autocast(hidden.device.type, enabled=False):
             for index, start in enumerate(range(0, hidden.shape[0], ctx.chunk)):
                 end = min(start + ctx.chunk, hidden.shape[0])
                 h = hidden[start:end]
                 if ctx.kept:
                     logp = ctx.kept[index]
+                    ctx.kept[index] = None  # (this chunk's only use: overwritten below)
                 else:
-                    logp = _chunk_logits(h, weight, bias, temperature[start:end])
+                    logp = _chunk_logits(h, w, b, temperature[start:end])
                     logp.sub_(lse[start:end].unsqueeze(-1))  # [c, V]
-                g = g_lp[start:end].unsqueeze(-1)  # [c, 1]
-                # grad_z = -p * (g_lp + g_H * (logp + H)) + onehot(y) * g_lp
-                if grad_entropy is not None:
-                    g_ent = grad_entropy[start:end].unsqueeze(-1)
-                    grad_z = logp * g_ent
-                    grad_z.add_(g + g_ent * entropy[start:end].unsqueeze(-1))
-                    grad_z.mul_(logp.exp()).neg_()
-                else:
-                    grad_z = logp.exp().mul_(-g)
-                grad_z.scatter_add_(-1, targets[start:end].unsqueeze(-1), g)
-                grad_logits = grad_z.div_(temperature[start:end].unsqueeze(-1)).to(hidden.dtype)
+                grad_logits = _chunk_grad(
+                    logp,
+                    g_lp[start:end],
+                    None if grad_entropy is None else grad_entropy[start:end],
+                    entropy[start:end],
+                    targets[start:end],
+                    temperature[start:end],
+                ).to(hidden.dtype)  # (the [c, V] fp32 blocks are gone before the matmuls)
+                del logp
                 if grad_hidden is not None:
-                    grad_hidden[start:end] = grad_logits @ weight
+                    grad_hidden[start:end] = grad_logits @ w
                 if grad_weight is not None:
-                    grad_weight += (grad_logits.t() @ h).float()
+                    grad_weight.add_(grad_logits.t() @ h)  # (no fp32 copy of the product)
                 if grad_bias is not None:
-                    grad_bias += grad_logits.float().sum(dim=0)
+                    grad_bias.add_(grad_logits.sum(dim=0, dtype=torch.float32))
+                del grad_logits  # (not alive beside the next chunk's blocks)
         ctx.kept = []
         return (
             grad_hidden,
@@ -132,6 +136,35 @@ class _TokenLogProbs(torch.autograd.Function):
             None,
             None,
         )
+
+
+def _cast(weight: Tensor, bias: Tensor | None, dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
+    """The projection in the matmul's dtype (the tensors themselves when already in it)."""
+    return weight.to(dtype), None if bias is None else bias.to(dtype)
+
+
+def _chunk_grad(
+    logp: Tensor,
+    g_lp: Tensor,
+    g_ent: Tensor | None,
+    entropy: Tensor,
+    targets: Tensor,
+    temperature: Tensor,
+) -> Tensor:
+    """The gradient [c, V] fp32 with respect to one chunk's logits, computed in place of its
+    log-probs `logp` (which it overwrites) with one more [c, V] block for the probabilities:
+    grad_z = -p * (g_lp + g_H * (logp + H)) + onehot(y) * g_lp, divided by the temperature."""
+    g = g_lp.unsqueeze(-1)  # [c, 1]
+    if g_ent is not None:
+        probs = logp.exp()
+        grad_z = logp.mul_(g_ent.unsqueeze(-1))
+        grad_z.add_(g + g_ent.unsqueeze(-1) * entropy.unsqueeze(-1))
+        grad_z.mul_(probs).neg_()
+        del probs
+    else:
+        grad_z = logp.exp_().mul_(-g)
+    grad_z.scatter_add_(-1, targets.unsqueeze(-1), g)
+    return grad_z.div_(temperature.unsqueeze(-1))
 
 
 def token_logprobs_entropy(
@@ -154,8 +187,9 @@ def token_logprobs_entropy(
 
     Args:
         hidden: [M, H] final hidden states of the positions that predict `targets`.
-        weight: [V, H] output projection (same dtype as `hidden`).
-        bias: [V] or None.
+        weight: [V, H] output projection, any dtype (cast to `hidden`'s for the matmuls, a
+            temporary; its gradient comes back in its own dtype, summed over chunks in fp32).
+        bias: [V] or None (likewise).
         targets: [M] token ids.
         temperature: [M] sampling temperature of each position.
         chunk_tokens: rows per chunk.

@@ -80,19 +80,14 @@ class ModelFootprint:
     def workspace_bytes(self) -> int:
         """A pass's memory whatever its size: the output projection's weight cast to the compute
         dtype (no copy in fp32), the fp32 gradient its backward accumulates and the chunks'
-        [chunk, vocab] temporaries; under autocast, every decoder layer's weights cast too (each
-        linear layer keeps its cast weight for backward). (The log-probs a small pass keeps grow
-        with its tokens: `pass_bytes`.)"""
+        [chunk, vocab] temporaries; under autocast, one linear layer's weight cast at a time too
+        (`cast_linear`: the casts are not kept for backward). (The log-probs a small pass keeps
+        grow with its tokens: `pass_bytes`.)"""
         weight = self.vocab * self.hidden
         if self.compute_bytes == 4:
             return 4 * weight + 3 * CHUNK_BYTES
-        cast = (weight + self.layers * self.layer_weights()) * self.compute_bytes
+        cast = (weight + self.hidden * self.intermediate) * self.compute_bytes
         return cast + 4 * weight + 3 * CHUNK_BYTES
-
-    def layer_weights(self) -> int:
-        """Weights of one decoder layer's linear layers (q and o taken as hidden x hidden)."""
-        h = self.hidden
-        return 2 * h * h + 2 * h * self.kv_width + 3 * h * self.intermediate
 
     def kept_logprob_tokens(self) -> int:
         """The most tokens a pass may have and still keep its fp32 [tokens, vocab] log-probs for
@@ -195,7 +190,7 @@ def plan_step(
         >>> fp = ModelFootprint(135_000_000, 135_000_000, False, 30, 576, 1536, 192, 49152, 2)
         >>> plan = plan_step(fp, budget_gib=3.5, configured_tokens=2048, longest_row=200)
         >>> plan.micro_batch_tokens, plan.checkpointing, plan.keep_logprobs, plan.recompute_prefix
-        (768, False, True, False)
+        (960, False, True, False)
     """
     fixed = footprint.fixed_bytes() + footprint.workspace_bytes()
     left = budget_gib * GIB - fixed - overshoot_bytes

@@ -43,6 +43,7 @@ from agentscope_rft.trainers.batch import (
     micro_batches,
     shared_prefix_length,
 )
+from agentscope_rft.trainers.cast_linear import recast_linear_layers
 from agentscope_rft.trainers.checkpoint import (
     load_trainer_state,
     merged_state_dict,
@@ -200,6 +201,8 @@ class TorchTrainer:
                 ),
             )
         self.model: Any = model.train()
+        if self.autocast_dtype is not None:  # no bf16 copy of the weights kept for backward
+            recast_linear_layers(self.model)
         self.share_prefix = _can_share_prefix(config, self._base())
         self.share_group_prefix = self.share_prefix and config.share_group_prefix
         hidden = int(self._base().config.get_text_config().hidden_size)
@@ -379,11 +382,10 @@ class TorchTrainer:
             logp = (logits.float() / temperature.unsqueeze(-1)).log_softmax(dim=-1)
             token = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
             return token, -(logp.exp() * logp).sum(-1)
-        bias = head.bias.to(dtype) if head.bias is not None else None
-        return token_logprobs_entropy(
+        return token_logprobs_entropy(  # (casts the fp32 weights for its matmuls itself)
             selected.to(dtype),
-            head.weight.to(dtype),
-            bias,
+            head.weight,
+            head.bias,
             targets,
             temperature,
             keep_bytes=KEEP_BYTES if self.plan.keep_logprobs else 0,

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from agentscope_rft.trainers.logprobs import chunk_tokens_for, token_logprobs_entropy
 
@@ -103,3 +107,69 @@ def test_no_grad_pass_and_bf16_matmul() -> None:
 def test_chunk_tokens_for_vocabulary() -> None:
     assert chunk_tokens_for(49152) * 49152 * 4 <= 64 * 2**20
     assert chunk_tokens_for(10**9) == 16
+
+
+def test_bf16_matmul_fp32_weight_gets_the_fp32_sum_of_its_gradient() -> None:
+    # The weight stays fp32 (the trainer's master copy): its gradient is the fp32 sum over chunks
+    # that a bf16 weight's gradient is the rounding of.
+    hidden, weight, _, targets, temperature = _inputs(5, False)
+    h16 = hidden.detach().bfloat16().requires_grad_()
+    w16 = weight.detach().bfloat16().requires_grad_()
+    ours = token_logprobs_entropy(h16, weight, None, targets, temperature, chunk_tokens=8)
+    cast = token_logprobs_entropy(h16, w16, None, targets, temperature, chunk_tokens=8)
+    assert torch.equal(ours[0], cast[0]) and torch.equal(ours[1], cast[1])
+    (g_weight,) = torch.autograd.grad((ours[0] + ours[1]).sum(), [weight])
+    (g_cast,) = torch.autograd.grad((cast[0] + cast[1]).sum(), [w16])
+    assert g_weight.dtype == torch.float32 and g_cast.dtype == torch.bfloat16
+    assert torch.equal(g_weight.bfloat16(), g_cast)
+
+
+class _LiveBytes(TorchDispatchMode):
+    """Peak bytes of the tensors that ops create while the mode is on (each storage once)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+        self._seen: set[int] = set()
+
+    def _freed(self, ptr: int, size: int) -> None:
+        self._seen.discard(ptr)
+        self.live -= size
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t._base is None:
+                storage = t.untyped_storage()
+                ptr, size = storage.data_ptr(), storage.nbytes()
+                if ptr and ptr not in self._seen:
+                    self._seen.add(ptr)
+                    self.live += size
+                    self.peak = max(self.peak, self.live)
+                    weakref.finalize(t, self._freed, ptr, size)
+        return out
+
+
+@pytest.mark.parametrize("keep_bytes", [0, 2**30])
+def test_backward_holds_two_chunk_blocks_at_most(keep_bytes: int) -> None:
+    gen = torch.Generator().manual_seed(6)
+    tokens, width, vocab, chunk = 64, 8, 4096, 16
+    hidden = torch.randn(tokens, width, generator=gen).bfloat16().requires_grad_()
+    weight = torch.randn(vocab, width, generator=gen).requires_grad_()
+    targets = torch.randint(vocab, (tokens,), generator=gen)
+    lp, ent = token_logprobs_entropy(
+        hidden,
+        weight,
+        None,
+        targets,
+        torch.ones(tokens),
+        chunk_tokens=chunk,
+        keep_bytes=keep_bytes,
+    )
+    loss = (lp + ent).sum()
+    with _LiveBytes() as live:
+        loss.backward()
+    block = 4 * chunk * vocab  # one fp32 [chunk, vocab] block
+    grad_weight = 4 * vocab * width  # the fp32 accumulator
+    cast = 2 * vocab * width  # the weight in bf16 for the matmuls (and one bf16 product)
+    assert live.peak <= 2 * block + grad_weight + cast + 16 * 1024
