@@ -147,7 +147,7 @@ def child_trainer(args: argparse.Namespace) -> dict:
     times, losses = [], []
     for step in range(args.steps):
         started = time.perf_counter()
-        metrics = trainer.step(batch(376, 4, 8, seed=step), step)
+        metrics = trainer.step(batch(376, 12, 4, 8, seed=step), step)  # the quickstart's shape
         times.append(time.perf_counter() - started)
         losses.append(metrics["loss"])
         if step == 0:

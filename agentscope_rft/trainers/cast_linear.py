@@ -9,11 +9,12 @@ and cast it again in backward: each cast lives for one layer's matmul. The produ
 bf16 matmuls of the same operands, the gradients come back in fp32 as autocast's do; the cost is
 one more cast of the weights per pass (a few percent of a CPU step; memory bandwidth on a GPU).
 
-The matmuls also run on the pass's tokens padded with zero rows to a bucket (`padded_rows`): on
-CPU, oneDNN builds and caches a primitive (~0.6 MiB of kernels) for every matmul shape it meets,
-and training passes come in as many token counts as there are micro-batches, so without buckets
-the cache grew by ~60 MB a step on the quickstart until its 1,024-entry cap; with them a run meets
-a few dozen shapes per layer and reuses them.
+On CPU the matmuls also run on the pass's tokens padded with zero rows to a bucket
+(`padded_rows`): oneDNN builds and caches a primitive (~0.6 MiB of kernels) for every matmul
+shape it meets, and training passes come in as many token counts as there are micro-batches, so
+without buckets its cache grew by 30-60 MB a step on the quickstart (up to its cap:
+`runtime.memory.limit_kernel_cache`); with them a run meets a few dozen shapes per layer and
+reuses them.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ def padded_rows(rows: int) -> int:
     return -(-rows // step) * step
 
 
+def _bucketed(t: Tensor) -> Tensor:
+    """2-D `t` padded with zero rows to `padded_rows` on CPU (itself elsewhere: no kernel
+    cache grows per shape there)."""
+    return _padded(t, padded_rows(t.shape[0])) if t.device.type == "cpu" else t
+
+
 def _padded(t: Tensor, rows: int) -> Tensor:
     """2-D `t` with zero rows appended up to `rows` (itself when it has them)."""
     if t.shape[0] == rows:
@@ -47,8 +54,8 @@ def _padded(t: Tensor, rows: int) -> Tensor:
 
 
 class _RecastLinear(torch.autograd.Function):
-    """`linear(x, weight, bias)` in `dtype`, saving the uncast weight for backward; the matmuls
-    run on the tokens padded to `padded_rows` (zero rows, sliced off)."""
+    """`linear(x, weight, bias)` in `dtype`, saving the uncast weight for backward; on CPU the
+    matmuls run on the tokens padded to `padded_rows` (zero rows, sliced off)."""
 
     @staticmethod
     def forward(
@@ -58,9 +65,7 @@ class _RecastLinear(torch.autograd.Function):
             x_cast = x.to(dtype)
             rows = x_cast.reshape(-1, x.shape[-1])
             bias_cast = None if bias is None else bias.to(dtype)
-            out = nn.functional.linear(
-                _padded(rows, padded_rows(rows.shape[0])), weight.to(dtype), bias_cast
-            )
+            out = nn.functional.linear(_bucketed(rows), weight.to(dtype), bias_cast)
         ctx.save_for_backward(x_cast, weight)
         ctx.dtype, ctx.input_dtype = dtype, x.dtype
         ctx.has_bias = bias is not None
@@ -77,7 +82,7 @@ class _RecastLinear(torch.autograd.Function):
         with torch.autocast(grad_out.device.type, enabled=False):
             grads = grad_out.to(ctx.dtype).reshape(-1, grad_out.shape[-1])
             tokens = grads.shape[0]
-            padded = _padded(grads, padded_rows(tokens))
+            padded = _bucketed(grads)
             if want_x:
                 grad_x = (padded @ weight.to(ctx.dtype))[:tokens]
                 grad_x = grad_x.view(x.shape).to(ctx.input_dtype)

@@ -33,7 +33,10 @@ def test_the_walk_finds_the_modules():
 
 
 @pytest.mark.parametrize("name", modules())
-def test_docstring_examples_run(name: str) -> None:
+def test_docstring_examples_run(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(
+        tmp_path
+    )  # examples that write (runs/demo/...) write here, not in the checkout
     try:
         module = importlib.import_module(name)
     except ImportError as error:
