@@ -119,6 +119,15 @@ class PhasePeaks:
             peak, self._peak = self._peak, now
         return peak / GIB
 
+    def peek(self) -> float | None:
+        """The peak RSS in GiB since the last `take`, sampled now too, without starting a new
+        phase (None where RSS cannot be read)."""
+        if self._read is None:
+            return None
+        self._sample()
+        with self._lock:
+            return self._peak / GIB
+
     def now(self) -> float | None:
         """The RSS in GiB now (None where it cannot be read)."""
         return None if self._read is None else self._read() / GIB

@@ -96,8 +96,8 @@ class TorchTrainerConfig(TrainerSettings):
     on gradient checkpointing, for that step only (all logged). A budget below the fixed part is
     an error naming it. null: no budget (`micro_batch_tokens` as given)."""
     memory_budget_measured: bool = True
-    """With `memory_budget_gib`: measure each step (resident memory on CPU, allocated on CUDA; from
-    the second step of the process on, the first loads weights and AdamW state) and hold back from
+    """With `memory_budget_gib`: measure each step (resident memory on CPU, allocated on CUDA; a
+    step that creates AdamW's state, the first, up to that point: its passes) and hold back from
     the budget the most a step exceeded its plan by (the allocator's cached blocks, temporaries
     the estimate leaves out; metrics `train/memory_step_gib`, `train/memory_overshoot_gib`), as
     far as passes without gradient checkpointing allow (checkpointing only where the estimate

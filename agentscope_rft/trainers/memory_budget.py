@@ -338,6 +338,16 @@ class StepMeter:
             now = self._peaks.now()
             self._base = None if now is None else now * GIB
 
+    def so_far(self) -> float | None:
+        """Bytes the step has added at its peak until now (None: not measurable here)."""
+        if self._base is None:
+            return None
+        if self.cuda:
+            return float(torch.cuda.max_memory_allocated(self.device)) - self._base
+        assert self._peaks is not None
+        peak = self._peaks.peek()
+        return None if peak is None else max(0.0, peak * GIB - self._base)
+
     def stop(self) -> float | None:
         """Bytes the step added at its peak above its start (None: not measurable here)."""
         base, self._base = self._base, None

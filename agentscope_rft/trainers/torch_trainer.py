@@ -253,7 +253,10 @@ class TorchTrainer:
         self.budget_watch = BudgetWatch()  # what steps measured above their plans
         measured = self.footprint is not None and config.memory_budget_measured
         self._meter = StepMeter(self.device) if measured else None
+        if self._meter is not None:  # (read from disk lazily: the first step would count them)
+            _fault_in(self.model)
         self._measured_steps = 0
+        self._before_state: float | None = None  # a first step's peak before AdamW's state exists
         self._largest_pass = 0
         self._estimate_only = False  # (a partial hold-back is said once as a warning)
         logger.info(
@@ -481,6 +484,7 @@ class TorchTrainer:
         if self._meter is not None:
             self._meter.start()
             self._largest_pass = 0  # tokens of the step's largest gradient pass (`_update`)
+            self._before_state = None
         algo = self.algorithm
         ref = self._no_grad_pass(batch, reference=True)[0] if algo.needs_reference() else None
         old_values = None
@@ -517,7 +521,9 @@ class TorchTrainer:
             return
         metrics["train/memory_step_gib"] = added / GIB
         self._measured_steps += 1
-        if self._measured_steps == 1:  # (it faults in the weights and allocates AdamW's state)
+        if self._before_state is not None:  # AdamW's state, allocated in this step, not counted
+            added = self._before_state
+        elif self._measured_steps == 1:  # (a first step whose state could not be set apart)
             return
         planned = self.plan.expected_bytes(self._largest_pass)
         if self.budget_watch.observe(planned, added):
@@ -679,6 +685,8 @@ class TorchTrainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
         if not torch.isfinite(grad_norm):
             raise FloatingPointError(f"non-finite gradient norm ({grad_norm}); lower trainer.lr")
+        if self._meter is not None and not self.optimizer.state and self._before_state is None:
+            self._before_state = self._meter.so_far()  # (the step below allocates AdamW's state)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)  # gradients are not kept between steps
         self.scheduler.step()
@@ -716,6 +724,15 @@ class TorchTrainer:
     def close(self) -> None:
         if self._meter is not None:
             self._meter.close()
+
+
+def _fault_in(model: nn.Module) -> None:
+    """Read one value per memory page of every weight: weights mapped from their files are read
+    from disk when first used, and the first step's measured memory would count them."""
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.device.type == "cpu" and param.numel():
+                torch.sum(param.detach().reshape(-1)[:: 4096 // param.element_size()])
 
 
 def _held_back(planned: Callable[[float], StepPlan], over: float) -> float:

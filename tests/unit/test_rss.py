@@ -19,6 +19,16 @@ def test_each_take_is_the_peak_since_the_one_before() -> None:
     assert peaks.take() == 3
 
 
+def test_peek_reads_the_phase_peak_without_ending_the_phase() -> None:
+    values = iter([1, 6, 2, 3, 2])
+    peaks = PhasePeaks(read=lambda: next(values) * GIB)
+    peaks._sample()  # 1
+    peaks._sample()  # 6
+    assert peaks.peek() == 6  # (sampled: 2)
+    assert peaks.peek() == 6  # (sampled: 3) the same phase
+    assert peaks.take() == 6  # and take() still ends it
+
+
 def test_the_thread_sees_a_peak_freed_before_the_phase_ends() -> None:
     if rss_reader() is None:
         return  # no way to read RSS on this platform: PhasePeaks records nothing

@@ -149,10 +149,17 @@ class _Meter:
 
     def __init__(self) -> None:
         self.extra = 0.0
+        self.before: float | None = None  # what the passes take above plan (default: extra)
         self.trainer: TorchTrainer | None = None
 
     def start(self) -> None:
         return None
+
+    def so_far(self) -> float:  # (before the optimizer's step)
+        assert self.trainer is not None
+        trainer = self.trainer
+        extra = self.extra if self.before is None else self.before
+        return trainer.plan.expected_bytes(trainer._largest_pass) + extra
 
     def stop(self) -> float:
         assert self.trainer is not None
@@ -184,10 +191,13 @@ def test_a_step_measured_above_its_plan_shrinks_the_later_ones(tiny_model_path, 
     meter = _Meter()
     meter.trainer = trainer
     trainer._meter = meter  # type: ignore[assignment]
-    meter.extra = 10 * GIB  # the first step loads weights and AdamW state: not held against it
+    # The first step allocates AdamW's state after its passes: measured before that, it is not
+    # held against the passes (here they take what was planned).
+    meter.extra, meter.before = 10 * GIB, 0.0
     first = trainer.step(samples, 0)
     assert trainer.plan.micro_batch_tokens >= padded
-    assert "train/memory_overshoot_gib" not in first
+    assert first["train/memory_overshoot_gib"] == 0
+    meter.before = None
     meter.extra = footprint.pass_bytes(padded // 2, False)  # then a step takes more than planned
     with caplog.at_level("INFO", logger="agentscope_rft.trainers.torch_trainer"):
         second = trainer.step(samples, 1)
@@ -215,6 +225,27 @@ def test_a_step_measured_above_its_plan_shrinks_the_later_ones(tiny_model_path, 
     assert not trainer.plan.checkpointing
     assert trainer.plan.micro_batch_tokens < padded // 2 + 64
     assert "more would need gradient checkpointing" in caplog.text
+
+
+def test_the_first_steps_passes_are_measured_before_adamw_state(tiny_model_path) -> None:
+    probe = _run(tiny_model_path, memory_budget_gib=64.0)[0]
+    footprint = probe.footprint
+    assert footprint is not None
+    samples = prefixed_samples(int(probe._base().config.vocab_size))
+    config = TorchTrainerConfig.model_validate(
+        {"lr": 1e-3, "dtype": "float32", "share_prefix": False, "memory_budget_gib": 64.0}
+    )
+    trainer = TorchTrainer(tiny_model_path, config, AlgorithmConfig(), total_steps=2, seed=0)
+    meter = _Meter()
+    meter.trainer = trainer
+    trainer._meter = meter  # type: ignore[assignment]
+    meter.extra, meter.before = 10 * GIB, 0.25 * GIB  # passes 0.25 GiB over their plan
+    first = trainer.step(samples, 0)
+    assert first["train/memory_overshoot_gib"] == pytest.approx(0.25)  # held from step 1 on
+    assert first["train/memory_step_gib"] > 10  # (the metric: all the step added)
+    meter.extra, meter.before = 0.0, None  # state exists now: a later step is measured whole
+    trainer.step(samples, 1)
+    assert trainer.budget_watch.overshoot_bytes == pytest.approx(0.25 * GIB)
 
 
 def test_a_cpu_step_is_measured_from_resident_memory(tiny_model_path) -> None:
