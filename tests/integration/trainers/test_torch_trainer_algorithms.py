@@ -299,3 +299,26 @@ def test_a_checkpoint_keeps_its_moments_and_position_and_the_config_its_settings
         torch.testing.assert_close(value["exp_avg"], moments[key]["exp_avg"], rtol=0, atol=0)
     other.step(rl_samples(vocab), 2)
     assert other.scheduler.get_last_lr()[0] == 1e-3  # constant: the checkpoint's linear decay gone
+
+
+@pytest.mark.parametrize("lora", [None, {"rank": 4, "alpha": 8}])
+def test_bf16_step_with_recast_weights_equals_plain_autocast(tiny_model_path, monkeypatch, lora):
+    # The trainer's linear layers keep no bf16 copy of their weights for backward
+    # (`cast_linear`): the same step, to the last bit, as plain autocast, with LoRA too.
+    import agentscope_rft.trainers.torch_trainer as module
+
+    def step() -> tuple[int, float, dict[str, torch.Tensor]]:
+        config = TorchTrainerConfig(lr=1e-2, dtype="bfloat16", lora=lora)
+        trainer = TorchTrainer(tiny_model_path, config, AlgorithmConfig(), total_steps=2, seed=0)
+        layers = [m for m in trainer.model.modules() if type(m) is torch.nn.Linear]
+        recast_layers = sum("forward" in vars(m) for m in layers)  # (their own forward)
+        metrics = trainer.step(rl_samples(int(trainer._base().config.vocab_size)), 0)
+        return recast_layers, metrics["loss"], trainer.state_dict_for_sync()
+
+    layers, recast_loss, recast = step()
+    assert layers > 0
+    monkeypatch.setattr(module, "recast_linear_layers", lambda model: 0)
+    layers, plain_loss, plain = step()
+    assert layers == 0
+    assert recast_loss == plain_loss
+    assert all(torch.equal(recast[k], plain[k]) for k in plain)
