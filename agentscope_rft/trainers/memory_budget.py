@@ -349,15 +349,11 @@ class StepMeter:
         return None if peak is None else max(0.0, peak * GIB - self._base)
 
     def stop(self) -> float | None:
-        """Bytes the step added at its peak above its start (None: not measurable here)."""
-        base, self._base = self._base, None
-        if base is None:
-            return None
-        if self.cuda:
-            return float(torch.cuda.max_memory_allocated(self.device)) - base
-        assert self._peaks is not None
-        peak = self._peaks.take()
-        return None if peak is None else max(0.0, peak * GIB - base)
+        """Bytes the step added at its peak above its start (None: not measurable here); the
+        next `start` begins a new measurement."""
+        added = self.so_far()
+        self._base = None
+        return added
 
     def close(self) -> None:
         if self._peaks is not None:
