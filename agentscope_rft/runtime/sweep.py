@@ -45,6 +45,9 @@ STATE_FILE = "state.json"
 logger = logging.getLogger(__name__)
 
 SWEEP_FILE = "sweep.json"
+# The untrained model's test evaluation (`sweep_summary.UNTRAINED`): a folder holding only an
+# earlier one (copied in to reuse it, `--test`) is a new sweep's folder, not a run's.
+BASELINE_DIR = "test-untrained"
 SWEEP_CONFIG = "config.yaml"
 FOLLOWING_KEYS = ("explorer.seed", "engine.seed")
 """Seeds that follow the sweep seed unless the config sets them (`run.seed` always follows)."""
@@ -177,13 +180,15 @@ def open_sweep(
     """Create the sweep folder, or continue the one there when its config matches.
 
     Seeds not yet in an existing sweep are added to it (finished ones stay). A sweep folder with
-    another config is refused (replaced with `run.overwrite`); an ordinary run folder is refused.
+    another config is refused (replaced with `run.overwrite`); an ordinary run folder is refused;
+    a folder holding only the untrained model's test evaluation (`test-untrained/`, to reuse it)
+    becomes the sweep's.
     `fork`: (source sweep folder, step): each seed starts from the same seed's checkpoint there
     (`runtime.fork`); recorded in `sweep.json`, and a continuing command may not change it.
     """
     resolved = config.model_dump(mode="json")
     forked = None if fork is None else _fork_record(fork, seeds)
-    if sweep_dir.exists() and any(sweep_dir.iterdir()):
+    if sweep_dir.exists() and any(p.name != BASELINE_DIR for p in sweep_dir.iterdir()):
         if not is_sweep(sweep_dir):
             if not config.run.overwrite:
                 raise SweepError(

@@ -28,10 +28,10 @@ from agentscope_rft.runtime.best import (
     metric_names,
 )
 from agentscope_rft.runtime.components import CHECKPOINTS, STATE_FILE, checkpoint_dir, read_state
-from agentscope_rft.runtime.sweep import SweepError, read_sweep
+from agentscope_rft.runtime.sweep import BASELINE_DIR, SweepError, read_sweep
 
 SUMMARY_JSON, SUMMARY_MD, SEEDS_PLOT = "summary.json", "summary.md", "seeds.png"
-UNTRAINED = "test-untrained"
+UNTRAINED = BASELINE_DIR
 DEFAULT_METRIC, DEFAULT_MODE = "val/reward/mean", "max"
 TEST_METRICS = ("reward/mean", "success_rate")
 

@@ -13,6 +13,7 @@ from agentscope_rft.runtime.artefacts import INDEX, export_artefacts
 from agentscope_rft.runtime.sweep import (
     SweepError,
     choose_parallel,
+    is_sweep,
     open_sweep,
     parse_seeds,
     read_sweep,
@@ -106,6 +107,20 @@ def test_a_run_folder_is_not_taken_for_a_sweep(tmp_path):
     (tmp_path / "sweep" / "state.json").write_text("{}")
     with pytest.raises(SweepError, match="is a run folder, not a sweep"):
         open_sweep(config(tmp_path), tmp_path / "sweep", [0])
+
+
+def test_a_folder_holding_only_an_earlier_baseline_becomes_the_sweep(tmp_path):
+    # The untrained model's test evaluation copied in to be reused (`--test` reuses it)
+    baseline = tmp_path / "sweep" / "test-untrained"
+    baseline.mkdir(parents=True)
+    (baseline / "summary.json").write_text('{"reward/mean": 0.1}')
+    data = open_sweep(config(tmp_path), tmp_path / "sweep", [0])
+    assert data["seeds"] == [0] and is_sweep(tmp_path / "sweep")
+    assert json.loads((baseline / "summary.json").read_text()) == {"reward/mean": 0.1}
+    (tmp_path / "run" / "test-untrained").mkdir(parents=True)  # beside a run's files: refused
+    (tmp_path / "run" / "state.json").write_text("{}")
+    with pytest.raises(SweepError, match="is a run folder, not a sweep"):
+        open_sweep(config(tmp_path), tmp_path / "run", [0])
 
 
 def test_parallel(tmp_path):

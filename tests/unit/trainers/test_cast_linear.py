@@ -24,7 +24,7 @@ def _model(seed: int, bias: bool) -> nn.Module:
 def _grads(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
     x = x.clone().requires_grad_()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = model(x)
+        out = model(x * 1.0)  # a non-leaf, as hidden states are (autocast caches a leaf's cast)
     (out.float() ** 2).sum().backward()
     assert x.grad is not None
     return x.grad, [p.grad for p in model.parameters()]
@@ -78,3 +78,63 @@ def test_outside_autocast_and_frozen_weights_run_as_before() -> None:
     with torch.autocast("cpu", dtype=torch.bfloat16):
         recast(x).float().sum().backward()
     assert x.grad is not None and all(p.grad is None for p in recast.parameters())
+
+
+class _Attention(nn.Module):
+    """Three projections reading one input, as a decoder layer's q/k/v (and gate/up) do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.q, self.k, self.v = (nn.Linear(24, 16, bias=False) for _ in range(3))
+        self.out = nn.Linear(16, 24, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = (self.q(x) * self.k(x)).softmax(-1)
+        return self.out(scores * self.v(x))
+
+
+def _saved_input_casts(model: nn.Module, x: torch.Tensor) -> int:
+    """Distinct bf16 copies of `x` (by storage; any view of one) saved for backward; `x` made a
+    non-leaf, as a layer's normed hidden states are (autocast caches the cast of a leaf)."""
+    x = x.clone().requires_grad_() * 1.0
+    kept: dict[int, torch.Tensor] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.dtype == torch.bfloat16 and t.numel() == x.numel():
+            kept[t.untyped_storage().data_ptr()] = t
+        return t
+
+    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+    with hooks, torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x).float().sum().backward()
+    return len(kept)
+
+
+def test_layers_reading_one_input_share_its_cast() -> None:
+    plain = _Attention()
+    recast = copy.deepcopy(plain)
+    assert recast_linear_layers(recast) == 4
+    x = torch.randn(2, 5, 24)
+    assert _saved_input_casts(plain, x) == 3  # autocast keeps one cast per projection
+    assert _saved_input_casts(recast, x) == 1
+    want_x, want = _grads(plain, x)
+    got_x, got = _grads(recast, x)
+    assert torch.equal(got_x, want_x)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+
+
+def test_a_changed_or_other_input_is_cast_afresh() -> None:
+    layer = nn.Linear(24, 8, bias=False)
+    recast_linear_layers(nn.Sequential(layer))
+    x = torch.randn(3, 24)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        first = layer(x)
+        x.mul_(2)  # in place: a new version of the same tensor
+        second = layer(x)
+        third = layer(x.clone())
+    want = (x.bfloat16() @ layer.weight.bfloat16().t()).float()
+    torch.testing.assert_close(second.float(), want, rtol=0, atol=0)
+    torch.testing.assert_close(third.float(), want, rtol=0, atol=0)
+    assert not torch.equal(first, second)
