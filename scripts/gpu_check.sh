@@ -5,8 +5,9 @@
 # the tests ~2-3 min, the training ~2-3 min, each under its own timeout).
 #
 #   bash scripts/gpu_check.sh            # on a CUDA machine
-#   bash scripts/gpu_check.sh --with-benchmarks  # + train-step GPU memory at 1k-8k tokens and
-#                                        # the GRPO step vs TRL's GRPOTrainer in bf16 (~4 min more)
+#   bash scripts/gpu_check.sh --with-benchmarks  # + train-step GPU memory at 1k-8k tokens, a
+#                                        # profile of the engine's exploring (vs HF generate) and
+#                                        # the GRPO step vs TRL's GRPOTrainer in bf16 (~5 min more)
 #   bash scripts/gpu_check.sh --dry-run  # on CPU: everything but CUDA (the tests collect and skip,
 #                                        # the same training path on a tiny model, ~1 min)
 #
@@ -33,6 +34,7 @@ if (( dry_run )); then
   echo "== gpu_check --dry-run: CPU, no CUDA =="
   "$python" -m pytest tests/gpu -m gpu -q -p no:cacheprovider
   "$python" benchmarks/gpu_check.py --device cpu --shape tiny --steps 2 --tokens 16
+  "$python" benchmarks/engine_profile.py --device cpu --shape tiny --prompts 8 --tokens 8 --top 5
 else
   if ! "$python" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "gpu_check: no CUDA device visible to torch; on CPU run: bash scripts/gpu_check.sh --dry-run" >&2
@@ -51,6 +53,9 @@ else
     timeout 300 "$python" benchmarks/memory.py --parts seq --device cuda \
       --seq-lengths "${GPU_CHECK_SEQ_LENGTHS:-1024,2048,4096,8192}" --seq-attention gqa \
       || failed+=("memory sweep (rc $?)")
+    echo "== where the embedded engine's exploring time goes (vs HF generate, one batch) =="
+    timeout 180 "$python" benchmarks/engine_profile.py --device cuda --prompts 32 --tokens 32 \
+      || failed+=("engine profile (rc $?)")
     echo "== GRPO step vs TRL GRPOTrainer, bf16 both =="
     if "$python" -c "import trl" 2>/dev/null; then
       timeout 240 "$python" benchmarks/trainer.py --device cuda --trl-bf16 --steps 3 \

@@ -1,9 +1,11 @@
 """`scripts/gpu_check.sh --dry-run` runs on CPU: the gpu tests collect (and skip), and the same
-end-to-end training path as the CUDA check finishes and reports its measures."""
+end-to-end training path as the CUDA check finishes and reports its measures, and the engine's
+profile records its thread's ops."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +27,10 @@ def test_gpu_check_dry_run_passes_on_cpu() -> None:
     for line in ("tokens/s (trained):", "step time:", "peak GPU memory:", "MFU:"):
         assert line in done.stdout
     assert "loss finite: True" in done.stdout
+    # the engine's profile: its own thread's ops recorded, beside HF generate on the same prompts
+    ops = re.search(r"decode steps (\d+), [\d.]+ ms each .* per step: (\d+) aten ops", done.stdout)
+    assert ops is not None and int(ops[1]) > 0 and int(ops[2]) > 0, done.stdout[-3000:]
+    assert "| HF generate, one padded batch |" in done.stdout
 
 
 def test_gpu_check_refuses_unknown_arguments() -> None:

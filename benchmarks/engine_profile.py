@@ -1,0 +1,280 @@
+"""Where the embedded engine's time goes in a GRPO-sized exploration, on CPU or CUDA.
+
+    python benchmarks/engine_profile.py [--device cuda] [--prompts 32] [--tokens 32]
+    python benchmarks/engine_profile.py --device cpu --shape tiny     # a dry run, seconds
+
+The GRPO step vs TRL on one H100 (docs/benchmarks.md, 2026-11-27) spent 5.0 s exploring 32
+completions x 32 tokens, where the same exploration takes ~2.1 s on a 2-core CPU: ~150 ms a
+decode step for a 135M model. This script serves the same shape of work (`--prompts` chat
+requests in flight, exactly `--tokens` new tokens each) twice, the second under torch's profiler,
+and prints what a GPU session needs to find the gap in one call:
+
+- wall seconds, decode steps and milliseconds per decode step, tokens/s;
+- per decode step: torch ops, host-device synchronisations (`aten::_local_scalar_dense`, i.e.
+  `.item()` / `.tolist()` on device tensors, and `cudaStreamSynchronize` /
+  `cudaDeviceSynchronize`), kernel launches and host<->device copies;
+- the device's busy share of the wall time (CUDA: summed kernel time over wall);
+- the ops by self host time and by device time (top `--top`).
+
+Side by side, HF `model.generate` on the same prompts as one left-padded batch (what TRL's
+GRPOTrainer generates with when it does not use vLLM), same dtype and device, so the figures come
+with a baseline from the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from engine_throughput import prompts
+from gpu_check import SHAPES, build_model
+from torch.profiler import ProfilerActivity, profile
+
+from agentscope_rft.engines.base import ChatRequest, ChoiceDone
+from agentscope_rft.engines.batcher import ContinuousBatcher
+from agentscope_rft.engines.embedded import EmbeddedEngine
+from agentscope_rft.models import EMBEDDED_MODEL, load_causal_lm, resolve_model
+from agentscope_rft.types import SamplingParams
+
+SYNC_OPS = ("aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize")
+LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
+COPIES = ("cudaMemcpyAsync", "cudaMemcpy")
+
+
+class EngineThreadProfiler:
+    """torch's profiler started and stopped on the engine's own thread (it records the ops of the
+    thread it runs on): polled from the batcher's loop, which passes `_maybe_swap` every turn."""
+
+    def __init__(self, activities: list[ProfilerActivity]) -> None:
+        self.activities = activities
+        self.want = False
+        self.prof: profile | None = None
+        self.started, self.stopped = threading.Event(), threading.Event()
+        original = ContinuousBatcher._maybe_swap
+
+        def polled(batcher: ContinuousBatcher) -> None:
+            self.poll()
+            original(batcher)
+
+        ContinuousBatcher._maybe_swap = polled  # type: ignore[method-assign]
+
+    def poll(self) -> None:
+        if self.want and self.prof is None:
+            self.prof = profile(activities=self.activities)
+            self.prof.__enter__()
+            self.started.set()
+        elif not self.want and self.prof is not None and not self.stopped.is_set():
+            self.prof.__exit__(None, None, None)
+            self.stopped.set()
+
+    async def run(self, engine: EmbeddedEngine, work: Any) -> tuple[profile, Any]:
+        """`await work()` with the engine thread profiled; the profile and work's result."""
+        self.want = True
+        engine.batcher._wake.set()
+        await asyncio.to_thread(self.started.wait)
+        out = await work()
+        self.want = False
+        engine.batcher._wake.set()
+        await asyncio.to_thread(self.stopped.wait)
+        assert self.prof is not None
+        return self.prof, out
+
+
+async def serve(engine: EmbeddedEngine, convs: list[list[dict]], tokens: int) -> float:
+    """Seconds to serve every conversation at once, `tokens` new tokens each."""
+
+    async def one(i: int, conv: list[dict]) -> int:
+        request = ChatRequest(
+            messages=conv,
+            sampling=SamplingParams(temperature=1.0, max_tokens=tokens, seed=i, ignore_eos=True),
+        )
+        count = 0
+        async for event in engine.chat(request):
+            if isinstance(event, ChoiceDone):
+                count = len(event.choice.completion_ids)
+        return count
+
+    started = time.perf_counter()
+    counts = await asyncio.gather(*[one(i, c) for i, c in enumerate(convs)])
+    elapsed = time.perf_counter() - started
+    if any(c != tokens for c in counts):
+        raise SystemExit(
+            f"engine_profile: completions of {sorted(set(counts))} tokens, not {tokens}"
+        )
+    return elapsed
+
+
+def hf_generate(
+    engine: EmbeddedEngine, device: torch.device, convs: list[list[dict]], tokens: int
+) -> float:
+    """Seconds for HF `generate` on the conversations as one left-padded batch (after a warm-up)."""
+    assert engine.dtype is not None
+    model = load_causal_lm(engine.model_path, dtype=engine.dtype).to(device)
+    rows = [engine.renderer.render_ids(conv) for conv in convs]
+    width = max(len(r) for r in rows)
+    pad = engine.tokenizer.pad_token_id or 0
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=device)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+
+    def run(new: int) -> float:
+        _sync(device)
+        started = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(
+                ids,
+                attention_mask=mask,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                pad_token_id=pad,
+            )
+        _sync(device)
+        assert out.shape[1] - width == new
+        return time.perf_counter() - started
+
+    run(2)
+    return run(tokens)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def op_table(prof: profile, steps: int, top: int, device: bool) -> list[dict[str, Any]]:
+    """The ops by self host time (or device time), counts and milliseconds per decode step."""
+    events = prof.key_averages()
+    key = "self_device_time_total" if device else "self_cpu_time_total"
+    ranked = sorted(events, key=lambda e: getattr(e, key, 0.0), reverse=True)[:top]
+    return [
+        {
+            "op": e.key,
+            "calls_per_step": e.count / steps,
+            "ms_per_step": getattr(e, key, 0.0) / 1e3 / steps,
+        }
+        for e in ranked
+    ]
+
+
+def counts(prof: profile, names: tuple[str, ...], steps: int) -> float:
+    return sum(e.count for e in prof.key_averages() if e.key in names) / steps
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("engine_profile: no CUDA device visible (use --device cpu)")
+    with tempfile.TemporaryDirectory() as tmp:
+        model = resolve_model(EMBEDDED_MODEL)
+        if args.shape is not None:
+            model = Path(tmp) / args.shape
+            build_model(args.shape, model)
+        activities = [ProfilerActivity.CPU]
+        if args.device.startswith("cuda"):
+            activities.append(ProfilerActivity.CUDA)
+        profiler = EngineThreadProfiler(activities)
+        engine = EmbeddedEngine(model, dtype=args.dtype, device=args.device)
+        await engine.start()
+        device = engine.batcher.device
+        convs = prompts(args.prompts)
+        try:
+            await serve(engine, convs, args.tokens)  # warm-up: kernels, allocator, caches
+            engine.batcher.stats.clear()
+            plain = await serve(engine, convs, args.tokens)
+            steps = int(engine.batcher.stats["decode_steps"])
+            prof, profiled = await profiler.run(engine, lambda: serve(engine, convs, args.tokens))
+            baseline = await asyncio.to_thread(hf_generate, engine, device, convs, args.tokens)
+        finally:
+            await engine.close()
+    on_device = device.type == "cuda"
+    busy = None
+    if on_device:
+        kernel_us = sum(
+            e.self_device_time_total for e in prof.key_averages() if e.device_type.name == "CUDA"
+        )
+        busy = kernel_us / 1e6 / profiled
+    ops = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
+    result = {
+        "device": torch.cuda.get_device_name() if on_device else "CPU",
+        "dtype": str(engine.dtype).removeprefix("torch."),
+        "prompts": args.prompts,
+        "tokens": args.tokens,
+        "wall_s": plain,
+        "profiled_wall_s": profiled,
+        "decode_steps": steps,
+        "ms_per_decode_step": 1e3 * plain / max(1, steps),
+        "tokens_per_s": args.prompts * args.tokens / plain,
+        "hf_generate_s": baseline,
+        "hf_generate_tokens_per_s": args.prompts * args.tokens / baseline,
+        "per_step": {
+            "aten_ops": ops / max(1, steps),
+            "syncs": counts(prof, SYNC_OPS, max(1, steps)),
+            "kernel_launches": counts(prof, LAUNCHES, max(1, steps)),
+            "copies": counts(prof, COPIES, max(1, steps)),
+        },
+        "device_busy_share": busy,
+        "top_host": op_table(prof, max(1, steps), args.top, device=False),
+        "top_device": op_table(prof, max(1, steps), args.top, device=True) if on_device else [],
+    }
+    report(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return result
+
+
+def report(r: dict[str, Any]) -> None:
+    print(
+        f"\nengine_profile: {r['prompts']} requests x {r['tokens']} tokens, {r['dtype']}, "
+        f"{r['device']}\n"
+    )
+    print("| | seconds | tokens/s | ratio |")
+    print("|---|---:|---:|---:|")
+    print(
+        f"| embedded engine, all in flight | {r['wall_s']:.2f} | {r['tokens_per_s']:.0f} | "
+        f"{r['hf_generate_s'] / r['wall_s']:.2f}x |"
+    )
+    print(
+        f"| HF generate, one padded batch | {r['hf_generate_s']:.2f} | "
+        f"{r['hf_generate_tokens_per_s']:.0f} | 1.00x |"
+    )
+    step = r["per_step"]
+    print(
+        f"\ndecode steps {r['decode_steps']}, {r['ms_per_decode_step']:.1f} ms each "
+        f"(under the profiler: {r['profiled_wall_s']:.2f} s in all); per step: "
+        f"{step['aten_ops']:.0f} aten ops, {step['syncs']:.1f} host-device syncs, "
+        f"{step['kernel_launches']:.0f} kernel launches, {step['copies']:.1f} copies"
+    )
+    if r["device_busy_share"] is not None:
+        print(f"device busy {100 * r['device_busy_share']:.0f}% of the profiled wall time")
+    for title, rows in (("host", r["top_host"]), ("device", r["top_device"])):
+        if not rows:
+            continue
+        print(f"\n| op (by self {title} time) | calls/step | ms/step |")
+        print("|---|---:|---:|")
+        for row in rows:
+            print(f"| {row['op']} | {row['calls_per_step']:.1f} | {row['ms_per_step']:.2f} |")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument(
+        "--shape",
+        choices=list(SHAPES),
+        default=None,
+        help="a random model of this shape (default: the embedded model)",
+    )
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--json", default=None)
+    asyncio.run(main(parser.parse_args()))
