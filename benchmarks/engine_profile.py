@@ -112,9 +112,14 @@ async def serve(engine: EmbeddedEngine, convs: list[list[dict]], tokens: int) ->
 
 
 def hf_generate(
-    engine: EmbeddedEngine, device: torch.device, convs: list[list[dict]], tokens: int
-) -> float:
-    """Seconds for HF `generate` on the conversations as one left-padded batch (after a warm-up)."""
+    engine: EmbeddedEngine,
+    device: torch.device,
+    convs: list[list[dict]],
+    tokens: int,
+    activities: list[ProfilerActivity],
+) -> tuple[float, profile]:
+    """Seconds for HF `generate` on the conversations as one left-padded batch (after a warm-up),
+    and the profile of another such call."""
     assert engine.dtype is not None
     model = load_causal_lm(engine.model_path, dtype=engine.dtype).to(device)
     rows = [engine.renderer.render_ids(conv) for conv in convs]
@@ -142,7 +147,10 @@ def hf_generate(
         return time.perf_counter() - started
 
     run(2)
-    return run(tokens)
+    seconds = run(tokens)
+    with profile(activities=activities) as prof:
+        run(tokens)
+    return seconds, prof
 
 
 def _sync(device: torch.device) -> None:
@@ -165,6 +173,10 @@ def op_table(prof: profile, steps: int, top: int, device: bool) -> list[dict[str
     ]
 
 
+def aten_ops(prof: profile) -> int:
+    return sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
+
+
 def counts(prof: profile, names: tuple[str, ...], steps: int) -> float:
     return sum(e.count for e in prof.key_averages() if e.key in names) / steps
 
@@ -181,7 +193,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         if args.device.startswith("cuda"):
             activities.append(ProfilerActivity.CUDA)
         profiler = EngineThreadProfiler(activities)
-        engine = EmbeddedEngine(model, dtype=args.dtype, device=args.device)
+        engine = EmbeddedEngine(
+            model, dtype=args.dtype, device=args.device, fused_decode=not args.no_fused
+        )
         await engine.start()
         device = engine.batcher.device
         convs = prompts(args.prompts)
@@ -191,7 +205,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             plain = await serve(engine, convs, args.tokens)
             steps = int(engine.batcher.stats["decode_steps"])
             prof, profiled = await profiler.run(engine, lambda: serve(engine, convs, args.tokens))
-            baseline = await asyncio.to_thread(hf_generate, engine, device, convs, args.tokens)
+            baseline, hf_prof = await asyncio.to_thread(
+                hf_generate, engine, device, convs, args.tokens, activities
+            )
         finally:
             await engine.close()
     on_device = device.type == "cuda"
@@ -201,7 +217,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             e.self_device_time_total for e in prof.key_averages() if e.device_type.name == "CUDA"
         )
         busy = kernel_us / 1e6 / profiled
-    ops = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
+    ops = aten_ops(prof)
     result = {
         "device": torch.cuda.get_device_name() if on_device else "CPU",
         "dtype": str(engine.dtype).removeprefix("torch."),
@@ -219,6 +235,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "syncs": counts(prof, SYNC_OPS, max(1, steps)),
             "kernel_launches": counts(prof, LAUNCHES, max(1, steps)),
             "copies": counts(prof, COPIES, max(1, steps)),
+        },
+        "hf_generate_per_step": {
+            "aten_ops": aten_ops(hf_prof) / args.tokens,
+            "syncs": counts(hf_prof, SYNC_OPS, args.tokens),
+            "kernel_launches": counts(hf_prof, LAUNCHES, args.tokens),
+            "copies": counts(hf_prof, COPIES, args.tokens),
         },
         "device_busy_share": busy,
         "top_host": op_table(prof, max(1, steps), args.top, device=False),
@@ -252,6 +274,11 @@ def report(r: dict[str, Any]) -> None:
         f"{step['aten_ops']:.0f} aten ops, {step['syncs']:.1f} host-device syncs, "
         f"{step['kernel_launches']:.0f} kernel launches, {step['copies']:.1f} copies"
     )
+    hf = r["hf_generate_per_step"]
+    print(
+        f"HF generate per token step: {hf['aten_ops']:.0f} aten ops, {hf['syncs']:.1f} syncs, "
+        f"{hf['kernel_launches']:.0f} kernel launches, {hf['copies']:.1f} copies"
+    )
     if r["device_busy_share"] is not None:
         print(f"device busy {100 * r['device_busy_share']:.0f}% of the profiled wall time")
     for title, rows in (("host", r["top_host"]), ("device", r["top_device"])):
@@ -276,5 +303,10 @@ if __name__ == "__main__":
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument(
+        "--no-fused",
+        action="store_true",
+        help="on CPU, decode through the model's own forward, as on a GPU (no fused decoder)",
+    )
     parser.add_argument("--json", default=None)
     asyncio.run(main(parser.parse_args()))
