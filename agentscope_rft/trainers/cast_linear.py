@@ -70,8 +70,8 @@ def _cast_input(x: Tensor, dtype: torch.dtype) -> Tensor:
     The last cast is held weakly: it stays shared while a layer's backward keeps it (training);
     without a graph (no_grad) it is freed with its layer's output and the next layer casts again.
     """
-    if x.dtype == dtype:
-        return x
+    if x.dtype == dtype or x.is_inference():  # (an inference tensor has no version to check)
+        return x.to(dtype)
     last = getattr(_last_cast, "entry", None)
     if last is not None:
         source, version, cast_ref = last

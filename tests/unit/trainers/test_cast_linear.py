@@ -138,3 +138,13 @@ def test_a_changed_or_other_input_is_cast_afresh() -> None:
     torch.testing.assert_close(second.float(), want, rtol=0, atol=0)
     torch.testing.assert_close(third.float(), want, rtol=0, atol=0)
     assert not torch.equal(first, second)
+
+
+def test_inference_mode_under_autocast_runs() -> None:
+    layer = nn.Linear(24, 8, bias=False)
+    recast_linear_layers(nn.Sequential(layer))
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        x = torch.randn(3, 24) * 1.0  # an inference tensor: it has no version counter
+        out = layer(x)
+    want = (x.bfloat16() @ layer.weight.bfloat16().t()).float()
+    torch.testing.assert_close(out.float(), want, rtol=0, atol=0)
