@@ -12,7 +12,8 @@ one more cast of the weights per pass (a few percent of a CPU step; memory bandw
 Autocast also casts a layer's fp32 input for each layer that reads it and keeps every cast: the
 query, key and value projections of a decoder layer keep three bf16 copies of the same normed
 hidden states, the gate and up projections two. Here the layers reading one input share its cast
-(`_cast_input`): a layer's share of the saved activations drops by a fifth to a third.
+(`_cast_input`): two input casts kept per decoder layer instead of five (0.09 of the 2.86 GiB
+alive at the peak of a quickstart step at 576-token passes; docs/benchmarks.md).
 
 On CPU the matmuls also run on the pass's tokens padded with zero rows to a bucket
 (`padded_rows`): oneDNN builds and caches a primitive (~0.6 MiB of kernels) for every matmul
