@@ -33,15 +33,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from engine_throughput import prompts
+from engine_throughput import ours, prompts
 from gpu_check import SHAPES, build_model
 from torch.profiler import ProfilerActivity, profile
 
-from agentscope_rft.engines.base import ChatRequest, ChoiceDone
 from agentscope_rft.engines.batcher import ContinuousBatcher
 from agentscope_rft.engines.embedded import EmbeddedEngine
 from agentscope_rft.models import EMBEDDED_MODEL, load_causal_lm, resolve_model
-from agentscope_rft.types import SamplingParams
 
 SYNC_OPS = ("aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize")
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
@@ -88,27 +86,10 @@ class EngineThreadProfiler:
 
 
 async def serve(engine: EmbeddedEngine, convs: list[list[dict]], tokens: int) -> float:
-    """Seconds to serve every conversation at once, `tokens` new tokens each."""
-
-    async def one(i: int, conv: list[dict]) -> int:
-        request = ChatRequest(
-            messages=conv,
-            sampling=SamplingParams(temperature=1.0, max_tokens=tokens, seed=i, ignore_eos=True),
-        )
-        count = 0
-        async for event in engine.chat(request):
-            if isinstance(event, ChoiceDone):
-                count = len(event.choice.completion_ids)
-        return count
-
-    started = time.perf_counter()
-    counts = await asyncio.gather(*[one(i, c) for i, c in enumerate(convs)])
-    elapsed = time.perf_counter() - started
-    if any(c != tokens for c in counts):
-        raise SystemExit(
-            f"engine_profile: completions of {sorted(set(counts))} tokens, not {tokens}"
-        )
-    return elapsed
+    """Seconds to serve every conversation at once, `tokens` new tokens each (`ours` of
+    engine_throughput.py, which checks every completion has them)."""
+    done = await ours(engine, convs, tokens, len(convs))
+    return len(convs) * tokens / done["tokens_per_s"]
 
 
 def hf_generate(
@@ -158,9 +139,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def op_table(prof: profile, steps: int, top: int, device: bool) -> list[dict[str, Any]]:
-    """The ops by self host time (or device time), counts and milliseconds per decode step."""
-    events = prof.key_averages()
+def op_table(events: Any, steps: int, top: int, device: bool) -> list[dict[str, Any]]:
+    """The ops (`key_averages()`) by self host time (or device time), counts and milliseconds per
+    decode step."""
     key = "self_device_time_total" if device else "self_cpu_time_total"
     ranked = sorted(events, key=lambda e: getattr(e, key, 0.0), reverse=True)[:top]
     return [
@@ -173,12 +154,18 @@ def op_table(prof: profile, steps: int, top: int, device: bool) -> list[dict[str
     ]
 
 
-def aten_ops(prof: profile) -> int:
-    return sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
+def per_step(events: Any, steps: int) -> dict[str, float]:
+    """aten ops, host-device syncs, kernel launches and copies per step (`key_averages()`)."""
 
+    def calls(names: tuple[str, ...]) -> float:
+        return sum(e.count for e in events if e.key in names) / steps
 
-def counts(prof: profile, names: tuple[str, ...], steps: int) -> float:
-    return sum(e.count for e in prof.key_averages() if e.key in names) / steps
+    return {
+        "aten_ops": sum(e.count for e in events if e.key.startswith("aten::")) / steps,
+        "syncs": calls(SYNC_OPS),
+        "kernel_launches": calls(LAUNCHES),
+        "copies": calls(COPIES),
+    }
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -211,13 +198,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             await engine.close()
     on_device = device.type == "cuda"
+    events, decode_steps = prof.key_averages(), max(1, steps)
     busy = None
     if on_device:
-        kernel_us = sum(
-            e.self_device_time_total for e in prof.key_averages() if e.device_type.name == "CUDA"
-        )
+        kernel_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
         busy = kernel_us / 1e6 / profiled
-    ops = aten_ops(prof)
     result = {
         "device": torch.cuda.get_device_name() if on_device else "CPU",
         "dtype": str(engine.dtype).removeprefix("torch."),
@@ -226,25 +211,15 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "wall_s": plain,
         "profiled_wall_s": profiled,
         "decode_steps": steps,
-        "ms_per_decode_step": 1e3 * plain / max(1, steps),
+        "ms_per_decode_step": 1e3 * plain / decode_steps,
         "tokens_per_s": args.prompts * args.tokens / plain,
         "hf_generate_s": baseline,
         "hf_generate_tokens_per_s": args.prompts * args.tokens / baseline,
-        "per_step": {
-            "aten_ops": ops / max(1, steps),
-            "syncs": counts(prof, SYNC_OPS, max(1, steps)),
-            "kernel_launches": counts(prof, LAUNCHES, max(1, steps)),
-            "copies": counts(prof, COPIES, max(1, steps)),
-        },
-        "hf_generate_per_step": {
-            "aten_ops": aten_ops(hf_prof) / args.tokens,
-            "syncs": counts(hf_prof, SYNC_OPS, args.tokens),
-            "kernel_launches": counts(hf_prof, LAUNCHES, args.tokens),
-            "copies": counts(hf_prof, COPIES, args.tokens),
-        },
+        "per_step": per_step(events, decode_steps),
+        "hf_generate_per_step": per_step(hf_prof.key_averages(), args.tokens),
         "device_busy_share": busy,
-        "top_host": op_table(prof, max(1, steps), args.top, device=False),
-        "top_device": op_table(prof, max(1, steps), args.top, device=True) if on_device else [],
+        "top_host": op_table(events, decode_steps, args.top, device=False),
+        "top_device": op_table(events, decode_steps, args.top, device=True) if on_device else [],
     }
     report(result)
     if args.json:
