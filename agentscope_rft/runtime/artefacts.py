@@ -30,14 +30,14 @@ from typing import Any
 import yaml
 
 from agentscope_rft.config import relative_file_keys
-from agentscope_rft.runtime.sweep import SweepError, read_sweep
+from agentscope_rft.runtime.sweep import BASELINE_DIR, BEST_TEST_DIR, SweepError, read_sweep
 
 logger = logging.getLogger(__name__)
 
 SWEEP_FILES = ("config.yaml", "sweep.json", "summary.json", "summary.md", "seeds.png")
 SEED_FILES = ("config.yaml", "metrics.jsonl", "health.jsonl", "best.json", "state.json")
 EVAL_FILES = ("summary.json", "results.jsonl", "config.yaml")
-EVAL_DIRS = ("test-best", "test-untrained")
+EVAL_DIRS = (BEST_TEST_DIR, BASELINE_DIR)
 MAX_FILE_BYTES = 5 * 2**20
 """A file above this is left out (and named): artefacts are for a git repository."""
 INDEX = "ARTEFACTS.md"

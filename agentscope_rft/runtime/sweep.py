@@ -45,9 +45,11 @@ STATE_FILE = "state.json"
 logger = logging.getLogger(__name__)
 
 SWEEP_FILE = "sweep.json"
-# The untrained model's test evaluation (`sweep_summary.UNTRAINED`): a folder holding only an
-# earlier one (copied in to reuse it, `--test`) is a new sweep's folder, not a run's.
+# The untrained model's test evaluation in a sweep's folder (`--test`): a folder holding only an
+# earlier one (copied in to reuse it) is a new sweep's folder, not a run's.
 BASELINE_DIR = "test-untrained"
+BEST_TEST_DIR = "test-best"
+"""A seed's best checkpoint on the test split, in its run folder (`--test`)."""
 SWEEP_CONFIG = "config.yaml"
 FOLLOWING_KEYS = ("explorer.seed", "engine.seed")
 """Seeds that follow the sweep seed unless the config sets them (`run.seed` always follows)."""

@@ -28,10 +28,9 @@ from agentscope_rft.runtime.best import (
     metric_names,
 )
 from agentscope_rft.runtime.components import CHECKPOINTS, STATE_FILE, checkpoint_dir, read_state
-from agentscope_rft.runtime.sweep import BASELINE_DIR, SweepError, read_sweep
+from agentscope_rft.runtime.sweep import BASELINE_DIR, BEST_TEST_DIR, SweepError, read_sweep
 
 SUMMARY_JSON, SUMMARY_MD, SEEDS_PLOT = "summary.json", "summary.md", "seeds.png"
-UNTRAINED = BASELINE_DIR
 DEFAULT_METRIC, DEFAULT_MODE = "val/reward/mean", "max"
 TEST_METRICS = ("reward/mean", "success_rate")
 
@@ -133,8 +132,8 @@ def summarize(sweep_dir: Path, *, test: bool = False) -> dict[str, Any]:
             result.update(seed_result(run_dir, criterion, mode))
             if test:
                 result["test"] = evaluate_best(run_dir, result["best_model"])
-            elif (run_dir / "test-best" / "summary.json").is_file():
-                result["test"] = json.loads((run_dir / "test-best" / "summary.json").read_text())
+            elif (run_dir / BEST_TEST_DIR / "summary.json").is_file():
+                result["test"] = json.loads((run_dir / BEST_TEST_DIR / "summary.json").read_text())
         seeds[key] = result
     done = [r for r in seeds.values() if "best" in r]
     summary: dict[str, Any] = {
@@ -149,8 +148,8 @@ def summarize(sweep_dir: Path, *, test: bool = False) -> dict[str, Any]:
     }
     if test:
         summary["untrained"] = evaluate_untrained(sweep_dir)
-    elif (sweep_dir / UNTRAINED / "summary.json").is_file():
-        summary["untrained"] = json.loads((sweep_dir / UNTRAINED / "summary.json").read_text())
+    elif (sweep_dir / BASELINE_DIR / "summary.json").is_file():
+        summary["untrained"] = json.loads((sweep_dir / BASELINE_DIR / "summary.json").read_text())
     tested = [r["test"] for r in done if "test" in r]
     if tested:
         names = sorted({k for t in tested for k in t if isinstance(t[k], (int, float))})
@@ -171,12 +170,12 @@ def evaluate_best(run_dir: Path, best_model: str | None) -> dict[str, float]:
     """
     if best_model is None or not Path(best_model).is_dir():
         raise SweepError(f"{run_dir}: no checkpoint to test ({best_model or 'state.json missing'})")
-    done, chosen = run_dir / "test-best" / "summary.json", run_dir / BEST_FILE
+    done, chosen = run_dir / BEST_TEST_DIR / "summary.json", run_dir / BEST_FILE
     if done.is_file() and chosen.is_file() and done.stat().st_mtime > chosen.stat().st_mtime:
         logger.info("%s: the test evaluation of its best checkpoint is reused (%s)", run_dir, done)
         return dict(json.loads(done.read_text()))
     return _evaluate(
-        run_dir / "config.yaml", [f"model.name_or_path={best_model}"], run_dir / "test-best"
+        run_dir / "config.yaml", [f"model.name_or_path={best_model}"], run_dir / BEST_TEST_DIR
     )
 
 
@@ -186,7 +185,7 @@ def evaluate_untrained(sweep_dir: Path) -> dict[str, float]:
     Every seed starts from this model, so it is the baseline a seed's gain is measured from. An
     earlier evaluation of the same model is reused (`test-untrained/summary.json`).
     """
-    out = sweep_dir / UNTRAINED
+    out = sweep_dir / BASELINE_DIR
     done = out / "summary.json"
     if done.is_file():
         return dict(json.loads(done.read_text()))
