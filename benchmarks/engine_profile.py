@@ -19,6 +19,13 @@ and prints what a GPU session needs to find the gap in one call:
 Side by side, HF `model.generate` on the same prompts as one left-padded batch (what TRL's
 GRPOTrainer generates with when it does not use vLLM), same dtype and device, so the figures come
 with a baseline from the same run.
+
+Then the same work with a busy Python thread beside the engine (an app's CPU-heavy code on the
+event loop: a reward check, a simulator), at the interpreter's default switch interval and at
+0.5 ms: every torch op releases the GIL, so a host-bound decode step (a small model on a GPU)
+waits up to one switch interval per op while another thread runs Python. On this CPU, a tiny
+model: 10 ms a step idle, 1.37 s beside a spinning thread at 5 ms, 0.10 s at 0.5 ms. If the
+GPU's step is slow only beside the app, that is where its time goes.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import tempfile
 import threading
 import time
@@ -90,6 +98,39 @@ async def serve(engine: EmbeddedEngine, convs: list[list[dict]], tokens: int) ->
     engine_throughput.py, which checks every completion has them)."""
     done = await ours(engine, convs, tokens, len(convs))
     return len(convs) * tokens / done["tokens_per_s"]
+
+
+def _spin(stop: threading.Event) -> None:
+    """Pure Python until `stop`: it holds the GIL whenever the engine thread lets it go."""
+    while not stop.is_set():
+        sum(range(2000))
+
+
+async def beside_busy_thread(
+    engine: EmbeddedEngine, convs: list[list[dict]], tokens: int, intervals: list[float]
+) -> list[dict[str, float]]:
+    """Milliseconds per decode step serving `convs` while another thread runs Python, at each
+    of `intervals` (`sys.setswitchinterval`, seconds); the interval is restored after."""
+    default, out = sys.getswitchinterval(), []
+    try:
+        for interval in intervals:
+            sys.setswitchinterval(interval)
+            stop = threading.Event()
+            spinner = threading.Thread(target=_spin, args=(stop,), daemon=True)
+            engine.batcher.stats.clear()
+            spinner.start()
+            try:
+                seconds = await serve(engine, convs, tokens)
+            finally:
+                stop.set()
+                spinner.join()
+            steps = max(1, int(engine.batcher.stats["decode_steps"]))
+            out.append(
+                {"switch_interval_ms": 1e3 * interval, "ms_per_decode_step": 1e3 * seconds / steps}
+            )
+    finally:
+        sys.setswitchinterval(default)
+    return out
 
 
 def hf_generate(
@@ -195,6 +236,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             baseline, hf_prof = await asyncio.to_thread(
                 hf_generate, engine, device, convs, args.tokens, activities
             )
+            # 4 tokens: at 5 ms a wait, a GPU step of ~1,000 Python-level ops could take seconds
+            busy_thread = await beside_busy_thread(
+                engine, convs, min(args.tokens, 4), [sys.getswitchinterval(), 5e-4]
+            )
         finally:
             await engine.close()
     on_device = device.type == "cuda"
@@ -218,6 +263,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "per_step": per_step(events, decode_steps),
         "hf_generate_per_step": per_step(hf_prof.key_averages(), args.tokens),
         "device_busy_share": busy,
+        "beside_busy_thread": busy_thread,
         "top_host": op_table(events, decode_steps, args.top, device=False),
         "top_device": op_table(events, decode_steps, args.top, device=True) if on_device else [],
     }
@@ -256,6 +302,12 @@ def report(r: dict[str, Any]) -> None:
     )
     if r["device_busy_share"] is not None:
         print(f"device busy {100 * r['device_busy_share']:.0f}% of the profiled wall time")
+    for row in r["beside_busy_thread"]:
+        print(
+            f"beside a busy Python thread ({min(r['tokens'], 4)} tokens a request), "
+            f"switch interval {row['switch_interval_ms']:.1f} ms: "
+            f"{row['ms_per_decode_step']:.1f} ms a decode step"
+        )
     for title, rows in (("host", r["top_host"]), ("device", r["top_device"])):
         if not rows:
             continue

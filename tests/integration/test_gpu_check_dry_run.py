@@ -31,6 +31,10 @@ def test_gpu_check_dry_run_passes_on_cpu() -> None:
     ops = re.search(r"decode steps (\d+), [\d.]+ ms each .* per step: (\d+) aten ops", done.stdout)
     assert ops is not None and int(ops[1]) > 0 and int(ops[2]) > 0, done.stdout[-3000:]
     assert "| HF generate, one padded batch |" in done.stdout
+    # and beside a busy Python thread, at the default switch interval and at 0.5 ms
+    beside = re.findall(r"switch interval ([\d.]+) ms: ([\d.]+) ms a decode step", done.stdout)
+    assert [float(ms) for ms, _ in beside] == [5.0, 0.5], done.stdout[-3000:]
+    assert all(float(step) > 0 for _, step in beside), beside
 
 
 def test_gpu_check_refuses_unknown_arguments() -> None:
