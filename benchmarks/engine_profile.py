@@ -111,7 +111,7 @@ async def beside_busy_thread(
 ) -> list[dict[str, float]]:
     """Milliseconds per decode step serving `convs` while another thread runs Python, at each
     of `intervals` (`sys.setswitchinterval`, seconds); the interval is restored after."""
-    default, out = sys.getswitchinterval(), []
+    default, out = sys.getswitchinterval(), []  # rows: interval, tokens a request, ms a step
     try:
         for interval in intervals:
             sys.setswitchinterval(interval)
@@ -126,7 +126,11 @@ async def beside_busy_thread(
                 spinner.join()
             steps = max(1, int(engine.batcher.stats["decode_steps"]))
             out.append(
-                {"switch_interval_ms": 1e3 * interval, "ms_per_decode_step": 1e3 * seconds / steps}
+                {
+                    "switch_interval_ms": 1e3 * interval,
+                    "tokens": tokens,
+                    "ms_per_decode_step": 1e3 * seconds / steps,
+                }
             )
     finally:
         sys.setswitchinterval(default)
@@ -304,7 +308,7 @@ def report(r: dict[str, Any]) -> None:
         print(f"device busy {100 * r['device_busy_share']:.0f}% of the profiled wall time")
     for row in r["beside_busy_thread"]:
         print(
-            f"beside a busy Python thread ({min(r['tokens'], 4)} tokens a request), "
+            f"beside a busy Python thread ({row['tokens']} tokens a request), "
             f"switch interval {row['switch_interval_ms']:.1f} ms: "
             f"{row['ms_per_decode_step']:.1f} ms a decode step"
         )
