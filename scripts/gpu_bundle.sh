@@ -13,7 +13,10 @@
 # Options: --out DIR (default .gpu), --python-version (default 3.12), --have FILE (names already
 # installed there: skipped, except the pinned ones below), --keep "names" (always packed; default
 # the versions this project pins: transformers tokenizers agentscope llguidance), --no-trl (skip
-# TRL, which only the GRPO-vs-TRL benchmark needs), --real-model.
+# TRL, which only the GRPO-vs-TRL benchmark needs), --real-model, --all-wheels (keep the wheels
+# the check never imports: by default the check's CPU dry run records what it imports and the
+# large wheels it never does are left out, see gpu_bundle_size.py; a lent GPU machine takes 64
+# MiB a call, the repository's files included).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-.venv/bin/python}
@@ -23,6 +26,7 @@ have=""
 keep="transformers tokenizers agentscope llguidance"
 trl=1
 real_model=0
+all_wheels=0
 while (($#)); do
   case "$1" in
     --out) out=$2; shift 2 ;;
@@ -31,6 +35,7 @@ while (($#)); do
     --keep) keep=$2; shift 2 ;;
     --no-trl) trl=0; shift ;;
     --real-model) real_model=1; shift ;;
+    --all-wheels) all_wheels=1; shift ;;
     *) echo "gpu_bundle: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -97,6 +102,23 @@ for wheel in sorted((out / "whl.all").glob("*.whl")):
 shutil.rmtree(out / "whl.all")
 print(f"[gpu_bundle] {len(packed)} wheels, {size / 2**20:.1f} MiB")
 EOF
+if ((!all_wheels)); then
+  recorder=$(mktemp -d)
+  "$python" scripts/gpu_bundle_size.py --recorder "$recorder"
+  echo "[gpu_bundle] the check's dry run on this CPU, recording what it imports (~1 min)"
+  record=(env IMPORT_LOG="$recorder/modules" PYTHONPATH="$recorder${PYTHONPATH:+:$PYTHONPATH}")
+  if ! "${record[@]}" PYTHON="$python" bash scripts/gpu_check.sh --dry-run >"$recorder/dry_run.log" 2>&1; then
+    echo "gpu_bundle: the check's dry run failed (log: $recorder/dry_run.log); fix it, or pack" \
+      "every wheel with --all-wheels" >&2
+    exit 1
+  fi
+  # The benchmarks only --with-benchmarks runs on the GPU: the memory sweep's and TRL's imports.
+  extra="import psutil, agentscope_rft.runtime.memory, agentscope_rft.trainers.logprobs"
+  if ((trl)); then extra="$extra; import datasets; from trl import GRPOConfig, GRPOTrainer"; fi
+  "${record[@]}" "$python" -c "$extra"
+  "$python" scripts/gpu_bundle_size.py "$out/whl" "$recorder/modules" --keep "$keep"
+  rm -rf "$recorder"
+fi
 # The embedded model: its folder as this machine built it (config, tokenizer, template).
 model_dir=$("$python" -c "from agentscope_rft.models import EMBEDDED_MODEL, resolve_model; print(resolve_model(EMBEDDED_MODEL))")
 if ((real_model)); then
@@ -145,3 +167,5 @@ PYTHON=python3 bash scripts/gpu_check.sh --with-benchmarks
 EOF
 chmod +x "$out/run.sh"
 echo "[gpu_bundle] wrote $out ($(du -sh "$out" | cut -f1)); on the GPU machine: bash $out/run.sh"
+# What a copy of this working tree carries with the bundle: a lent GPU machine takes 64 MiB a call.
+"$python" scripts/gpu_bundle_size.py --travel "$out"
