@@ -9,6 +9,7 @@ no runner it runs the workflow as an asyncio task of its own process (the local 
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import math
 import numbers
@@ -147,8 +148,8 @@ async def run_attempt(
             stream=model.stream,
             parameters=OpenAIChatModel.Parameters(max_tokens=model.max_tokens),
         )
-        result = await asyncio.wait_for(workflow.fn(dict(task), policy), timeout)
+        result = await asyncio.wait_for(workflow.fn(copy.deepcopy(task), policy), timeout)
     if workflow.judge is not None:
         with rollout_scope(None):  # the judge's own model calls are not the policy's
-            return as_reward(await workflow.judge(dict(task), result), "judge")
+            return as_reward(await workflow.judge(copy.deepcopy(task), result), "judge")
     return as_reward(result, f"workflow `{workflow.name}`")

@@ -198,6 +198,34 @@ async def test_failing_and_hanging_episodes_do_not_kill_the_batch(tiny_gateway):
     assert len(result.samples) == 1
 
 
+async def test_an_app_that_edits_its_task_edits_its_own_copy(tiny_gateway):
+    async def app(task, model):
+        task["notes"].append("seen")  # e.g. a chat history in the task, extended by the app
+        agent = Agent(
+            name="a",
+            system_prompt="Hi.",
+            model=model,
+            injection_config=InjectionConfig(inject_runtime_state=False),
+        )
+        await agent.reply(UserMsg(name="user", content=" ".join(task["notes"])))
+        return float(len(task["notes"]))
+
+    async def judge(task, reward):
+        return reward + len(task["notes"])  # the judge sees the task as written
+
+    explorer = Explorer(
+        agentscope_rft.workflow(app, judge=judge), tiny_gateway, EpisodeSettings(max_tokens=4)
+    )
+    tasks = load_tasks([{"id": "t", "notes": ["start"]}])
+    result = await explorer.explore(tasks, group_size=3, batch_id="b")
+    await explorer.close()
+    # every episode of the group saw the same task, and the task set is unchanged
+    assert [r.reward for r in result.rollouts] == [3.0, 3.0, 3.0]
+    assert tasks[0].data == {"id": "t", "notes": ["start"]}
+    prompts = [str(c.messages[-1]["content"]) for r in result.rollouts for c in r.calls]
+    assert len(prompts) == 3 and all("start seen" in p and "seen seen" not in p for p in prompts)
+
+
 async def test_emitted_step_rewards_land_on_their_calls(tiny_gateway):
     async def app(task, model):
         agent = Agent(
