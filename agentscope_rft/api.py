@@ -17,6 +17,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import math
+import numbers
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -108,10 +110,16 @@ def emit_reward(value: float, step: int | None = None) -> None:
 
     Raises:
         RuntimeError: called outside an episode.
+        ValueError: `value` is not a finite real number (the episode fails with this error).
 
     Example:
         >>> emit_reward(0.5)  # doctest: +SKIP
     """
+    if not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(
+            f"emit_reward({value!r:.80}): a step reward must be a finite number (a NaN would "
+            "make the training step's gradient NaN)"
+        )
     # Imported here: checking a workflow's path and signature must not wait for AgentScope.
     from agentscope_rft.integration.agentscope import current_agent, current_scope
 

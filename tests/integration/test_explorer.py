@@ -249,6 +249,31 @@ async def test_emitted_step_rewards_land_on_their_calls(tiny_gateway):
     assert sorted(r for r in rewards if r) == [0.75]
 
 
+async def test_a_nan_step_reward_fails_its_episode_by_name(tiny_gateway):
+    async def app(task, model):
+        agent = Agent(
+            name="a",
+            system_prompt="Hi.",
+            model=model,
+            injection_config=InjectionConfig(inject_runtime_state=False),
+        )
+        await agent.reply(UserMsg(name="user", content="one"))
+        agentscope_rft.emit_reward(float(task["step_reward"]))
+        return 1.0
+
+    explorer = Explorer(
+        agentscope_rft.workflow(app), tiny_gateway, EpisodeSettings(max_tokens=4, max_retries=0)
+    )
+    tasks = load_tasks([{"id": "nan", "step_reward": "nan"}, {"id": "ok", "step_reward": 0.5}])
+    result = await explorer.explore(tasks, group_size=1, batch_id="b")
+    await explorer.close()
+    by_task = {r.task_id: r for r in result.rollouts}
+    assert by_task["nan"].status is RolloutStatus.FAILED
+    assert "emit_reward(nan): a step reward must be a finite number" in (by_task["nan"].error or "")
+    assert by_task["ok"].ok and [s.value for s in by_task["ok"].step_rewards] == [0.5]
+    assert [s.rollout_id for s in result.samples] == [by_task["ok"].rollout_id]
+
+
 async def test_no_model_call_is_reported(tiny_gateway, caplog):
     explorer = Explorer(agentscope_rft.workflow(lambda_app), tiny_gateway, EpisodeSettings())
     result = await explorer.explore(load_tasks([{"id": "n"}]), group_size=2, batch_id="b")
