@@ -17,6 +17,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import math
+import numbers
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -38,8 +40,9 @@ class WorkflowError(TypeError):
 def _check_callable(fn: Any, what: str, params: tuple[str, str]) -> None:
     if not callable(fn):
         raise WorkflowError(f"{what} {fn!r} is not a function")
-    name = getattr(fn, "__qualname__", repr(fn))
-    if not inspect.iscoroutinefunction(fn):
+    name = getattr(fn, "__qualname__", type(fn).__qualname__)
+    # An app object whose `async def __call__(self, task, model)` runs the episode counts too.
+    if not (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)):
         raise WorkflowError(
             f"{what} `{name}` must be an async function: `async def {name.split('.')[-1]}"
             f"({', '.join(params)})`"
@@ -90,7 +93,8 @@ def workflow(
         _check_callable(f, "workflow", ("task", "model"))
         if judge is not None:
             _check_callable(judge, "judge", ("task", "response"))
-        return Workflow(fn=f, name=name or f.__name__, judge=judge)
+        default_name: str = getattr(f, "__name__", type(f).__name__)  # an app object: its class
+        return Workflow(fn=f, name=name or default_name, judge=judge)
 
     return register(fn) if fn is not None else register
 
@@ -108,10 +112,16 @@ def emit_reward(value: float, step: int | None = None) -> None:
 
     Raises:
         RuntimeError: called outside an episode.
+        ValueError: `value` is not a finite real number (the episode fails with this error).
 
     Example:
         >>> emit_reward(0.5)  # doctest: +SKIP
     """
+    if not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(
+            f"emit_reward({value!r:.80}): a step reward must be a finite number (a NaN would "
+            "make the training step's gradient NaN)"
+        )
     # Imported here: checking a workflow's path and signature must not wait for AgentScope.
     from agentscope_rft.integration.agentscope import current_agent, current_scope
 

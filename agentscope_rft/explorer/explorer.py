@@ -20,6 +20,7 @@ are aborted; both are counted (`episode/late_calls`, `episode/aborted_calls`).
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import math
 import os
@@ -319,7 +320,7 @@ class Explorer:
             model = self._model(scope)
             # The task copies the context, so the app's own tasks stay in this rollout too.
             episode: asyncio.Task[Any] = asyncio.ensure_future(
-                self.workflow.fn(dict(task.data), model)
+                self.workflow.fn(copy.deepcopy(task.data), model)
             )
         episode.add_done_callback(_retrieve)
         result = await self._bounded(episode, scope.rollout_id)
@@ -334,7 +335,7 @@ class Explorer:
             with rollout_scope(None):  # the judge's own model calls are not the policy's
                 try:
                     judged = await asyncio.wait_for(
-                        self.workflow.judge(dict(task.data), result), max(left, 0.0)
+                        self.workflow.judge(copy.deepcopy(task.data), result), max(left, 0.0)
                     )
                 except TimeoutError as exc:
                     raise EpisodeTimeout(

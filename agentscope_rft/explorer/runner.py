@@ -9,7 +9,10 @@ no runner it runs the workflow as an asyncio task of its own process (the local 
 from __future__ import annotations
 
 import asyncio
+import copy
+import dataclasses
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -48,15 +51,47 @@ class RunnerLost(EpisodeFailed):
     """
 
 
+def _finite(value: Any) -> float | None:
+    """`value` as a float when it is a finite real number (numpy scalars too), else None."""
+    if isinstance(value, numbers.Real) and math.isfinite(float(value)):
+        return float(value)
+    return None
+
+
 def as_reward(value: Any, source: str) -> Reward:
-    if isinstance(value, Reward):
-        return value
-    if isinstance(value, bool | int | float) and math.isfinite(float(value)):
-        return Reward(float(value))
-    raise WorkflowReturnError(
-        f"the {source} returned {type(value).__name__} {value!r:.80}; it must return a finite "
-        "float or agentscope_rft.Reward (a workflow with a judge may return any response)"
-    )
+    """What the workflow (or judge) returned, as a `Reward` of plain floats.
+
+    Raises:
+        WorkflowReturnError: neither a finite real number nor a `Reward` with a finite value and
+            real-number metrics.
+
+    Example:
+        >>> as_reward(1, "workflow").value
+        1.0
+    """
+    if not isinstance(value, Reward):
+        reward = _finite(value)
+        if reward is None:
+            raise WorkflowReturnError(
+                f"the {source} returned {type(value).__name__} {value!r:.80}; it must return a "
+                "finite float or agentscope_rft.Reward (a workflow with a judge may return any "
+                "response)"
+            )
+        return Reward(reward)
+    reward = _finite(value.value)
+    if reward is None:
+        raise WorkflowReturnError(
+            f"the {source} returned Reward(value={value.value!r:.80}); its value must be a finite "
+            "float"
+        )
+    bad = {k: v for k, v in value.metrics.items() if not isinstance(v, numbers.Real)}
+    if bad:
+        raise WorkflowReturnError(
+            f"the {source} returned a Reward whose metrics {bad!r:.120} are not numbers"
+        )
+    metrics = {k: float(v) for k, v in value.metrics.items()}
+    success = None if value.success is None else bool(value.success)
+    return dataclasses.replace(value, value=reward, metrics=metrics, success=success)
 
 
 @dataclass(frozen=True)
@@ -113,8 +148,8 @@ async def run_attempt(
             stream=model.stream,
             parameters=OpenAIChatModel.Parameters(max_tokens=model.max_tokens),
         )
-        result = await asyncio.wait_for(workflow.fn(dict(task), policy), timeout)
+        result = await asyncio.wait_for(workflow.fn(copy.deepcopy(task), policy), timeout)
     if workflow.judge is not None:
         with rollout_scope(None):  # the judge's own model calls are not the policy's
-            return as_reward(await workflow.judge(dict(task), result), "judge")
+            return as_reward(await workflow.judge(copy.deepcopy(task), result), "judge")
     return as_reward(result, f"workflow `{workflow.name}`")

@@ -1,7 +1,7 @@
-"""Task sets: rows from a file (JSONL, JSON, Parquet, CSV via HF `datasets`) or an iterable.
+"""Task sets: rows from a file (JSONL, JSON; Parquet, CSV via HF `datasets`) or an iterable.
 
-Every task is a flat dict; its id comes from `id_field` (or its row number when absent). A bad
-file or row raises `TaskSetError` naming the file, the row and the field.
+Every task is a dict (a JSON row exactly as written); its id comes from `id_field` (or its row
+number when absent). A bad file or row raises `TaskSetError` naming the file, the row and the field.
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ class Task:
     data: dict[str, Any]
 
 
-def _check_jsonl(path: Path) -> None:
-    with open(path, encoding="utf-8") as handle:
+def _read_jsonl(path: Path) -> list[Any]:
+    rows = []
+    # utf-8-sig: files saved by Windows editors start with a byte-order mark
+    with open(path, encoding="utf-8-sig") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -36,9 +38,26 @@ def _check_jsonl(path: Path) -> None:
                 raise TaskSetError(f"{path} line {number}: invalid JSON ({exc.msg})") from exc
             if not isinstance(row, dict):
                 raise TaskSetError(f"{path} line {number}: a task must be a JSON object")
+            rows.append(row)
+    return rows
 
 
-def _read_file(path: Path) -> list[dict[str, Any]]:
+def _read_json(path: Path) -> list[Any]:
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8-sig"))
+    except json.JSONDecodeError as exc:
+        if exc.msg == "Extra data":  # JSON lines in a file named .json
+            return _read_jsonl(path)
+        raise TaskSetError(f"{path}: invalid JSON ({exc.msg}, line {exc.lineno})") from exc
+    if not isinstance(rows, list):
+        raise TaskSetError(
+            f"{path}: a .json task file must hold a list of task objects, not a "
+            f"{type(rows).__name__} (or write one task per line as .jsonl)"
+        )
+    return rows
+
+
+def _read_file(path: Path) -> list[Any]:
     if not path.is_file():
         raise TaskSetError(f"task file {path} does not exist")
     kind = _FORMATS.get(path.suffix.lower())
@@ -47,8 +66,12 @@ def _read_file(path: Path) -> list[dict[str, Any]]:
             f"task file {path}: unsupported format {path.suffix!r} (use .jsonl, .json, "
             ".parquet or .csv)"
         )
+    # JSON is read as written: `datasets` would give every row every column (None where a row has
+    # none) and cast a column to one type (the string "0" in a column of ints becomes 0).
     if path.suffix.lower() == ".jsonl":
-        _check_jsonl(path)
+        return _read_jsonl(path)
+    if path.suffix.lower() == ".json":
+        return _read_json(path)
     import datasets
 
     datasets.disable_progress_bars()

@@ -34,7 +34,7 @@ class TrainBatch:
     step_state_ids: Tensor  # [N, T] long: anchor state of each trained token's call, -1 = none
     rewards: Tensor  # [N]
     group_ids: Tensor  # [N] advantage groups: (sample group, agent)
-    episode_ids: Tensor  # [N] rollouts
+    episode_ids: Tensor  # [N] trajectories: (rollout, agent), as each agent is grouped apart
     temperature: Tensor  # [N]
     lengths: Tensor  # [N]
     sample_kinds: Tensor  # [N]
@@ -151,7 +151,7 @@ def build_batch(
         step_state_ids=step_states,
         rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32),
         group_ids=_ids([(s.group, s.agent_name) for s in samples]),
-        episode_ids=_ids([s.rollout_id for s in samples]),
+        episode_ids=_ids([(s.rollout_id, s.agent_name) for s in samples]),
         temperature=torch.tensor([s.temperature or 1.0 for s in samples], dtype=torch.float32),
         lengths=attention.sum(dim=1),
         sample_kinds=encode_sample_kinds([s.kind for s in samples]),

@@ -198,6 +198,34 @@ async def test_failing_and_hanging_episodes_do_not_kill_the_batch(tiny_gateway):
     assert len(result.samples) == 1
 
 
+async def test_an_app_that_edits_its_task_edits_its_own_copy(tiny_gateway):
+    async def app(task, model):
+        task["notes"].append("seen")  # e.g. a chat history in the task, extended by the app
+        agent = Agent(
+            name="a",
+            system_prompt="Hi.",
+            model=model,
+            injection_config=InjectionConfig(inject_runtime_state=False),
+        )
+        await agent.reply(UserMsg(name="user", content=" ".join(task["notes"])))
+        return float(len(task["notes"]))
+
+    async def judge(task, reward):
+        return reward + len(task["notes"])  # the judge sees the task as written
+
+    explorer = Explorer(
+        agentscope_rft.workflow(app, judge=judge), tiny_gateway, EpisodeSettings(max_tokens=4)
+    )
+    tasks = load_tasks([{"id": "t", "notes": ["start"]}])
+    result = await explorer.explore(tasks, group_size=3, batch_id="b")
+    await explorer.close()
+    # every episode of the group saw the same task, and the task set is unchanged
+    assert [r.reward for r in result.rollouts] == [3.0, 3.0, 3.0]
+    assert tasks[0].data == {"id": "t", "notes": ["start"]}
+    prompts = [str(c.messages[-1]["content"]) for r in result.rollouts for c in r.calls]
+    assert len(prompts) == 3 and all("start seen" in p and "seen seen" not in p for p in prompts)
+
+
 async def test_emitted_step_rewards_land_on_their_calls(tiny_gateway):
     async def app(task, model):
         agent = Agent(
@@ -219,6 +247,31 @@ async def test_emitted_step_rewards_land_on_their_calls(tiny_gateway):
     assert [(s.value, s.call_index) for s in rollout.step_rewards] == [(0.25, 0), (0.5, 0)]
     rewards = [r for s in result.samples for r in (s.token_rewards or [])]
     assert sorted(r for r in rewards if r) == [0.75]
+
+
+async def test_a_nan_step_reward_fails_its_episode_by_name(tiny_gateway):
+    async def app(task, model):
+        agent = Agent(
+            name="a",
+            system_prompt="Hi.",
+            model=model,
+            injection_config=InjectionConfig(inject_runtime_state=False),
+        )
+        await agent.reply(UserMsg(name="user", content="one"))
+        agentscope_rft.emit_reward(float(task["step_reward"]))
+        return 1.0
+
+    explorer = Explorer(
+        agentscope_rft.workflow(app), tiny_gateway, EpisodeSettings(max_tokens=4, max_retries=0)
+    )
+    tasks = load_tasks([{"id": "nan", "step_reward": "nan"}, {"id": "ok", "step_reward": 0.5}])
+    result = await explorer.explore(tasks, group_size=1, batch_id="b")
+    await explorer.close()
+    by_task = {r.task_id: r for r in result.rollouts}
+    assert by_task["nan"].status is RolloutStatus.FAILED
+    assert "emit_reward(nan): a step reward must be a finite number" in (by_task["nan"].error or "")
+    assert by_task["ok"].ok and [s.value for s in by_task["ok"].step_rewards] == [0.5]
+    assert [s.rollout_id for s in result.samples] == [by_task["ok"].rollout_id]
 
 
 async def test_no_model_call_is_reported(tiny_gateway, caplog):

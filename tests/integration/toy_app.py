@@ -65,3 +65,21 @@ async def by_kind(task: dict, model) -> float:
     if task["kind"] == "mixed":
         return float(len(_EPISODES) % 2)
     return 1.0 if task["kind"] == "solved" else 0.0
+
+
+async def two_agents(task: dict, model) -> float:
+    """A proposer and a critic sharing the policy; reward: the uppercase share of both replies."""
+    proposer, critic = (
+        Agent(
+            name=name,
+            system_prompt=prompt,
+            model=model,
+            injection_config=InjectionConfig(inject_runtime_state=False),
+        )
+        for name, prompt in (("proposer", "Propose."), ("critic", "Criticize."))
+    )
+    proposal = (
+        await proposer.reply(UserMsg(name="user", content=task["prompt"]))
+    ).get_text_content()
+    critique = (await critic.reply(UserMsg(name="user", content=proposal or ""))).get_text_content()
+    return uppercase_share(f"{proposal or ''} {critique or ''}")

@@ -1,0 +1,54 @@
+"""What a workflow may return as its reward: finite real numbers, numpy's included."""
+
+import fractions
+import json
+
+import numpy as np
+import pytest
+
+from agentscope_rft.explorer.runner import WorkflowReturnError, as_reward
+from agentscope_rft.types import Reward
+
+
+@pytest.mark.parametrize(
+    ("returned", "value"),
+    [
+        (0.25, 0.25),
+        (True, 1.0),
+        (3, 3.0),
+        (np.float32(0.5), 0.5),
+        (np.float64(-2.0), -2.0),
+        (np.int64(1), 1.0),
+        (fractions.Fraction(1, 4), 0.25),
+    ],
+)
+def test_real_numbers_are_rewards(returned, value):
+    reward = as_reward(returned, "workflow `run`")
+    assert reward.value == value and type(reward.value) is float
+
+
+def test_a_reward_is_made_of_plain_json_values():
+    returned = Reward(np.float32(0.75), metrics={"em": np.float32(1.0)}, success=np.bool_(True))
+    reward = as_reward(returned, "workflow `run`")
+    assert (reward.value, reward.metrics, reward.success) == (0.75, {"em": 1.0}, True)
+    # the rollout log writes these as they are
+    assert json.dumps([reward.value, reward.metrics, reward.success]) == '[0.75, {"em": 1.0}, true]'
+
+
+@pytest.mark.parametrize(
+    ("returned", "message"),
+    [
+        (None, "returned NoneType None"),
+        (float("nan"), "returned float nan"),
+        ({"reward": 1.0}, "returned dict"),
+        ("1.0", "returned str"),
+        (Reward(float("nan")), "returned Reward(value=nan); its value must be a finite float"),
+        (Reward(float("inf")), "returned Reward(value=inf)"),
+        (Reward("0.5"), "returned Reward(value='0.5')"),
+        (Reward(1.0, metrics={"note": "good"}), "metrics {'note': 'good'} are not numbers"),
+    ],
+)
+def test_anything_else_is_a_clear_error(returned, message):
+    with pytest.raises(WorkflowReturnError, match="the workflow `run`") as error:
+        as_reward(returned, "workflow `run`")
+    assert message in str(error.value)
