@@ -157,3 +157,24 @@ def test_real_data_errors_name_the_fix(tmp_path: Path, monkeypatch: pytest.Monke
     (tmp_path / "json_2.1.1" / "train").mkdir(parents=True)
     with pytest.raises(FileNotFoundError, match="no solvable games"):
         find_games("train", data_dir=tmp_path)
+
+
+def test_broken_game_folders_are_named(tmp_path: Path) -> None:
+    [first, second] = export_games(FRESH_TEST_SET[:2], tmp_path, "train")
+    traj_path = first.parent / "traj_data.json"
+    traj_text = traj_path.read_text()
+    traj_path.write_text("{broken")
+    with pytest.raises(ValueError, match=rf"{traj_path}: not readable JSON"):
+        find_games("train", data_dir=tmp_path)
+    traj_path.write_text("{}")
+    with pytest.raises(ValueError, match=rf"{traj_path}: no 'task_type' text"):
+        find_games("train", data_dir=tmp_path)
+    traj_path.write_text(traj_text)
+    first.write_text("[1]")
+    with pytest.raises(ValueError, match=rf"{first}: expected a JSON object, got list"):
+        find_games("train", data_dir=tmp_path)
+    # Game folders without their game files: the error says why none was found.
+    first.unlink()
+    second.unlink()
+    with pytest.raises(FileNotFoundError, match=r"in 2 game folders \(2 without game\.tw-pddl\)"):
+        find_games("train", data_dir=tmp_path)
