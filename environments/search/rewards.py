@@ -4,7 +4,9 @@ A reward a policy cannot game (`grade_reply`, used by `score` and the search age
 answer in `<answer>...</answer>` is scored; an answer longer than `2 * g + 2` normalized words
 (`g`: the longest gold answer's) scores 0, as does a hedge: several tagged answers, candidates
 joined by a separator the gold answers do not use (`,` `;` `/` `|` a line break, `or`, `and`
-or `&`), or more numbers than a gold answer has. An exact match is never a hedge or too long.
+or `&`), or more numbers than a gold answer has. An exact match is never a hedge or too long,
+and a separator that a gold answer itself uses (`,` in "Washington, D.C.", `&` in "AT&T"), or a
+comma grouping digits ("1,842"), joins no candidates.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
 _ANSWER_LINE = re.compile(r"(?:final answer|answer)\s*[:：]\s*(.+)", re.IGNORECASE)
 _PUNCTUATION = str.maketrans("", "", string.punctuation + "–—‘’“”")
 _MARK_SEPARATORS = (",", ";", "/", "|", "\n")
+_GROUPING_COMMA = r"(?<!\d),|,(?!\d)"
 # A joining word, and the patterns that spell it ("&" is "and").
 _WORD_SEPARATORS = {"or": (r"\bor\b",), "and": (r"\band\b", "&")}
 
@@ -140,14 +143,23 @@ def answer_problem(answer: str, gold: str | Sequence[str]) -> AnswerProblem | No
     if len(words) > max_answer_words(golds):
         return "too_long"
     gold_words = {word for g in golds for word in normalize_answer(g).split()}
-    marks = [mark for mark in _MARK_SEPARATORS if not any(mark in g for g in golds)]
+    lowered = [g.lower() for g in golds]
+    # A comma between digits groups them ("1,842"); it joins no candidates.
+    marks = [
+        _GROUPING_COMMA if mark == "," else re.escape(mark)
+        for mark in _MARK_SEPARATORS
+        if not any(mark in g for g in golds)
+    ]
+    # A joining word the gold uses, in any spelling ("AT&T": "&", dropped by normalization),
+    # separates nothing.
     joints = [
         spelling
         for word, spellings in _WORD_SEPARATORS.items()
         if word not in gold_words
+        and not any(re.search(other, g) for other in spellings for g in lowered)
         for spelling in spellings
     ]
-    pattern = "|".join([*map(re.escape, marks), *joints])
+    pattern = "|".join([*marks, *joints])
     pieces = re.split(pattern, answer.lower()) if pattern else [answer]
     if sum(bool(normalize_answer(piece)) for piece in pieces) > 1:
         return "hedged"
