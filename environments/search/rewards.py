@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 import re
 import string
+import unicodedata
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from typing import Any, Literal
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
 _ANSWER_LINE = re.compile(r"(?:final answer|answer)\s*[:：]\s*(.+)", re.IGNORECASE)
-_PUNCTUATION = str.maketrans("", "", string.punctuation + "–—‘’“”")
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
 _MARK_SEPARATORS = (",", ";", "/", "|", "\n")
 _GROUPING_COMMA = r"(?<!\d),|,(?!\d)"
 # A joining word, and the patterns that spell it ("&" is "and").
@@ -35,11 +36,18 @@ Complete = Callable[[str], Awaitable[str]]
 def normalize_answer(text: str) -> str:
     """SQuAD normalization: lower case, no punctuation, no articles, single spaces.
 
+    Punctuation is ASCII's (as SQuAD's) and any other script's (Unicode category P: "。",
+    "«»", "¿"), so an answer in the gold's words matches whatever marks end it.
+
     Example:
         >>> normalize_answer("The  Republic of Ombria!")
         'republic of ombria'
+        >>> normalize_answer("北京。")
+        '北京'
     """
     text = text.lower().translate(_PUNCTUATION)
+    if not text.isascii():
+        text = "".join(char for char in text if not unicodedata.category(char).startswith("P"))
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
