@@ -78,8 +78,15 @@ def test_user_question_files_are_checked(tmp_path: Path) -> None:
     path.write_text(json.dumps({"id": "q1", "question": "Capital?"}) + "\n")
     with pytest.raises(TaskFileError, match=r"questions\.jsonl:1: missing key\(s\) \['answer'\]"):
         load_tasks(path)
-    path.write_text(json.dumps({"id": "q1", "question": "Capital?", "answer": 3}) + "\n")
-    with pytest.raises(TaskFileError, match="'answer' must be a string"):
+    for answer in (3, [], "", [" "], ["Kestrow", ""]):
+        path.write_text(json.dumps({"id": "q1", "question": "Capital?", "answer": answer}) + "\n")
+        with pytest.raises(TaskFileError, match="'answer' must be a non-blank string"):
+            load_tasks(path)
+    path.write_text(json.dumps({"id": "q1", "question": " ", "answer": "Kestrow"}) + "\n")
+    with pytest.raises(TaskFileError, match="task 'q1': 'question' must be non-empty text"):
+        load_tasks(path)
+    path.write_text("\n")
+    with pytest.raises(TaskFileError, match=r"questions\.jsonl: no questions"):
         load_tasks(path)
 
 
