@@ -37,7 +37,8 @@ def data_root(data_dir: str | Path | None = None) -> Path:
             "ALFWORLD_DATA is not set; point it at the folder `alfworld-download` fills "
             "(the one that contains json_2.1.1/), or use the generated tasks"
         )
-    root = Path(root).expanduser()
+    # Absolute, so that the rows' `game_file` paths hold from any working directory.
+    root = Path(root).expanduser().resolve()
     if not (root / "json_2.1.1").is_dir():
         raise FileNotFoundError(
             f"{root}: no json_2.1.1/ folder; ALFWORLD_DATA must point at downloaded ALFWorld data"

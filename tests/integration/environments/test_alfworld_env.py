@@ -146,6 +146,16 @@ def test_export_and_find_games_round_trip(tmp_path: Path) -> None:
     ]
 
 
+def test_rows_from_a_relative_data_folder_hold_from_anywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    export_games(FRESH_TEST_SET[:1], tmp_path / "alfworld", "valid_seen")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ALFWORLD_DATA", "alfworld")  # as `export ALFWORLD_DATA=alfworld`
+    [row] = find_games("valid_seen")
+    assert Path(row["game_file"]).is_absolute() and Path(row["game_file"]).is_file()
+
+
 def test_real_data_errors_name_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ALFWORLD_DATA", raising=False)
     with pytest.raises(FileNotFoundError, match="ALFWORLD_DATA is not set"):
