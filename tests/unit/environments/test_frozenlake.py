@@ -105,6 +105,10 @@ def test_bad_task_files_are_clear_errors(tmp_path: Path) -> None:
     path.write_text(json.dumps({"id": "a", "map": ["SF", "F"]}) + "\n")
     with pytest.raises(TaskFileError, match="'map' must be equal-length rows"):
         load_tasks(path)
+    for unwinnable in (["SF", "FF"], ["SH", "HG"]):  # no goal; a goal behind holes
+        path.write_text(json.dumps({"id": "a", "map": unwinnable}) + "\n")
+        with pytest.raises(TaskFileError, match="task 'a': no path from S to a G"):
+            load_tasks(path)
     path.write_text('{"id": "a", "map": ["SF", "FG"]}\n{"id": "b", "map": \n')
     with pytest.raises(TaskFileError, match=r"lake\.jsonl:2: not valid JSON"):
         load_tasks(path)
