@@ -46,7 +46,7 @@ from agentscope.types import ReplyFinishedReason
 
 import agentscope_rft
 from agentscope_rft import Reward
-from environments.search import SearchIndex, SearchTools, load_index
+from environments.search import DATA_DIR, SearchIndex, SearchTools, load_index
 from workflows.search_reward import JudgeSettings, answer_reward, gold_answers, llm_judge
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
     "JudgeSettings",
     "SearchAgentSettings",
     "build_agent",
+    "check_corpus",
     "gold_answers",
     "play",
     "run",
@@ -192,9 +193,42 @@ class Encyclopedia:
         )
 
 
+DEFAULT_CORPUS = DATA_DIR / "corpus.jsonl"
+"""The corpus searched when `SearchAgentSettings.corpus` is None."""
+
+
 @functools.cache
 def _index(corpus: str | None) -> SearchIndex:
     return load_index() if corpus is None else load_index(corpus)
+
+
+def check_corpus(task: dict[str, Any], index: SearchIndex, corpus: str | None) -> None:
+    """Refuses a generated task whose pages are not in the searched corpus.
+
+    Generated rows name their supporting pages (`supporting_ids`, `supporting_titles`); a task
+    from another world (a fresh `environments.search.generate --out DIR`) searched in this corpus
+    could never be answered, and would train on reward 0 without a word. Rows without them
+    (Search-R1's, a user's own) are not checked.
+
+    Raises:
+        ValueError: A supporting page is missing from the corpus or has another title.
+
+    Example:
+        >>> check_corpus({"id": "q1", "question": "?", "answer": "x"}, _index(None), None)
+    """
+    ids, titles = task.get("supporting_ids"), task.get("supporting_titles")
+    if not isinstance(ids, list) or not isinstance(titles, list):
+        return
+    for doc_id, title in zip(ids, titles, strict=False):
+        document = index.open(str(doc_id))
+        if document is None or document.title != title:
+            where = corpus or f"the shipped encyclopedia ({DEFAULT_CORPUS})"
+            raise ValueError(
+                f"task {task.get('id')!r} reads page {doc_id} ({title!r}), which is not in the "
+                f"corpus searched, {where}: the task was generated with another corpus. Search "
+                "the corpus.jsonl written beside the task files: SearchAgentSettings(corpus=...), "
+                "or $SEARCH_CORPUS for examples/web_search/app.py"
+            )
 
 
 def build_agent(model: ChatModelBase, tools: Encyclopedia, max_turns: int) -> Agent:
@@ -243,9 +277,9 @@ async def play(
             f"task {task.get('id')!r} has no 'question' text (fields: {sorted(task)}); search "
             "tasks need 'question' and 'answer' (or Search-R1's 'golden_answers')"
         )
-    tools = Encyclopedia(
-        _index(settings.corpus), settings.top_k, settings.lead_chars, settings.open_page
-    )
+    index = _index(settings.corpus)
+    check_corpus(task, index, settings.corpus)
+    tools = Encyclopedia(index, settings.top_k, settings.lead_chars, settings.open_page)
     agent = build_agent(model, tools, settings.max_turns)
     agent.state.context.extend(
         await demo_messages(settings.demos, settings.top_k, settings.lead_chars)

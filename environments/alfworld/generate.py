@@ -160,7 +160,8 @@ def generate(
     `overlaps` before it is returned.
 
     Raises:
-        ValueError: From `candidates`, or if the splits overlap (a bug: they are drawn apart).
+        ValueError: A negative count, from `candidates`, or if the splits overlap (a bug: they
+            are drawn apart).
 
     Example:
         >>> splits, _ = generate({"train": 8, "val": 2, "test": 2}, {"train": 4, "val": 6,
@@ -169,6 +170,9 @@ def generate(
         >>> [len(rows) for rows in splits.values()]
         [8, 2, 2]
     """
+    negative = {split: count for split, count in counts.items() if count < 0}
+    if negative:
+        raise ValueError(f"task counts must be >= 0, got {negative} (--train/--val/--test)")
     manifest: dict[str, Any] = {
         "seed": seed,
         "task_types": task_types,

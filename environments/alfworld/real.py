@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,8 @@ def data_root(data_dir: str | Path | None = None) -> Path:
             "ALFWORLD_DATA is not set; point it at the folder `alfworld-download` fills "
             "(the one that contains json_2.1.1/), or use the generated tasks"
         )
-    root = Path(root).expanduser()
+    # Absolute, so that the rows' `game_file` paths hold from any working directory.
+    root = Path(root).expanduser().resolve()
     if not (root / "json_2.1.1").is_dir():
         raise FileNotFoundError(
             f"{root}: no json_2.1.1/ folder; ALFWORLD_DATA must point at downloaded ALFWorld data"
@@ -61,8 +63,10 @@ def find_games(
         Rows `{"id", "source", "split", "task_type", "goal", "game_file"}`, sorted by path.
 
     Raises:
-        FileNotFoundError: If there is no data, or the split has no games.
-        ValueError: On an unknown split or task type.
+        FileNotFoundError: If there is no data, or the split has no games (the message counts
+            the game folders left out, by reason).
+        ValueError: On an unknown split or task type, or a game folder whose `traj_data.json`
+            or `game.tw-pddl` is not a JSON object (the file is named).
 
     Example:
         >>> rows = find_games("valid_unseen")  # doctest: +SKIP
@@ -74,14 +78,28 @@ def find_games(
     wanted = {check_task_type(task_type) for task_type in task_types}
     base = data_root(data_dir) / "json_2.1.1" / split
     rows = []
+    skipped: Counter[str] = Counter()
     for traj_path in sorted(base.rglob("traj_data.json")):
         folder = traj_path.parent
         game_path = folder / "game.tw-pddl"
         # The same filters as alfworld's AlfredTWEnv.collect_game_files.
-        if "movable" in str(folder) or "Sliced" in str(folder) or not game_path.is_file():
+        if "movable" in str(folder) or "Sliced" in str(folder):
+            skipped["movable or sliced (alfworld skips them)"] += 1
             continue
-        traj = json.loads(traj_path.read_text())
-        if traj["task_type"] not in wanted or not json.loads(game_path.read_text()).get("solvable"):
+        if not game_path.is_file():
+            skipped["without game.tw-pddl"] += 1
+            continue
+        traj = _read_object(traj_path)
+        if not isinstance(traj.get("task_type"), str):
+            raise ValueError(
+                f"{traj_path}: no 'task_type' text; an ALFWorld traj_data.json names its task "
+                "type: re-download the game folder or remove it"
+            )
+        if traj["task_type"] not in wanted:
+            skipped["of other task types"] += 1
+            continue
+        if not _read_object(game_path).get("solvable"):
+            skipped["not marked solvable"] += 1
             continue
         annotations = traj.get("turk_annotations", {}).get("anns", [])
         rows.append(
@@ -95,8 +113,34 @@ def find_games(
             }
         )
     if not rows:
-        raise FileNotFoundError(f"{base}: no solvable games of types {sorted(wanted)}")
+        found = sum(skipped.values())
+        why = ", ".join(f"{count} {reason}" for reason, count in sorted(skipped.items()))
+        hint = (
+            "; game.tw-pddl files come with the games `alfworld-download` fetches"
+            if skipped["without game.tw-pddl"]
+            else ""
+        )
+        raise FileNotFoundError(
+            f"{base}: no solvable games of types {sorted(wanted)} in {found} game folders"
+            f"{f' ({why})' if why else ''}{hint}"
+        )
     return rows
+
+
+def _read_object(path: Path) -> dict[str, Any]:
+    """A JSON object file of a game folder, or a ValueError naming the file."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(
+            f"{path}: not readable JSON ({exc}); re-download the game folder or remove it"
+        ) from exc
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"{path}: expected a JSON object, got {type(data).__name__}; re-download the game "
+            "folder or remove it"
+        )
+    return data
 
 
 def export_games(tasks: Iterable[dict[str, Any]], out: str | Path, split: str) -> list[Path]:

@@ -36,15 +36,29 @@ def make_tasks(
 ) -> list[dict[str, Any]]:
     """`count` distinct task rows (sizes cycle through `sizes`), none with a map in `exclude`.
 
+    Raises:
+        ValueError: A negative `count`, or fewer distinct solvable maps of `sizes` than asked
+            for (small maps have few: a 2 x 2 lake has 3).
+
     Example:
         >>> rows = make_tasks("test", 3, seed=0)
         >>> [row["size"] for row in rows]
         [4, 5, 6]
     """
+    if count < 0:
+        raise ValueError(f"{split}: the number of tasks must be >= 0, got {count}")
     rng = random.Random(f"frozenlake-{split}-{seed}")
     seen = set(exclude or ())
     rows: list[dict[str, Any]] = []
+    draws = 0
     while len(rows) < count:
+        draws += 1
+        if draws > 100 * count + 1000:
+            raise ValueError(
+                f"{split}: only {len(rows)} of {count} distinct maps of sizes {list(sizes)} found "
+                f"in {draws - 1} draws (other splits' maps excluded); ask for fewer tasks or "
+                "larger sizes"
+            )
         size = sizes[len(rows) % len(sizes)]
         p_frozen = rng.choice(DEFAULT_P_FROZEN)
         map_seed = rng.randrange(2**31)
@@ -97,11 +111,13 @@ def main(argv: list[str] | None = None) -> None:
             sizes = tuple(args.sizes)
             rows = make_tasks(split, count, args.seed, sizes, exclude, args.slippery)
             seconds = time.perf_counter() - start
+            progress.advance(bar)
+            if not rows:  # as the other generators: a split of 0 tasks writes no file
+                continue
             exclude |= {tuple(row["map"]) for row in rows}
             write_jsonl(args.out / f"{split}.jsonl", rows)
             manifest[split] = {"tasks": len(rows), "seconds": round(seconds, 3)}
             manifest[split] |= success_rates(rows, args.seed)
-            progress.advance(bar)
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     print(json.dumps(manifest))
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from environments.frozenlake.env import StepResult
+from environments.frozenlake.maps import shortest_path
 from environments.jsonl import TaskFileError, read_jsonl
 
 DATA_DIR = Path(__file__).parent / "data"
@@ -16,7 +17,7 @@ def load_tasks(split_or_path: str | Path = "test") -> list[dict[str, Any]]:
     """FrozenLake rows: `"train"`/`"test"` for the shipped sets, or a JSONL path.
 
     Raises:
-        TaskFileError: On a broken line or a malformed map.
+        TaskFileError: On a broken line, a malformed map, or one whose goal cannot be reached.
 
     Example:
         >>> load_tasks("test")[0]["map"][0][0]
@@ -36,6 +37,12 @@ def load_tasks(split_or_path: str | Path = "test") -> list[dict[str, Any]]:
         ):
             raise TaskFileError(
                 f"{path}: task {row['id']!r}: 'map' must be equal-length rows of S/F/H/G with one S"
+            )
+        # A lake whose goal cannot be reached scores 0 whatever the agent does.
+        if shortest_path(desc) is None:
+            raise TaskFileError(
+                f"{path}: task {row['id']!r}: no path from S to a G that avoids the holes; fix "
+                "the map or drop the task"
             )
     return rows
 

@@ -33,9 +33,10 @@ class Document:
 def load_corpus(path: str | Path) -> list[Document]:
     """Reads a corpus file: JSONL, one `{"id": str, "title": str, "text": str}` per line.
 
-    Extra keys are ignored, so files from other tools (e.g. a Wikipedia dump converted to JSONL)
-    load as they are. Search-R1's wiki-18 lines, `{"id", "contents": "\"Title\"\nText"}`, load
-    too: the quoted first line of `contents` is the title.
+    Extra keys are ignored and integer ids are read as strings, so files from other tools (e.g. a
+    Wikipedia dump converted to JSONL) load as they are. Search-R1's wiki-18 lines,
+    `{"id", "contents": "\"Title\"\nText"}`, load too: the quoted first line of `contents` is
+    the title.
 
     Args:
         path: The JSONL file.
@@ -58,6 +59,8 @@ def load_corpus(path: str | Path) -> list[Document]:
         for line_number, row in iter_jsonl(path):
             if "contents" in row and "text" not in row:
                 row = _from_contents(path, line_number, row)
+            if isinstance(row.get("id"), int) and not isinstance(row["id"], bool):
+                row = {**row, "id": str(row["id"])}  # wiki-18 and many dumps number their pages
             for key in ("id", "title", "text"):
                 if not isinstance(row.get(key), str):
                     raise CorpusError(
@@ -90,13 +93,7 @@ def _from_contents(path: str | Path, line_number: int, row: dict) -> dict:
             f"{type(row['contents']).__name__}"
         )
     title, text = split_contents(row["contents"])
-    row_id = row.get("id")
-    return {
-        **row,
-        "id": str(row_id) if isinstance(row_id, int) else row_id,
-        "title": title,
-        "text": text,
-    }
+    return {**row, "title": title, "text": text}
 
 
 def save_corpus(path: str | Path, documents: Iterable[Document]) -> int:

@@ -49,13 +49,20 @@ def load_tasks(split_or_path: str | Path = "test") -> list[dict[str, Any]]:
     path = DATA_DIR / f"{split_or_path}.jsonl" if split_or_path in SPLITS else split_or_path
     rows = read_jsonl(path, required=("id", "question", "answer"))
     for row in rows:
+        if not isinstance(row["question"], str) or not row["question"].strip():
+            raise TaskFileError(f"{path}: task {row['id']!r}: 'question' must be non-empty text")
         answer = row["answer"]
+        golds = [answer] if isinstance(answer, str) else answer
+        # A blank gold answer would match an empty reply: every episode would score 1 for it.
         if not (
-            isinstance(answer, str)
-            or (isinstance(answer, list) and answer and all(isinstance(a, str) for a in answer))
+            isinstance(golds, list)
+            and golds
+            and all(isinstance(gold, str) and gold.strip() for gold in golds)
         ):
             raise TaskFileError(
-                f"{path}: task {row['id']!r}: 'answer' must be a string or a non-empty list of "
-                "strings"
+                f"{path}: task {row['id']!r}: 'answer' must be a non-blank string or a non-empty "
+                f"list of them, got {answer!r}"
             )
+    if not rows:
+        raise TaskFileError(f"{path}: no questions; add JSONL lines with id/question/answer")
     return rows

@@ -196,7 +196,13 @@ class SearchIndex:
         """
         if cache_dir == "default":
             cache_dir = cache_root() / "search-index"
-        return cls.build(load_corpus(path), cache_dir)
+        try:
+            return cls.build(load_corpus(path), cache_dir)
+        except CorpusError as error:
+            message = str(error)
+            if message.startswith(str(path)):
+                raise
+            raise CorpusError(f"{path}: {message}") from None
 
     def search(self, query: str, k: int = 5) -> list[SearchHit]:
         """The best `k` pages for a keyword query (fewer if fewer pages match any word).
@@ -246,6 +252,9 @@ def _index(documents: Sequence[Document]) -> bm25s.BM25:
         tokenize(f"{document.title}\n{document.title}\n{document.text}") for document in documents
     ]
     if not any(corpus_tokens):
-        raise CorpusError("cannot build a search index: no document contains a word")
+        raise CorpusError(
+            "cannot build a search index: no document contains a word (stopwords and "
+            "punctuation are not indexed); add documents with text"
+        )
     retriever.index(corpus_tokens, show_progress=False)
     return retriever

@@ -4,7 +4,9 @@ A reward a policy cannot game (`grade_reply`, used by `score` and the search age
 answer in `<answer>...</answer>` is scored; an answer longer than `2 * g + 2` normalized words
 (`g`: the longest gold answer's) scores 0, as does a hedge: several tagged answers, candidates
 joined by a separator the gold answers do not use (`,` `;` `/` `|` a line break, `or`, `and`
-or `&`), or more numbers than a gold answer has. An exact match is never a hedge or too long.
+or `&`), or more numbers than a gold answer has. An exact match is never a hedge or too long,
+and a separator that a gold answer itself uses (`,` in "Washington, D.C.", `&` in "AT&T"), or a
+comma grouping digits ("1,842"), joins no candidates.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import html
 import re
 import string
+import unicodedata
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,8 +23,9 @@ from typing import Any, Literal
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
 _ANSWER_LINE = re.compile(r"(?:final answer|answer)\s*[:：]\s*(.+)", re.IGNORECASE)
-_PUNCTUATION = str.maketrans("", "", string.punctuation + "–—‘’“”")
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
 _MARK_SEPARATORS = (",", ";", "/", "|", "\n")
+_GROUPING_COMMA = r"(?<!\d),|,(?!\d)"
 # A joining word, and the patterns that spell it ("&" is "and").
 _WORD_SEPARATORS = {"or": (r"\bor\b",), "and": (r"\band\b", "&")}
 
@@ -32,11 +36,18 @@ Complete = Callable[[str], Awaitable[str]]
 def normalize_answer(text: str) -> str:
     """SQuAD normalization: lower case, no punctuation, no articles, single spaces.
 
+    Punctuation is ASCII's (as SQuAD's) and any other script's (Unicode category P: "。",
+    "«»", "¿"), so an answer in the gold's words matches whatever marks end it.
+
     Example:
         >>> normalize_answer("The  Republic of Ombria!")
         'republic of ombria'
+        >>> normalize_answer("北京。")
+        '北京'
     """
     text = text.lower().translate(_PUNCTUATION)
+    if not text.isascii():
+        text = "".join(char for char in text if not unicodedata.category(char).startswith("P"))
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
@@ -140,14 +151,23 @@ def answer_problem(answer: str, gold: str | Sequence[str]) -> AnswerProblem | No
     if len(words) > max_answer_words(golds):
         return "too_long"
     gold_words = {word for g in golds for word in normalize_answer(g).split()}
-    marks = [mark for mark in _MARK_SEPARATORS if not any(mark in g for g in golds)]
+    lowered = [g.lower() for g in golds]
+    # A comma between digits groups them ("1,842"); it joins no candidates.
+    marks = [
+        _GROUPING_COMMA if mark == "," else re.escape(mark)
+        for mark in _MARK_SEPARATORS
+        if not any(mark in g for g in golds)
+    ]
+    # A joining word the gold uses, in any spelling ("AT&T": "&", dropped by normalization),
+    # separates nothing.
     joints = [
         spelling
         for word, spellings in _WORD_SEPARATORS.items()
         if word not in gold_words
+        and not any(re.search(other, g) for other in spellings for g in lowered)
         for spelling in spellings
     ]
-    pattern = "|".join([*map(re.escape, marks), *joints])
+    pattern = "|".join([*marks, *joints])
     pieces = re.split(pattern, answer.lower()) if pattern else [answer]
     if sum(bool(normalize_answer(piece)) for piece in pieces) > 1:
         return "hedged"

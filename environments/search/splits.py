@@ -85,7 +85,7 @@ def generate_splits(
         Split name -> question rows (without ids).
 
     Raises:
-        ValueError: An unknown split or reserved title.
+        ValueError: An unknown split or reserved title, or a negative size.
 
     Example:
         >>> from environments.search.world import build_world
@@ -96,6 +96,9 @@ def generate_splits(
     unknown = sorted(set(sizes) - set(SPLITS))
     if unknown:
         raise ValueError(f"unknown split(s) {unknown}; use {', '.join(SPLITS)}")
+    negative = {name: size for name, size in sizes.items() if size < 0}
+    if negative:
+        raise ValueError(f"question counts must be >= 0, got {negative} (--train/--val/--test)")
     by_title = {entity.name: doc_id for doc_id, entity in world.entities.items()}
     missing = [title for title in reserved_titles if title not in by_title]
     if missing:

@@ -6,12 +6,23 @@ reward with a small format reward, two worked examples in the agent's memory: pr
 `workflows/search_agent.py`. With two turns, multi-hop questions (3-4 pages, one search each)
 cannot be answered: `report.py` shows it with the oracle under these settings and reports them
 apart.
+
+The corpus is the shipped encyclopedia, or `$SEARCH_CORPUS` when set: the `corpus.jsonl` of a
+world made by `python -m environments.search.generate --out DIR`, whose task files the config's
+`tasks.*` then name (README: "Another world or your own data").
 """
+
+import os
 
 from workflows.search_agent import SearchAgentSettings, search_workflow
 
 SETTINGS = SearchAgentSettings(
-    max_turns=2, top_k=1, open_page=False, metric="f1", format_reward=0.1
+    corpus=os.environ.get("SEARCH_CORPUS") or None,
+    max_turns=2,
+    top_k=1,
+    open_page=False,
+    metric="f1",
+    format_reward=0.1,
 )
 """The shipped settings (`report.py` runs its oracle under exactly these)."""
 

@@ -12,9 +12,11 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+from agentscope_rft.api import import_file
 from agentscope_rft.check import check_workflow
 from agentscope_rft.engines.embedded import EmbeddedEngine
 from agentscope_rft.explorer.explorer import EpisodeSettings, Explorer
@@ -24,7 +26,9 @@ from agentscope_rft.gateway.server import Gateway
 from agentscope_rft.testing import ScriptedEngine, scripted_model
 from agentscope_rft.types import Rollout, RolloutStatus
 from environments.search import load_tasks as load_search_tasks
+from environments.search.generate import generate
 from workflows.search_agent import JudgeSettings, SearchAgentSettings, search_workflow
+from workflows.search_scripted import oracle_reply
 
 TASK = next(
     t
@@ -208,3 +212,23 @@ def test_example_config_explores_with_a_tiny_model(tmp_path) -> None:
     assert all({"f1", "em", "searches"} <= set(r["metrics"]) for r in rollouts)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["explore/failed"] == 0 and summary["explore/rollouts"] == 32
+
+
+async def test_tasks_of_another_world_need_its_corpus(tmp_path, monkeypatch) -> None:
+    # A fresh world, as a user makes one: its questions are about pages the shipped corpus lacks.
+    generate(300, train=0, test=8, seed=7, out=tmp_path)
+    [task] = [t for t in load_search_tasks(tmp_path / "test.jsonl") if t["type"] == "single_hop"][
+        :1
+    ]
+    oracle = oracle_reply([task])
+    shipped = await _episode(ScriptedEngine(oracle), SMALL, task=task)
+    assert shipped.status is RolloutStatus.FAILED  # not a silent reward of 0
+    assert f"task {task['id']!r} reads page" in (shipped.error or "")
+    assert "SearchAgentSettings(corpus=...)" in (shipped.error or "")
+    fresh = SearchAgentSettings(corpus=str(tmp_path / "corpus.jsonl"), max_turns=2, demos=0)
+    rollout = await _episode(ScriptedEngine(oracle), fresh, task=task)
+    assert rollout.status is RolloutStatus.OK and rollout.reward == 1.0, rollout.error
+    # The example's app searches $SEARCH_CORPUS when it is set.
+    monkeypatch.setenv("SEARCH_CORPUS", str(tmp_path / "corpus.jsonl"))
+    app = import_file(Path(__file__).resolve().parents[2] / "examples" / "web_search" / "app.py")
+    assert app.SETTINGS.corpus == str(tmp_path / "corpus.jsonl")

@@ -146,6 +146,16 @@ def test_export_and_find_games_round_trip(tmp_path: Path) -> None:
     ]
 
 
+def test_rows_from_a_relative_data_folder_hold_from_anywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    export_games(FRESH_TEST_SET[:1], tmp_path / "alfworld", "valid_seen")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ALFWORLD_DATA", "alfworld")  # as `export ALFWORLD_DATA=alfworld`
+    [row] = find_games("valid_seen")
+    assert Path(row["game_file"]).is_absolute() and Path(row["game_file"]).is_file()
+
+
 def test_real_data_errors_name_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ALFWORLD_DATA", raising=False)
     with pytest.raises(FileNotFoundError, match="ALFWORLD_DATA is not set"):
@@ -156,4 +166,25 @@ def test_real_data_errors_name_the_fix(tmp_path: Path, monkeypatch: pytest.Monke
         find_games("valid", data_dir=tmp_path)
     (tmp_path / "json_2.1.1" / "train").mkdir(parents=True)
     with pytest.raises(FileNotFoundError, match="no solvable games"):
+        find_games("train", data_dir=tmp_path)
+
+
+def test_broken_game_folders_are_named(tmp_path: Path) -> None:
+    [first, second] = export_games(FRESH_TEST_SET[:2], tmp_path, "train")
+    traj_path = first.parent / "traj_data.json"
+    traj_text = traj_path.read_text()
+    traj_path.write_text("{broken")
+    with pytest.raises(ValueError, match=rf"{traj_path}: not readable JSON"):
+        find_games("train", data_dir=tmp_path)
+    traj_path.write_text("{}")
+    with pytest.raises(ValueError, match=rf"{traj_path}: no 'task_type' text"):
+        find_games("train", data_dir=tmp_path)
+    traj_path.write_text(traj_text)
+    first.write_text("[1]")
+    with pytest.raises(ValueError, match=rf"{first}: expected a JSON object, got list"):
+        find_games("train", data_dir=tmp_path)
+    # Game folders without their game files: the error says why none was found.
+    first.unlink()
+    second.unlink()
+    with pytest.raises(FileNotFoundError, match=r"in 2 game folders \(2 without game\.tw-pddl\)"):
         find_games("train", data_dir=tmp_path)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from environments.alfworld.games import game_data, goal_text, problem_pddl
+from environments.alfworld.generate import generate
 from environments.alfworld.household import ROOMS, SIZES, make_layout, mangle
 from environments.alfworld.tasks import TASK_ROOMS, TASK_TYPES, load_tasks, make_household
 from environments.jsonl import TaskFileError
@@ -90,6 +91,9 @@ def test_unknown_task_type_is_a_clear_error(tmp_path: Path) -> None:
         load_tasks(path)
     with pytest.raises(ValueError, match="impossible in layout 'bathroom-train-0'"):
         make_household("pick_heat_then_place_in_recep", "bathroom-train-0", 0)
+    # A negative count is an error, not an empty task file.
+    with pytest.raises(ValueError, match=r"task counts must be >= 0, got \{'train': -1\}"):
+        generate({"train": -1, "test": 1}, {"train": 8, "test": 80}, seed=0, oracle_check=False)
 
 
 def test_committed_tasks_rebuild_to_what_was_checked() -> None:

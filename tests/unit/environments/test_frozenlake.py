@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from environments.frozenlake.env import FrozenLakeEnv, parse_action, render
-from environments.frozenlake.generate import make_tasks
+from environments.frozenlake.generate import main, make_tasks
 from environments.frozenlake.maps import DOWN, LEFT, RIGHT, UP, make_map, shortest_path
 from environments.frozenlake.solvers import oracle_episode, random_episode
 from environments.frozenlake.tasks import load_tasks, reward
@@ -105,6 +105,22 @@ def test_bad_task_files_are_clear_errors(tmp_path: Path) -> None:
     path.write_text(json.dumps({"id": "a", "map": ["SF", "F"]}) + "\n")
     with pytest.raises(TaskFileError, match="'map' must be equal-length rows"):
         load_tasks(path)
+    for unwinnable in (["SF", "FF"], ["SH", "HG"]):  # no goal; a goal behind holes
+        path.write_text(json.dumps({"id": "a", "map": unwinnable}) + "\n")
+        with pytest.raises(TaskFileError, match="task 'a': no path from S to a G"):
+            load_tasks(path)
     path.write_text('{"id": "a", "map": ["SF", "FG"]}\n{"id": "b", "map": \n')
     with pytest.raises(TaskFileError, match=r"lake\.jsonl:2: not valid JSON"):
         load_tasks(path)
+
+
+def test_generate_skips_an_empty_split_and_stops_when_maps_run_out(tmp_path: Path) -> None:
+    main(["--train", "5", "--test", "0", "--sizes", "4", "--out", str(tmp_path)])
+    assert len(load_tasks(tmp_path / "train.jsonl")) == 5
+    assert not (tmp_path / "test.jsonl").exists()
+    assert "test" not in json.loads((tmp_path / "manifest.json").read_text())
+    # A 2 x 2 lake has 3 solvable maps: asking for more is an error, not an endless loop.
+    with pytest.raises(ValueError, match=r"only 3 of 20 distinct maps of sizes \[2\]"):
+        make_tasks("train", 20, seed=0, sizes=(2,))
+    with pytest.raises(ValueError, match=r"train: the number of tasks must be >= 0, got -1"):
+        make_tasks("train", -1, seed=0)

@@ -69,6 +69,22 @@ def test_corpus_round_trip_and_broken_lines(tmp_path: Path) -> None:
         load_corpus(path)
     with pytest.raises(CorpusError, match="no such file"):
         load_corpus(tmp_path / "missing.jsonl")
+    # Integer ids (as wiki-18's and many dumps') read as strings, in either layout.
+    path.write_text(
+        json.dumps({"id": 7, "title": "A", "text": "x"}) + "\n"
+        + json.dumps({"id": 8, "contents": '"B"\ny'}) + "\n"
+    )  # fmt: skip
+    assert [d.id for d in load_corpus(path)] == ["7", "8"]
+    path.write_text(json.dumps({"id": True, "title": "A", "text": "x"}) + "\n")
+    with pytest.raises(CorpusError, match=r":1: field 'id' must be a string, got bool"):
+        load_corpus(path)
+    # A corpus without a searchable word names its file.
+    path.write_text(json.dumps({"id": "a", "title": "The", "text": "of the!"}) + "\n")
+    with pytest.raises(
+        CorpusError,
+        match=r"corpus\.jsonl: cannot build a search index: no document contains a word",
+    ):
+        SearchIndex.from_jsonl(path, cache_dir=None)
 
 
 def test_user_question_files_are_checked(tmp_path: Path) -> None:
@@ -78,8 +94,15 @@ def test_user_question_files_are_checked(tmp_path: Path) -> None:
     path.write_text(json.dumps({"id": "q1", "question": "Capital?"}) + "\n")
     with pytest.raises(TaskFileError, match=r"questions\.jsonl:1: missing key\(s\) \['answer'\]"):
         load_tasks(path)
-    path.write_text(json.dumps({"id": "q1", "question": "Capital?", "answer": 3}) + "\n")
-    with pytest.raises(TaskFileError, match="'answer' must be a string"):
+    for answer in (3, [], "", [" "], ["Kestrow", ""]):
+        path.write_text(json.dumps({"id": "q1", "question": "Capital?", "answer": answer}) + "\n")
+        with pytest.raises(TaskFileError, match="'answer' must be a non-blank string"):
+            load_tasks(path)
+    path.write_text(json.dumps({"id": "q1", "question": " ", "answer": "Kestrow"}) + "\n")
+    with pytest.raises(TaskFileError, match="task 'q1': 'question' must be non-empty text"):
+        load_tasks(path)
+    path.write_text("\n")
+    with pytest.raises(TaskFileError, match=r"questions\.jsonl: no questions"):
         load_tasks(path)
 
 

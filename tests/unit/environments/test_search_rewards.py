@@ -20,6 +20,11 @@ def test_normalize_answer_drops_case_punctuation_articles_and_spaces() -> None:
     assert normalize_answer("  The Republic  of Ombria! ") == "republic of ombria"
     assert normalize_answer("2,751,011") == "2751011"
     assert normalize_answer("An apple, a pear.") == "apple pear"
+    # Punctuation of any script; letters keep their accents, symbols stay.
+    assert normalize_answer("北京。") == "北京"
+    assert normalize_answer("«Paris»") == normalize_answer("„Paris“") == "paris"
+    assert normalize_answer("¿São Paulo?") == "são paulo"
+    assert normalize_answer("100 °C") == "100 °c"
 
 
 @pytest.mark.parametrize(

@@ -79,3 +79,5 @@ def test_bad_split_arguments_are_clear_errors() -> None:
         generate_splits(world, {"dev": 5}, seed=0)
     with pytest.raises(ValueError, match=r"reserved titles \['Nobody'\] are not pages"):
         generate_splits(world, {"train": 5}, seed=0, reserved_titles=["Nobody"])
+    with pytest.raises(ValueError, match=r"question counts must be >= 0, got \{'train': -1\}"):
+        generate_splits(world, {"train": -1, "test": 5}, seed=0)

@@ -138,6 +138,16 @@ def test_a_gold_answer_that_contains_a_separator_is_still_right() -> None:
     # vs [simon, and, garfunkel] = 0.8.
     partial = answer_reward("<answer>Simon & Garfunkel</answer>", ["Simon and Garfunkel"])
     assert partial.value == pytest.approx(0.8)
+    # The other way round: a gold's "&" (dropped by normalization) and a comma grouping digits
+    # join no candidates. F1 of [att, inc] vs [att] = 2/3, of [procter, and, gamble] vs
+    # [procter, gamble] = 0.8, of [1842, ad] vs [1842] = 2/3.
+    assert answer_reward("<answer>AT&T Inc.</answer>", ["AT&T"]).value == pytest.approx(2 / 3)
+    gamble = answer_reward("<answer>Procter and Gamble</answer>", ["Procter & Gamble"])
+    assert gamble.value == pytest.approx(0.8)
+    assert answer_reward("<answer>1,842 AD</answer>", ["1842"]).value == pytest.approx(2 / 3)
+    # ... while a comma between candidates still hedges.
+    assert answer_reward("<answer>1842, 1843</answer>", ["1842"]).metrics["hedged"] == 1.0
+    assert answer_reward("<answer>AT&T or Verizon</answer>", ["AT&T"]).metrics["hedged"] == 1.0
 
 
 def test_padding_to_the_token_limit_scores_zero() -> None:
