@@ -205,6 +205,30 @@ def constrained_training_call(rollout_id: str) -> RequestError:
     )
 
 
+def sampled_tool_choice(
+    state: GatewayState, tool_choice: str | JSON | None, rollout_id: str | None
+) -> str | JSON | None:
+    """The `tool_choice` the engine samples with: on an attributed (training) call a forced one
+    (`required`, or a named function) is sampled as `auto`, counted.
+
+    Forcing a call constrains sampling (vLLM decodes it under a grammar), which the trainer
+    cannot reproduce, as with `response_format`; unlike that, refusing the call would fail the
+    episode, while AgentScope asks its model for a call it needs again (its structured output
+    forces one only after `max_iters`). The embedded engine never constrains for `tool_choice`.
+    """
+    forced = tool_choice == "required" or isinstance(tool_choice, dict)
+    if rollout_id is None or not forced:
+        return tool_choice
+    state.counters["tool_choice_forced"] += 1
+    if state.counters["tool_choice_forced"] == 1:
+        logger.info(
+            "a training call forced tool_choice=%s: sampled as 'auto' (the trainer cannot "
+            "reproduce a constrained distribution; counted in gateway_tool_choice_forced_total)",
+            json.dumps(tool_choice)[:120],
+        )
+    return "auto"
+
+
 def _overrides_for(state: GatewayState, rollout_id: str | None) -> JSON | None:
     if rollout_id is None:
         return None
@@ -511,7 +535,7 @@ def create_app(state: GatewayState) -> FastAPI:
             messages=messages,
             sampling=body.sampling(state.sampling_defaults, overrides),
             tools=body.tools,
-            tool_choice=body.tool_choice,
+            tool_choice=sampled_tool_choice(state, body.tool_choice, rollout_id),
             rollout_id=rollout_id,
             agent_name=request.headers.get(AGENT_HEADER),
             request_id=f"chatcmpl-{uuid.uuid4().hex}",

@@ -167,3 +167,50 @@ async def test_the_policy_judges_with_valid_scores(tiny_gateway):
     assert len(scores) == 12 and all(0.0 <= s <= 1.0 for s in scores)
     assert scores != [0.5] * 12  # the judge's scores replaced the rewards
     await judge.close()
+
+
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}},
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("asked", "attributed", "sampled"),
+    [
+        ("required", True, "auto"),
+        ({"type": "function", "function": {"name": "add"}}, True, "auto"),
+        ("none", True, "none"),
+        ("auto", True, "auto"),
+        ("required", False, "required"),
+        ({"type": "function", "function": {"name": "add"}}, False,
+         {"type": "function", "function": {"name": "add"}}),
+    ],
+)  # fmt: skip
+async def test_a_training_call_that_forces_a_tool_is_sampled_as_auto_and_counted(
+    tiny_gateway, asked, attributed, sampled
+):
+    engine = tiny_gateway.state.engine
+    seen = []
+    chat = engine.chat
+
+    def spy(request):
+        seen.append(request.tool_choice)
+        return chat(request)
+
+    engine.chat = spy
+    base = tiny_gateway.rollout_base_url("r1") if attributed else tiny_gateway.base_url
+    client = openai.AsyncOpenAI(base_url=base, api_key="unused", max_retries=0)
+    await client.chat.completions.create(
+        model="tiny", messages=ASK, max_tokens=4, tools=[ADD], tool_choice=asked
+    )
+    assert seen == [sampled]
+    forced = attributed and sampled != asked
+    assert tiny_gateway.state.counters["tool_choice_forced"] == int(forced)
+    async with httpx.AsyncClient(base_url=tiny_gateway.base_url.removesuffix("/v1")) as http:
+        metrics = (await http.get("/metrics")).text
+    assert f"agentscope_rft_gateway_tool_choice_forced_total {int(forced)}" in metrics
