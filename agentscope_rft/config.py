@@ -548,7 +548,14 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     path = [p for p in key.strip().split(".") if p]
     if not path:
         raise ConfigError(f"--set {item!r}: the key is empty")
-    return path, yaml.safe_load(raw) if raw.strip() else None
+    try:
+        return path, yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise ConfigError(
+            f"--set {item!r}: the value is not valid YAML ({problem}); write it as YAML, e.g. "
+            "--set 'explorer.sampling={max_tokens: 32}', with a string holding ': ' in quotes"
+        ) from exc
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
@@ -701,6 +708,11 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunCo
             raise ConfigError(f"config file {file} does not exist")
         try:
             data = yaml.safe_load(file.read_text()) or {}
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"config file {file} is not UTF-8 text ({exc.reason} at byte {exc.start}): "
+                "save it as UTF-8 YAML"
+            ) from exc
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {file} is not valid YAML: {exc}") from exc
         if not isinstance(data, dict):
