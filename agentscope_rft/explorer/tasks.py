@@ -26,8 +26,16 @@ class Task:
 
 
 def _check_jsonl(path: Path) -> None:
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+    rows = 0
+    with open(path, "rb") as handle:  # bytes: a line that is not UTF-8 is named by its number
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise TaskSetError(
+                    f"{path} line {number}: not UTF-8 text (byte {raw[exc.start]:#04x} at column "
+                    f"{exc.start + 1}): save the file as UTF-8"
+                ) from exc
             if not line.strip():
                 continue
             try:
@@ -36,6 +44,9 @@ def _check_jsonl(path: Path) -> None:
                 raise TaskSetError(f"{path} line {number}: invalid JSON ({exc.msg})") from exc
             if not isinstance(row, dict):
                 raise TaskSetError(f"{path} line {number}: a task must be a JSON object")
+            rows += 1
+    if not rows:
+        raise TaskSetError(f"task file {path} has no tasks: write one JSON object per line")
 
 
 def _read_file(path: Path) -> list[dict[str, Any]]:
@@ -49,6 +60,8 @@ def _read_file(path: Path) -> list[dict[str, Any]]:
         )
     if path.suffix.lower() == ".jsonl":
         _check_jsonl(path)
+    elif path.stat().st_size == 0:  # `datasets` fails on it with a bare StopIteration
+        raise TaskSetError(f"task file {path} is empty: it holds no tasks, add them (one per row)")
     import datasets
 
     datasets.disable_progress_bars()
