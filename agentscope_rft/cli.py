@@ -210,6 +210,7 @@ ArtefactsOption = Annotated[
 _USER_ERRORS = {
     "agentscope_rft.api": ("WorkflowError",),
     "agentscope_rft.buffer.base": ("BufferFormatError", "BufferTimeout"),
+    "agentscope_rft.buffer.offline": ("OfflineDataError",),
     "agentscope_rft.config": ("ConfigError",),
     "agentscope_rft.explorer.tasks": ("TaskSetError",),
     "agentscope_rft.models": ("ModelNotFoundError",),

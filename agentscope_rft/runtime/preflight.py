@@ -2,10 +2,11 @@
 
 A run that would fail on a bad workflow path, an unreadable task file or a missing model must
 fail in seconds, not after the engine has loaded and the gateway has started. `preflight` checks,
-cheapest first: the workflow and judge (import and signature), the task files (parsed), offline
-data, the model path, the engine (a vLLM interpreter, a CUDA device), the GPU placement (which
-also limits this process to the trainer's GPUs) and the trainer's device;
-what it loads (workflow, tasks) is handed to the run so nothing is read twice.
+cheapest first: the workflow and judge (import and signature), the task files (parsed), that
+the offline data exists, the model path, the engine (a vLLM interpreter, a CUDA device), the GPU
+placement (which also limits this process to the trainer's GPUs), the trainer's device, and last
+the offline data itself (every line parsed and rendered with the model's tokenizer); what it
+loads (workflow, tasks, offline data) is handed to the run so nothing is read twice.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from agentscope_rft.runtime.gpus import PlacementError, check_placement, restric
 
 if TYPE_CHECKING:
     from agentscope_rft.config import EngineConfig, TrainerConfig
+    from agentscope_rft.types import Sample
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +39,8 @@ class Checked:
     """The test split (`tasks.eval`), `eval_limit` applied."""
     val_tasks: list[Task] = field(default_factory=list)
     """The validation split (`tasks.val`), `val_limit` applied."""
+    offline_units: dict[str, list[Sample]] | None = None
+    """`offline.path` read and rendered (`load_offline_units`), when the run trains on it."""
 
 
 def _check_cuda(device: str, where: str) -> None:
@@ -84,7 +88,8 @@ def preflight(config: RunConfig) -> Checked:
     """Check everything the config names that can be checked without loading a model.
 
     Raises:
-        WorkflowError, TaskSetError, ConfigError, ModelNotFoundError: naming the key and the fix.
+        WorkflowError, TaskSetError, ConfigError, ModelNotFoundError, OfflineDataError,
+            ReviewDataError: naming the key (or file and line) and the fix.
 
     Example:
         >>> checked = preflight(load_config("run.yaml"))  # doctest: +SKIP
@@ -153,12 +158,18 @@ def preflight(config: RunConfig) -> Checked:
     from agentscope_rft.models import resolve_model  # imports transformers: after the cheap checks
 
     model_path = resolve_model(config.model.name_or_path)
+    offline_units = None
+    if config.uses_offline_data():  # every line parsed and rendered: a bad one fails here
+        from agentscope_rft.runtime.offline import load_offline_units
+
+        offline_units = load_offline_units(config)
     return Checked(
         model_path=model_path,
         workflow=workflow,
         train_tasks=train,
         eval_tasks=evals,
         val_tasks=vals,
+        offline_units=offline_units,
     )
 
 

@@ -212,7 +212,7 @@ class TrainingRun:
         self.saved_at = self.start if self.resume else None
         # Demonstrations are read (and a bad file refused) before the engine loads.
         if config.uses_offline_data():
-            self.offline = offline_batches(config, self.start)
+            self.offline = offline_batches(config, self.start, self.checked.offline_units)
         if self.mode in EXPLORING_MODES:
             await self._open_exploring(state)
         self.rollout_log = RolloutLog(run_dir / "rollouts.jsonl", resume=self.resume)
@@ -593,7 +593,7 @@ class TrainingRun:
         if self.gateway is not None:  # the redone steps sample as a run resumed here would
             self.gateway.restart_call_numbers()
         if self.config.uses_offline_data():
-            self.offline = offline_batches(self.config, target)
+            self.offline = offline_batches(self.config, target, self.checked.offline_units)
         self.health.rewind(target)
         self.monitor.supersede_from(target)
         self.start = self.steps_done = self.policy_version = target

@@ -168,6 +168,26 @@ def test_bad_workflow_path_fails_before_the_engine_starts(toy_tasks, tmp_path):
     assert "agentscope_rft.runtime.preflight" in imported  # the profile did list imports
 
 
+def test_bad_offline_data_fails_in_one_line_before_the_run_folder_exists(tiny_model_path, tmp_path):
+    data = tmp_path / "sft.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    run_dir = tmp_path / "run"
+    args = [
+        *CLI,
+        "train",
+        *("--set", "run.mode=offline", "--set", "algorithm.objective=sft"),
+        *("--set", f"offline.path={data}", "--set", f"model.name_or_path={tiny_model_path}"),
+        *("--set", f"run.dir={run_dir}"),
+    ]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    message = " ".join(proc.stderr.split())  # the console wraps long lines
+    assert "sft.jsonl:1: field 'messages' has no assistant turn" in message, message
+    assert "Traceback" not in proc.stderr
+    # nothing was created: the fixed file then starts the run, not "run folder already exists"
+    assert not run_dir.exists()
+
+
 async def test_preflight_checks_everything_before_any_model_loads(
     tiny_model_path, toy_tasks, tmp_path, monkeypatch
 ):
