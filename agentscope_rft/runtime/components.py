@@ -23,9 +23,6 @@ logger = logging.getLogger(__name__)
 
 STATE_FILE = "state.json"
 CHECKPOINTS = "checkpoints"
-RUN_STATE_FILE = "run_state.json"
-"""In every checkpoint folder: the task position and health changes of its step (a rollback
-restores them with the weights; a fork starts from them)."""
 
 
 class RunFolderError(ValueError):

@@ -42,9 +42,8 @@ from agentscope_rft.health.watcher import (
 )
 from agentscope_rft.monitor import Monitor
 from agentscope_rft.rss import PhasePeaks, phase_metric
-from agentscope_rft.runtime.best import BestCheckpoint
+from agentscope_rft.runtime.best import RUN_STATE_FILE, BestCheckpoint
 from agentscope_rft.runtime.components import (
-    RUN_STATE_FILE,
     RolloutLog,
     checkpoint_dir,
     episode_settings,
