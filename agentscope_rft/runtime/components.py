@@ -17,6 +17,7 @@ from agentscope_rft.explorer.explorer import (
     default_max_tokens_per_call,
 )
 from agentscope_rft.monitor.records import drop_partial_last_line
+from agentscope_rft.runtime.best import RUN_STATE_FILE
 from agentscope_rft.types import JSON, Call, Rollout
 
 logger = logging.getLogger(__name__)
@@ -213,10 +214,17 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
 
 def prune_checkpoints(run_dir: Path, keep: int, protect: set[int] | None = None) -> None:
     """Delete all but the newest `keep` step checkpoints, and those of the `protect` steps
-    (`checkpoints/best` is no step checkpoint: never deleted)."""
+    (`checkpoints/best` is no step checkpoint: never deleted).
+
+    Only complete checkpoints count: a step folder whose writing a kill cut off (no run state)
+    must not push the checkpoint that `state.json` names out of the newest `keep`. Such a folder
+    older than the newest checkpoint is deleted; a newer one is written again when its step is.
+    """
     folders = sorted((run_dir / CHECKPOINTS).glob("step-*"))
+    complete = [f for f in folders if (f / RUN_STATE_FILE).is_file()]
     kept = {checkpoint_dir(run_dir, step) for step in protect or ()}
-    for old in folders[:-keep]:
+    cut_off = [f for f in folders if f not in complete and complete and f < complete[-1]]
+    for old in [*complete[:-keep], *cut_off]:
         if old not in kept:
             shutil.rmtree(old, ignore_errors=True)
 
