@@ -550,10 +550,11 @@ class TrainingRun:
 
     def _commit(self, saved: dict[str, Any]) -> None:
         write_state(self.run_dir, saved)
-        keep: set[int] = set()
+        # what a resume starts from (a newer step folder, left by a kill, may outnumber it)
+        keep = {int(saved["step"])}
         if self.config.health.rolls_back():  # what a rollback would return to
             healthy = self._healthy_checkpoint(self.steps_done + 1)
-            keep = set() if healthy is None else {healthy}
+            keep |= set() if healthy is None else {healthy}
         prune_checkpoints(self.run_dir, self.config.run.keep_checkpoints, protect=keep)
 
     def _healthy_checkpoint(self, before: int) -> int | None:

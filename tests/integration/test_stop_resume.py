@@ -134,6 +134,26 @@ async def test_stop_request_then_resume_reaches_the_same_parameters(
     assert [r["step"] for r in train_lines(stopped)] == [0, 1, 2]
 
 
+async def test_a_resume_keeps_the_checkpoint_it_commits_over_a_newer_leftover(
+    tiny_model_path, toy_tasks, tmp_path
+):
+    import shutil
+
+    from agentscope_rft.runtime.components import load_resumed_config
+
+    run_dir = tmp_path / "run"
+    small = ("explorer.group_size=2", "explorer.tasks_per_step=2", "run.keep_checkpoints=1")
+    config = toy_config(tiny_model_path, toy_tasks, run_dir, *small, "run.steps=1")
+    await train(config, run_dir)
+    checkpoints = run_dir / "checkpoints"
+    # a step-3 checkpoint written in full by an earlier attempt that was killed before it
+    # committed it (state.json still names step 1)
+    shutil.copytree(checkpoints / "step-000001", checkpoints / "step-000003")
+    await train(load_resumed_config(run_dir, ["run.steps=2"]), run_dir, resume=True)
+    assert json.loads((run_dir / "state.json").read_text())["step"] == 2
+    assert (checkpoints / "step-000002" / "run_state.json").is_file()  # resumable
+
+
 def test_bad_workflow_path_fails_before_the_engine_starts(toy_tasks, tmp_path):
     proc = subprocess.run(
         [
