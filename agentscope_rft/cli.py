@@ -340,6 +340,8 @@ def train(
     try:
         if resume is not None:
             cfg = _resumed_config(Path(resume), set_ or [])
+            if config is not None:
+                _check_same_config(Path(resume), config)
         else:  # without --config, --set alone must give what a run needs
             cfg = load_config(config, set_ or [])
         preload_allocator(cfg.run.allocator)  # may restart this command under jemalloc
@@ -367,6 +369,21 @@ def train(
         if k in ("reward/mean", "success_rate", "loss", "time/step")
     }
     console.print(f"[bold green]done[/] {run_dir}: {shown}; curve: {run_dir / 'reward_curve.png'}")
+
+
+def _check_same_config(run_dir: Any, config: str) -> None:
+    """`--resume` continues with the run's saved config: a `--config` given with it must say the
+    same (a script that always passes both), else its changes would be silently ignored."""
+    from agentscope_rft.config import load_config
+    from agentscope_rft.runtime.fork import config_differences
+
+    changed = config_differences(run_dir, load_config(config))
+    if changed:
+        shown = "; ".join(changed[:5]) + ("; ..." if len(changed) > 5 else "")
+        raise fail(
+            f"--config {config} differs from {run_dir}/config.yaml, which --resume continues "
+            f"with ({shown}): drop --config and pass the changes with --set key=value"
+        )
 
 
 def _fork_request(fork_from: str | None, step: int | None, resume: str | None) -> Any:

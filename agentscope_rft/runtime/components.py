@@ -233,6 +233,11 @@ def load_resumed_config(run_dir: Path, overrides: list[str]) -> RunConfig:
     from agentscope_rft.config import load_config
 
     config_file = run_dir / "config.yaml"
+    if not run_dir.is_dir():
+        raise RunFolderError(
+            f"--resume {run_dir}: no such folder; give a run's folder (runs/<name>), or start a "
+            "new run with --config"
+        )
     if not config_file.is_file():
         raise ConfigError(f"{run_dir} has no config.yaml to resume with")
     return load_config(config_file, overrides)
