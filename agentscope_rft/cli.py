@@ -363,6 +363,14 @@ def train(
         raise fail(str(exc)) from exc
     finally:
         _end_leftovers()
+    if resume is not None and not last:
+        console.print(
+            f"[bold green]done[/] {run_dir}: nothing left to train (run.steps: {cfg.run.steps}, "
+            f"all trained); train on with `agentscope-rft train --resume {run_dir} "
+            "--set run.steps=<more>`",
+            soft_wrap=True,
+        )
+        return
     shown = {
         k: round(v, 4)
         for k, v in last.items()

@@ -154,6 +154,23 @@ async def test_a_resume_keeps_the_checkpoint_it_commits_over_a_newer_leftover(
     assert (checkpoints / "step-000002" / "run_state.json").is_file()  # resumable
 
 
+async def test_resuming_a_finished_run_says_there_is_nothing_left(
+    tiny_model_path, toy_tasks, tmp_path
+):
+    run_dir = tmp_path / "run"
+    small = ("explorer.group_size=2", "explorer.tasks_per_step=2", "run.steps=1")
+    await train(toy_config(tiny_model_path, toy_tasks, run_dir, *small), run_dir)
+    metrics = (run_dir / "metrics.jsonl").read_text()
+    env = {**os.environ, "COLUMNS": "1000"}
+    proc = subprocess.run(
+        [*CLI, "train", "--resume", str(run_dir)], capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "nothing left to train (run.steps: 1, all trained)" in proc.stderr, proc.stderr
+    assert f"--resume {run_dir} --set run.steps=<more>" in proc.stderr
+    assert (run_dir / "metrics.jsonl").read_text() == metrics
+
+
 def test_bad_workflow_path_fails_before_the_engine_starts(toy_tasks, tmp_path):
     proc = subprocess.run(
         [
