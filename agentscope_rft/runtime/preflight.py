@@ -99,6 +99,7 @@ def preflight(config: RunConfig) -> Checked:
     mode = config.run.mode
     workflow, train, evals, vals = None, [], [], []
     if mode in EXPLORING_MODES:
+        _check_groups(config)
         workflow = load_workflow(config.workflow or "", config.judge)
         splits = {"train": config.tasks.train, "val": config.tasks.val, "eval": config.tasks.eval}
         for key, value in splits.items():
@@ -171,6 +172,22 @@ def preflight(config: RunConfig) -> Checked:
         val_tasks=vals,
         offline_units=offline_units,
     )
+
+
+def _check_groups(config: RunConfig) -> None:
+    """A group-baseline advantage with groups of one would train nothing, step after step."""
+    algorithm = config.algorithm
+    if (
+        config.explorer.group_size == 1
+        and algorithm.objective == "rl"
+        and algorithm.drops_zero_variance_groups()
+    ):
+        raise ConfigError(
+            f"explorer.group_size 1 with algorithm.advantage {algorithm.advantage.type!r} trains "
+            "nothing: its baseline compares the episodes of a task, so every group of one is "
+            "dropped as equal-reward; set explorer.group_size to 2 or more (e.g. 8), or use an "
+            "advantage without a group baseline (reinforce_plus_plus)"
+        )
 
 
 def _warn_overlap(train: list[Task], vals: list[Task], tests: list[Task], id_field: str) -> None:

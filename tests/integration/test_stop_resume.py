@@ -246,6 +246,7 @@ async def test_preflight_checks_everything_before_any_model_loads(
         ("model.name_or_path=/no/model", ModelNotFoundError, "unknown model"),
         ("engine.device=cuda:0", ConfigError, "no CUDA device"),
         ("model.chat_template=nope", ConfigError, "neither a template nor a file"),
+        ("explorer.group_size=1", ConfigError, "group_size 1 with .* 'grpo' trains nothing"),
     ]
     if torch.cuda.is_available():
         cases = [c for c in cases if "cuda" not in c[0]]
