@@ -176,7 +176,9 @@ async def _serve(engine: Engine, host: str, port: int, api_key: str | None) -> N
         await gateway.start()
     except (OSError, SystemExit) as exc:
         await engine.close()
-        raise fail(f"cannot listen on {host}:{port}: {exc}") from exc
+        raise fail(
+            f"cannot listen on {host}:{port}: {exc}; pick another --port (or stop what uses it)"
+        ) from exc
     console.print(
         f"[bold green]serving[/] {engine.model_name} at [bold]{gateway.base_url}[/]\n"
         f"  recorded calls: {gateway.rollout_base_url('<rollout-id>')}  (GET "
