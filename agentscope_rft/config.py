@@ -255,7 +255,8 @@ class RunSettings(Section):
     best_mode: Literal["max", "min"] = "max"
     """Whether a higher (`max`) or lower `best_metric` is better."""
     overwrite: bool = False
-    """Replace an existing run folder (otherwise an existing folder is an error)."""
+    """Replace an existing run folder, `explore-*` results included (otherwise a folder holding
+    a run is an error; `explore` results alone stay beside the new run)."""
     get_timeout: float = Field(default=3600.0, gt=0)
     """Seconds the trainer waits for samples before failing with what it waits for."""
     allocator: str = "glibc"

@@ -38,20 +38,41 @@ def run_dir_for(config: RunConfig) -> Path:
 
 
 def prepare_run_dir(config: RunConfig, run_dir: Path, *, resume: bool) -> None:
-    """Create the run folder (never silently replacing one) and save the resolved config."""
+    """Create the run folder (never silently replacing one) and save the resolved config.
+
+    A new run may start in a folder holding only `explore` results (`explore-*/`, a baseline
+    kept beside the run) and the `config.yaml` of a start that failed before any work.
+    """
     if resume:
         if not (run_dir / STATE_FILE).is_file():
             raise RunFolderError(f"{run_dir} has no checkpoint to resume from ({STATE_FILE})")
-    elif run_dir.exists() and any(run_dir.iterdir()):
+    elif _run_files(run_dir):
         if not config.run.overwrite:
+            if (run_dir / STATE_FILE).is_file():
+                raise RunFolderError(
+                    f"run folder {run_dir} already exists: resume it with `agentscope-rft train "
+                    f"--resume {run_dir}`, pick another run.name, or pass --set run.overwrite=true"
+                )
             raise RunFolderError(
-                f"run folder {run_dir} already exists: resume it with `agentscope-rft train "
-                f"--resume {run_dir}`, pick another run.name, or pass --set run.overwrite=true"
+                f"run folder {run_dir} already exists with {', '.join(_run_files(run_dir)[:4])} "
+                "but no checkpoint to resume from: pick another run.name, or pass --set "
+                "run.overwrite=true to replace it"
             )
         logger.warning("run.overwrite: replacing %s", run_dir)
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(config))
+
+
+def _run_files(run_dir: Path) -> list[str]:
+    """What in `run_dir` a new run would mix with (sorted names); none if it does not exist."""
+    if not run_dir.is_dir():
+        return []
+    return sorted(
+        p.name
+        for p in run_dir.iterdir()
+        if p.name != "config.yaml" and not (p.is_dir() and p.name.startswith("explore-"))
+    )
 
 
 def episode_settings(config: RunConfig, max_model_len: int) -> EpisodeSettings:
