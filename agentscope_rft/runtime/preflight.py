@@ -12,6 +12,7 @@ loads (workflow, tasks, offline data) is handed to the run so nothing is read tw
 from __future__ import annotations
 
 import logging
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -70,6 +71,22 @@ def _check_engine(engine: EngineConfig, on_ray: bool) -> None:
     for url in engine.urls:
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"engine.urls: {url!r} is not an http(s) URL")
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """The gateway starts after the engine has loaded: a port in use (or a host that is not this
+    machine's) is found now instead."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+            probe.bind(address)
+    except OSError as exc:
+        raise ConfigError(
+            f"gateway: cannot listen on {host}:{port} ({exc.strerror or exc}); set gateway.port "
+            "to a free port (0, the default, picks one) and gateway.host to an interface of this "
+            "machine (127.0.0.1, the default)"
+        ) from exc
 
 
 def _check_trainer(trainer: TrainerConfig) -> None:
@@ -150,6 +167,8 @@ def preflight(config: RunConfig) -> Checked:
             raise ConfigError(str(exc)) from exc
     if mode not in ("offline", "train_only"):
         _check_engine(config.engine, on_ray=config.runtime.type == "ray")
+    if mode in EXPLORING_MODES:
+        _check_port_free(config.gateway.host, config.gateway.port)
     try:
         check_placement(config)
     except PlacementError as exc:

@@ -4,6 +4,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -239,6 +240,9 @@ async def test_preflight_checks_everything_before_any_model_loads(
 
     monkeypatch.setattr(local, "build_trainer", no_loading)
     monkeypatch.setattr(local, "build_engine", no_loading)
+    taken = socket.socket()  # a port some other program listens on
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
     cases = [
         ("workflow=tests/integration/toy_app.py:nothing_here", WorkflowError, "nothing_here"),
         ("judge=tests/integration/toy_app.py:uppercase_share", WorkflowError, "async function"),
@@ -247,6 +251,7 @@ async def test_preflight_checks_everything_before_any_model_loads(
         ("engine.device=cuda:0", ConfigError, "no CUDA device"),
         ("model.chat_template=nope", ConfigError, "neither a template nor a file"),
         ("explorer.group_size=1", ConfigError, "group_size 1 with .* 'grpo' trains nothing"),
+        (f"gateway.port={taken.getsockname()[1]}", ConfigError, "set gateway.port to a free"),
     ]
     if torch.cuda.is_available():
         cases = [c for c in cases if "cuda" not in c[0]]
@@ -258,6 +263,7 @@ async def test_preflight_checks_everything_before_any_model_loads(
         if i == 0:  # the bad workflow: reported at once (no model, no task file read)
             assert time.perf_counter() - started < 5
         assert not (tmp_path / f"r{i}").exists()
+    taken.close()
 
 
 async def test_explore_stops_cleanly_with_the_finished_tasks_written(
