@@ -71,7 +71,7 @@ def serve(
     host: Annotated[str, typer.Option(help="Interface to bind (loopback by default).")] = (
         "127.0.0.1"
     ),
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    port: Annotated[int, typer.Option(help="Port to listen on.", min=0, max=65535)] = 8000,
     api_key: Annotated[
         str | None, typer.Option(help="Require this key (Authorization: Bearer <key>).")
     ] = None,
@@ -82,7 +82,7 @@ def serve(
         Literal["auto", "float32", "bfloat16", "float16"], typer.Option(help="Weights dtype.")
     ] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu or cuda[:N].")] = "auto",
-    max_batch_size: Annotated[int, typer.Option(help="Embedded: sequences per batch.")] = 32,
+    max_batch_size: Annotated[int, typer.Option(help="Embedded: sequences per batch.", min=1)] = 32,
     vllm_python: Annotated[
         str | None, typer.Option(help="vLLM: interpreter of the vLLM environment.")
     ] = None,
@@ -537,8 +537,8 @@ def explore(
             "<run folder>:best, a checkpoint or an HF model folder."
         ),
     ] = None,
-    limit: Annotated[int | None, typer.Option(help="Only the first N tasks.")] = None,
-    group_size: Annotated[int | None, typer.Option(help="Episodes per task.")] = None,
+    limit: Annotated[int | None, typer.Option(help="Only the first N tasks.", min=1)] = None,
+    group_size: Annotated[int | None, typer.Option(help="Episodes per task.", min=1)] = None,
     out: Annotated[str | None, typer.Option(help="Output folder.")] = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:

@@ -56,7 +56,7 @@ def dashboard_command(
     host: Annotated[str, typer.Option(help="Interface to listen on (loopback by default).")] = (
         "127.0.0.1"
     ),
-    port: Annotated[int, typer.Option(help="Port (0: any free port).")] = 8765,
+    port: Annotated[int, typer.Option(help="Port (0: any free port).", min=0, max=65535)] = 8765,
     token: Annotated[
         str | None,
         typer.Option(help=f"Token for writes (and for any access beyond loopback); ${TOKEN_ENV}."),
