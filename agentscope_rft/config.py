@@ -227,7 +227,8 @@ class RunSettings(Section):
     """The run as a whole."""
 
     name: str | None = None
-    """Run name; default: the config file's name."""
+    """Run name, a folder inside runs/ (`quickstart`, `sweeps/lr-high`); default: the config
+    file's name."""
     dir: str | None = None
     """Run folder; default `runs/<name>`."""
     steps: int = Field(default=20, ge=1)
@@ -279,6 +280,21 @@ class RunSettings(Section):
     no prefix cache) and episodes run one at a time (~5x the wall time on the quickstart),
     samples are trained in rollout order, torch uses deterministic algorithms. Each change is
     said in a log line; what still varies: docs/lifecycle.md."""
+
+    @field_validator("name")
+    @classmethod
+    def _name_inside_runs(cls, value: str | None) -> str | None:
+        # `runs/<name>` must stay inside runs/: `.`, `..` or `/x` would put the run (and what
+        # run.overwrite deletes) at runs/ itself, the working folder or the file system's root.
+        if value is None:
+            return value
+        if value.strip() and not value.startswith("/") and not {".", ".."} & set(value.split("/")):
+            return value
+        raise ValueError(
+            f"run.name {value!r} must name a folder inside runs/ (e.g. quickstart, or "
+            "sweeps/lr-high): no empty name, no `.` or `..`, no leading /; set run.dir to put "
+            "the run folder elsewhere"
+        )
 
     @field_validator("allocator")
     @classmethod

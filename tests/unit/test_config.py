@@ -46,6 +46,9 @@ def test_resolved_config_round_trips(tmp_path):
         ("algorithm.advantage=grpoo", "grpo"),
         ("bogus", "use key.path=value"),
         ("explorer.sampling={max_tokens: 4", "the value is not valid YAML"),
+        ("run.name=..", "run.name '..' must name a folder inside runs/"),
+        ("run.name=/abs", "run.name '/abs' must name a folder inside runs/"),
+        ("run.name=.", "run.name '.' must name a folder inside runs/"),
     ],
 )
 def test_bad_values_name_the_key(override, message):
