@@ -722,7 +722,8 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunCo
     if path is not None:
         file = Path(path)
         if not file.is_file():
-            raise ConfigError(f"config file {file} does not exist")
+            what = "is a folder, not a YAML file" if file.is_dir() else "does not exist"
+            raise ConfigError(f"config file {file} {what}")
         try:
             data = yaml.safe_load(file.read_text()) or {}
         except UnicodeDecodeError as exc:

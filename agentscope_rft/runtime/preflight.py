@@ -121,7 +121,8 @@ def preflight(config: RunConfig) -> Checked:
         splits = {"train": config.tasks.train, "val": config.tasks.val, "eval": config.tasks.eval}
         for key, value in splits.items():
             if value is not None and not Path(value).is_file():  # before reading any (slow)
-                raise TaskSetError(f"task file {value} does not exist (tasks.{key})")
+                what = "is a folder, not a file" if Path(value).is_dir() else "does not exist"
+                raise TaskSetError(f"task file {value} {what} (tasks.{key})")
         required = config.tasks.required_fields
         train = load_tasks(
             config.tasks.train or "", id_field=config.tasks.id_field, required_fields=required

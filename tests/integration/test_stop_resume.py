@@ -247,6 +247,7 @@ async def test_preflight_checks_everything_before_any_model_loads(
         ("workflow=tests/integration/toy_app.py:nothing_here", WorkflowError, "nothing_here"),
         ("judge=tests/integration/toy_app.py:uppercase_share", WorkflowError, "async function"),
         (f"tasks.eval={tmp_path / 'none.jsonl'}", TaskSetError, "does not exist"),
+        (f"tasks.val={tmp_path}", TaskSetError, "is a folder, not a file"),
         ("model.name_or_path=/no/model", ModelNotFoundError, "unknown model"),
         ("engine.device=cuda:0", ConfigError, "no CUDA device"),
         ("model.chat_template=nope", ConfigError, "neither a template nor a file"),

@@ -56,6 +56,11 @@ def test_bad_values_name_the_key(override, message):
         load_config(None, [*MINIMAL, override])
 
 
+def test_a_config_folder_is_not_called_missing(tmp_path):
+    with pytest.raises(ConfigError, match=r"is a folder, not a YAML file"):
+        load_config(tmp_path)
+
+
 def test_a_config_file_that_is_not_utf8_names_the_file(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_bytes(b"workflow: app.py:run\nrun: {name: \xff\xfe}\n")
