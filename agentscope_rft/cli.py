@@ -433,6 +433,7 @@ def _train_sweep(
         SWEEP_CONFIG,
         SweepError,
         SweepStopped,
+        is_sweep,
         parse_seeds,
         read_sweep,
         run_sweep,
@@ -443,6 +444,13 @@ def _train_sweep(
         wanted = parse_seeds(seeds) if seeds is not None else []
         if resume is not None:
             sweep_dir = Path(resume)
+            if not is_sweep(sweep_dir):
+                raise fail(
+                    f"--resume {sweep_dir} with --seeds: {sweep_dir} is not a seed sweep (no "
+                    "sweep.json); resume a single run without --seeds"
+                )
+            if config is not None:
+                _check_same_config(sweep_dir, config)
             cfg = load_config(sweep_dir / SWEEP_CONFIG, overrides)
             wanted = read_sweep(sweep_dir)["seeds"] + wanted
             wanted = list(dict.fromkeys(wanted))

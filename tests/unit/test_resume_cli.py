@@ -52,3 +52,24 @@ def test_the_same_config_given_with_resume_is_accepted(tmp_path):
 
     message = one_line(run_cli("--resume", str(run_dir), "--config", str(config)))
     assert Path(tmp_path / "app.py").name in message and "does not exist" in message  # preflight
+
+
+def test_resume_of_a_single_run_with_seeds_says_it_is_no_sweep(tmp_path):
+    run_dir = tmp_path / "runs" / "run"
+    run_dir.mkdir(parents=True)
+    message = one_line(run_cli("--resume", str(run_dir), "--seeds", "0,1"))
+    assert "is not a seed sweep (no sweep.json); resume a single run without --seeds" in message
+
+
+def test_a_config_given_with_a_sweeps_resume_must_match_it(tmp_path):
+    config = tmp_path / "run.yaml"
+    data = {"workflow": "app.py:run", "tasks": {"train": "t.jsonl"}, "trainer": {"lr": 1e-5}}
+    config.write_text(yaml.safe_dump(data))
+    sweep_dir = tmp_path / "runs" / "run"
+    sweep_dir.mkdir(parents=True)
+    (sweep_dir / "config.yaml").write_text(dump_config(load_config(config)))
+    (sweep_dir / "sweep.json").write_text('{"seeds": [0, 1]}')
+    config.write_text(yaml.safe_dump({**data, "trainer": {"lr": 3e-5}}))
+
+    message = one_line(run_cli("--resume", str(sweep_dir), "--config", str(config)))
+    assert "trainer.lr: 1e-05 -> 3e-05" in message and "pass the changes with --set" in message
