@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -37,12 +39,48 @@ def run_dir_for(config: RunConfig) -> Path:
     return Path(config.run.dir or Path("runs") / name)
 
 
-def prepare_run_dir(config: RunConfig, run_dir: Path, *, resume: bool) -> None:
-    """Create the run folder (never silently replacing one) and save the resolved config.
+def prepare_run_dir(config: RunConfig, run_dir: Path, *, resume: bool) -> RunFolderLock:
+    """Create and lock the run folder (never silently replacing one) and save the resolved
+    config; returns the lock, which the run holds until it ends.
 
     A new run may start in a folder holding only `explore` results (`explore-*/`, a baseline
     kept beside the run) and the `config.yaml` of a start that failed before any work.
     """
+    lock = RunFolderLock(run_dir)
+    try:
+        _check_run_dir(config, run_dir, resume=resume)
+    except BaseException:
+        lock.release()
+        raise
+    (run_dir / "config.yaml").write_text(dump_config(config))
+    return lock
+
+
+class RunFolderLock:
+    """An exclusive lock on a run folder, held by the process that trains it (the system drops
+    it when that process ends, killed included): a second `train` or `--resume` of the same
+    folder would interleave its steps with the first's."""
+
+    def __init__(self, run_dir: Path) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._fd: int | None = os.open(run_dir, os.O_RDONLY)  # not inherited by children
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.release()
+            raise RunFolderError(
+                f"{run_dir} is in use by another `agentscope-rft train` (the run, or a resume "
+                "of it, is still running): wait for it to end or stop it (Ctrl-C), then "
+                f"`agentscope-rft train --resume {run_dir}`"
+            ) from None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _check_run_dir(config: RunConfig, run_dir: Path, *, resume: bool) -> None:
     if resume:
         if not (run_dir / STATE_FILE).is_file():
             raise RunFolderError(f"{run_dir} has no checkpoint to resume from ({STATE_FILE})")
@@ -59,9 +97,11 @@ def prepare_run_dir(config: RunConfig, run_dir: Path, *, resume: bool) -> None:
                 "run.overwrite=true to replace it"
             )
         logger.warning("run.overwrite: replacing %s", run_dir)
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_config(config))
+        for child in run_dir.iterdir():  # the folder itself stays: it carries the lock
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
 
 
 def _run_files(run_dir: Path) -> list[str]:

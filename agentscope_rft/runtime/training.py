@@ -45,6 +45,7 @@ from agentscope_rft.rss import PhasePeaks, phase_metric
 from agentscope_rft.runtime.best import RUN_STATE_FILE, BestCheckpoint
 from agentscope_rft.runtime.components import (
     RolloutLog,
+    RunFolderLock,
     checkpoint_dir,
     episode_settings,
     max_tokens_per_call,
@@ -140,6 +141,7 @@ class TrainingRun:
         self.val_tasks, self.val_phase = self._validation_split(checked)
         self.diagnosis = RunDiagnosis(run_dir)  # the first batch of each phase, reported once
         self.peaks = PhasePeaks()  # memory/<phase>_peak_gib in each step's metrics
+        self.run_lock: RunFolderLock | None = None
 
     # ------------------------------------------------------------------ the run, top to bottom
     async def run(self) -> dict[str, float]:
@@ -149,6 +151,8 @@ class TrainingRun:
             await self._open()
         except BaseException:
             self.peaks.stop()
+            if self.run_lock is not None:
+                self.run_lock.release()
             raise
         try:
             with self.monitor, self.monitor.progress() as progress:
@@ -184,7 +188,7 @@ class TrainingRun:
     # ------------------------------------------------------------------ opening and closing
     async def _open(self) -> None:
         config, run_dir = self.config, self.run_dir
-        prepare_run_dir(config, run_dir, resume=self.resume)
+        self.run_lock = prepare_run_dir(config, run_dir, resume=self.resume)
         self.trainer: Trainer = await in_own_thread(
             build_trainer,
             config.trainer,
@@ -303,6 +307,8 @@ class TrainingRun:
         await self.buffer.close()
         self.trainer.close()
         self.peaks.stop()
+        if self.run_lock is not None:
+            self.run_lock.release()
 
     @staticmethod
     def _validation_split(checked: Checked) -> tuple[list[Task], str]:
