@@ -39,7 +39,10 @@ class WorkflowError(TypeError):
 
 def _check_callable(fn: Any, what: str, params: tuple[str, str]) -> None:
     if not callable(fn):
-        raise WorkflowError(f"{what} {fn!r} is not a function")
+        raise WorkflowError(
+            f"{what} is {fn!r} (a {type(fn).__name__}), not a function: point `{what}:` at an "
+            f"`async def f({', '.join(params)})`"
+        )
     name = getattr(fn, "__qualname__", type(fn).__qualname__)
     # An app object whose `async def __call__(self, task, model)` runs the episode counts too.
     if not (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)):

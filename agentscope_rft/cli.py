@@ -71,7 +71,7 @@ def serve(
     host: Annotated[str, typer.Option(help="Interface to bind (loopback by default).")] = (
         "127.0.0.1"
     ),
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    port: Annotated[int, typer.Option(help="Port to listen on.", min=0, max=65535)] = 8000,
     api_key: Annotated[
         str | None, typer.Option(help="Require this key (Authorization: Bearer <key>).")
     ] = None,
@@ -82,7 +82,7 @@ def serve(
         Literal["auto", "float32", "bfloat16", "float16"], typer.Option(help="Weights dtype.")
     ] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu or cuda[:N].")] = "auto",
-    max_batch_size: Annotated[int, typer.Option(help="Embedded: sequences per batch.")] = 32,
+    max_batch_size: Annotated[int, typer.Option(help="Embedded: sequences per batch.", min=1)] = 32,
     vllm_python: Annotated[
         str | None, typer.Option(help="vLLM: interpreter of the vLLM environment.")
     ] = None,
@@ -176,7 +176,9 @@ async def _serve(engine: Engine, host: str, port: int, api_key: str | None) -> N
         await gateway.start()
     except (OSError, SystemExit) as exc:
         await engine.close()
-        raise fail(f"cannot listen on {host}:{port}: {exc}") from exc
+        raise fail(
+            f"cannot listen on {host}:{port}: {exc}; pick another --port (or stop what uses it)"
+        ) from exc
     console.print(
         f"[bold green]serving[/] {engine.model_name} at [bold]{gateway.base_url}[/]\n"
         f"  recorded calls: {gateway.rollout_base_url('<rollout-id>')}  (GET "
@@ -210,6 +212,7 @@ ArtefactsOption = Annotated[
 _USER_ERRORS = {
     "agentscope_rft.api": ("WorkflowError",),
     "agentscope_rft.buffer.base": ("BufferFormatError", "BufferTimeout"),
+    "agentscope_rft.buffer.offline": ("OfflineDataError",),
     "agentscope_rft.config": ("ConfigError",),
     "agentscope_rft.explorer.tasks": ("TaskSetError",),
     "agentscope_rft.models": ("ModelNotFoundError",),
@@ -339,6 +342,8 @@ def train(
     try:
         if resume is not None:
             cfg = _resumed_config(Path(resume), set_ or [])
+            if config is not None:
+                _check_same_config(Path(resume), config)
         else:  # without --config, --set alone must give what a run needs
             cfg = load_config(config, set_ or [])
         preload_allocator(cfg.run.allocator)  # may restart this command under jemalloc
@@ -360,12 +365,35 @@ def train(
         raise fail(str(exc)) from exc
     finally:
         _end_leftovers()
+    if resume is not None and not last:
+        console.print(
+            f"[bold green]done[/] {run_dir}: nothing left to train (run.steps: {cfg.run.steps}, "
+            f"all trained); train on with `agentscope-rft train --resume {run_dir} "
+            "--set run.steps=<more>`",
+            soft_wrap=True,
+        )
+        return
     shown = {
         k: round(v, 4)
         for k, v in last.items()
         if k in ("reward/mean", "success_rate", "loss", "time/step")
     }
     console.print(f"[bold green]done[/] {run_dir}: {shown}; curve: {run_dir / 'reward_curve.png'}")
+
+
+def _check_same_config(run_dir: Any, config: str) -> None:
+    """`--resume` continues with the run's saved config: a `--config` given with it must say the
+    same (a script that always passes both), else its changes would be silently ignored."""
+    from agentscope_rft.config import load_config
+    from agentscope_rft.runtime.fork import config_differences
+
+    changed = config_differences(run_dir, load_config(config))
+    if changed:
+        shown = "; ".join(changed[:5]) + ("; ..." if len(changed) > 5 else "")
+        raise fail(
+            f"--config {config} differs from {run_dir}/config.yaml, which --resume continues "
+            f"with ({shown}): drop --config and pass the changes with --set key=value"
+        )
 
 
 def _fork_request(fork_from: str | None, step: int | None, resume: str | None) -> Any:
@@ -405,6 +433,7 @@ def _train_sweep(
         SWEEP_CONFIG,
         SweepError,
         SweepStopped,
+        is_sweep,
         parse_seeds,
         read_sweep,
         run_sweep,
@@ -415,6 +444,13 @@ def _train_sweep(
         wanted = parse_seeds(seeds) if seeds is not None else []
         if resume is not None:
             sweep_dir = Path(resume)
+            if not is_sweep(sweep_dir):
+                raise fail(
+                    f"--resume {sweep_dir} with --seeds: {sweep_dir} is not a seed sweep (no "
+                    "sweep.json); resume a single run without --seeds"
+                )
+            if config is not None:
+                _check_same_config(sweep_dir, config)
             cfg = load_config(sweep_dir / SWEEP_CONFIG, overrides)
             wanted = read_sweep(sweep_dir)["seeds"] + wanted
             wanted = list(dict.fromkeys(wanted))
@@ -509,8 +545,8 @@ def explore(
             "<run folder>:best, a checkpoint or an HF model folder."
         ),
     ] = None,
-    limit: Annotated[int | None, typer.Option(help="Only the first N tasks.")] = None,
-    group_size: Annotated[int | None, typer.Option(help="Episodes per task.")] = None,
+    limit: Annotated[int | None, typer.Option(help="Only the first N tasks.", min=1)] = None,
+    group_size: Annotated[int | None, typer.Option(help="Episodes per task.", min=1)] = None,
     out: Annotated[str | None, typer.Option(help="Output folder.")] = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:

@@ -227,7 +227,8 @@ class RunSettings(Section):
     """The run as a whole."""
 
     name: str | None = None
-    """Run name; default: the config file's name."""
+    """Run name, a folder inside runs/ (`quickstart`, `sweeps/lr-high`); default: the config
+    file's name."""
     dir: str | None = None
     """Run folder; default `runs/<name>`."""
     steps: int = Field(default=20, ge=1)
@@ -255,7 +256,8 @@ class RunSettings(Section):
     best_mode: Literal["max", "min"] = "max"
     """Whether a higher (`max`) or lower `best_metric` is better."""
     overwrite: bool = False
-    """Replace an existing run folder (otherwise an existing folder is an error)."""
+    """Replace an existing run folder, `explore-*` results included (otherwise a folder holding
+    a run is an error; `explore` results alone stay beside the new run)."""
     get_timeout: float = Field(default=3600.0, gt=0)
     """Seconds the trainer waits for samples before failing with what it waits for."""
     allocator: str = "glibc"
@@ -278,6 +280,21 @@ class RunSettings(Section):
     no prefix cache) and episodes run one at a time (~5x the wall time on the quickstart),
     samples are trained in rollout order, torch uses deterministic algorithms. Each change is
     said in a log line; what still varies: docs/lifecycle.md."""
+
+    @field_validator("name")
+    @classmethod
+    def _name_inside_runs(cls, value: str | None) -> str | None:
+        # `runs/<name>` must stay inside runs/: `.`, `..` or `/x` would put the run (and what
+        # run.overwrite deletes) at runs/ itself, the working folder or the file system's root.
+        if value is None:
+            return value
+        if value.strip() and not value.startswith("/") and not {".", ".."} & set(value.split("/")):
+            return value
+        raise ValueError(
+            f"run.name {value!r} must name a folder inside runs/ (e.g. quickstart, or "
+            "sweeps/lr-high): no empty name, no `.` or `..`, no leading /; set run.dir to put "
+            "the run folder elsewhere"
+        )
 
     @field_validator("allocator")
     @classmethod
@@ -548,7 +565,14 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     path = [p for p in key.strip().split(".") if p]
     if not path:
         raise ConfigError(f"--set {item!r}: the key is empty")
-    return path, yaml.safe_load(raw) if raw.strip() else None
+    try:
+        return path, yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise ConfigError(
+            f"--set {item!r}: the value is not valid YAML ({problem}); write it as YAML, e.g. "
+            "--set 'explorer.sampling={max_tokens: 32}', with a string holding ': ' in quotes"
+        ) from exc
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
@@ -698,9 +722,15 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunCo
     if path is not None:
         file = Path(path)
         if not file.is_file():
-            raise ConfigError(f"config file {file} does not exist")
+            what = "is a folder, not a YAML file" if file.is_dir() else "does not exist"
+            raise ConfigError(f"config file {file} {what}")
         try:
             data = yaml.safe_load(file.read_text()) or {}
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"config file {file} is not UTF-8 text ({exc.reason} at byte {exc.start}): "
+                "save it as UTF-8 YAML"
+            ) from exc
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {file} is not valid YAML: {exc}") from exc
         if not isinstance(data, dict):

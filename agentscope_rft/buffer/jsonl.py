@@ -14,16 +14,23 @@ def read_json_objects(path: Path, error: type[Exception]) -> Iterator[tuple[int,
     """(line number, object) for every non-blank line of `path`.
 
     Raises:
-        error: the file is missing, a line is not JSON, or a line is not a JSON object; the
-            message starts with `path:line`.
+        error: the file is missing, a line is not UTF-8 or not JSON, or a line is not a JSON
+            object; the message starts with `path:line`.
 
     Example:
         >>> rows = list(read_json_objects(Path("sft.jsonl"), ValueError))  # doctest: +SKIP
     """
     if not path.is_file():
         raise error(f"{path}: no such file")
-    with path.open(encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
+    with path.open("rb") as handle:  # bytes: a line that is not UTF-8 is named by its number
+        for lineno, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise error(
+                    f"{path}:{lineno}: not UTF-8 text (byte {raw[err.start]:#04x} at column "
+                    f"{err.start + 1}): save the file as UTF-8"
+                ) from err
             if not line.strip():
                 continue
             try:

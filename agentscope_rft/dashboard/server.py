@@ -6,6 +6,7 @@ import ipaddress
 import json
 import os
 import secrets
+import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -55,7 +56,7 @@ def dashboard_command(
     host: Annotated[str, typer.Option(help="Interface to listen on (loopback by default).")] = (
         "127.0.0.1"
     ),
-    port: Annotated[int, typer.Option(help="Port (0: any free port).")] = 8765,
+    port: Annotated[int, typer.Option(help="Port (0: any free port).", min=0, max=65535)] = 8765,
     token: Annotated[
         str | None,
         typer.Option(help=f"Token for writes (and for any access beyond loopback); ${TOKEN_ENV}."),
@@ -92,9 +93,31 @@ def dashboard_command(
     app = create_app(runs, token=secret, open_reads=is_loopback(host))
     config = uvicorn.Config(app, host=host, port=port, log_level="warning")
     server = uvicorn.Server(config)
+    # Bound here, not by uvicorn (which exits with a log line): a port in use is one clear
+    # error, and with --port 0 the URL shows the port picked.
+    try:
+        listening = _bind(host, port)
+    except OSError as exc:
+        raise fail(
+            f"cannot listen on {host}:{port} ({exc.strerror or exc}): pick another --port "
+            "(0: any free port)"
+        ) from exc
     shown = "localhost" if is_loopback(host) else host
+    port = listening.getsockname()[1]
     typer.echo(f"dashboard of {runs.resolve()}: http://{shown}:{port}/?token={secret}")
-    server.run()
+    server.run(sockets=[listening])
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    listening = socket.socket(family, kind, proto)
+    try:
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.bind(address)
+    except OSError:
+        listening.close()
+        raise
+    return listening
 
 
 def _export(run_folder: Path, out: Path) -> None:

@@ -27,9 +27,16 @@ class Task:
 
 def _read_jsonl(path: Path) -> list[Any]:
     rows = []
-    # utf-8-sig: files saved by Windows editors start with a byte-order mark
-    with open(path, encoding="utf-8-sig") as handle:
-        for number, line in enumerate(handle, start=1):
+    with open(path, "rb") as handle:  # bytes: a line that is not UTF-8 is named by its number
+        for number, raw in enumerate(handle, start=1):
+            try:
+                # utf-8-sig: files saved by Windows editors start with a byte-order mark
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise TaskSetError(
+                    f"{path} line {number}: not UTF-8 text (byte {raw[exc.start]:#04x} at column "
+                    f"{exc.start + 1}): save the file as UTF-8"
+                ) from exc
             if not line.strip():
                 continue
             try:
@@ -39,12 +46,18 @@ def _read_jsonl(path: Path) -> list[Any]:
             if not isinstance(row, dict):
                 raise TaskSetError(f"{path} line {number}: a task must be a JSON object")
             rows.append(row)
+    if not rows:
+        raise TaskSetError(f"task file {path} has no tasks: write one JSON object per line")
     return rows
 
 
 def _read_json(path: Path) -> list[Any]:
     try:
         rows = json.loads(path.read_text(encoding="utf-8-sig"))
+    except UnicodeDecodeError as exc:
+        raise TaskSetError(
+            f"{path}: not UTF-8 text ({exc.reason}): save the file as UTF-8"
+        ) from exc
     except json.JSONDecodeError as exc:
         if exc.msg == "Extra data":  # JSON lines in a file named .json
             return _read_jsonl(path)
@@ -70,6 +83,8 @@ def _read_file(path: Path) -> list[Any]:
     # none) and cast a column to one type (the string "0" in a column of ints becomes 0).
     if path.suffix.lower() == ".jsonl":
         return _read_jsonl(path)
+    if path.stat().st_size == 0:  # `datasets` fails on it with a bare StopIteration
+        raise TaskSetError(f"task file {path} is empty: it holds no tasks, add them (one per row)")
     if path.suffix.lower() == ".json":
         return _read_json(path)
     import datasets

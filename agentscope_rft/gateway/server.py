@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import socket
 import time
 from collections.abc import Iterator
 
@@ -30,6 +31,15 @@ class _EmbeddedServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        # uvicorn calls sys.exit when it cannot bind; a SystemExit escaping a task stops the
+        # event loop with a traceback, so it becomes the OSError behind it.
+        try:
+            await super().serve(sockets)
+        except SystemExit as exc:
+            cause = exc.__context__
+            raise OSError(str(cause) if cause else f"the server exited ({exc.code})") from cause
 
 
 class Gateway:

@@ -125,22 +125,31 @@ def read_metrics(path: Path) -> list[MetricRecord]:
         raise MetricsFileError(
             f"no metrics file {path}: give the folder of a run started by `agentscope-rft train`"
         )
-    text = path.read_text(encoding="utf-8")
-    lines = text.splitlines()
+    data = path.read_bytes()
+    lines = data.splitlines()
     records: list[MetricRecord] = []
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            records.append(_parse_line(line))
+            records.append(_parse_line(_utf8(line)))
         except ValueError as exc:
-            if lineno == len(lines) and not text.endswith("\n"):
+            if lineno == len(lines) and not data.endswith(b"\n"):
                 logger.warning("%s line %d: skipped a partial last line (%s)", path, lineno, exc)
                 continue
             raise MetricsFileError(f"{path} line {lineno}: {exc}") from None
     if not records:
         raise MetricsFileError(f"{path} is empty: no step has been logged yet")
     return records
+
+
+def _utf8(line: bytes) -> str:
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"not UTF-8 text (byte {line[exc.start]:#04x} at column {exc.start + 1})"
+        ) from None
 
 
 def _parse_line(line: str) -> MetricRecord:

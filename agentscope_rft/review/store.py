@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import math
 import os
 import time
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+logger = logging.getLogger(__name__)
 
 REVIEWS_FILE = "reviews.jsonl"
 
@@ -141,15 +144,26 @@ class ReviewStore:
         return review
 
     def all(self) -> list[Review]:
-        """Every stored review in order (lines that do not parse are skipped)."""
+        """Every stored review in order (lines that do not parse are skipped: a torn last line;
+        one before it, a hand edit, is named in a warning)."""
         if not self.path.is_file():
             return []
         reviews: list[Review] = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
+        lines = self.path.read_bytes().splitlines()
+        skipped = []
+        for number, line in enumerate(lines, start=1):
             try:
-                reviews.append(Review.model_validate(json.loads(line)))
-            except (json.JSONDecodeError, ValidationError):
-                continue  # a torn last line, or a hand edit
+                reviews.append(Review.model_validate(json.loads(line.decode("utf-8"))))
+            except (UnicodeDecodeError, json.JSONDecodeError, ValidationError):
+                if number < len(lines) and line.strip():
+                    skipped.append(number)
+        if skipped:
+            logger.warning(
+                "%s: line(s) %s are not reviews (not UTF-8 JSON of a review) and are skipped; "
+                "fix or delete them",
+                self.path,
+                ", ".join(map(str, skipped[:10])),
+            )
         return reviews
 
     def current(self) -> list[Review]:

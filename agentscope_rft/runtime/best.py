@@ -22,6 +22,10 @@ logger = logging.getLogger(__name__)
 
 BEST_FILE = "best.json"
 BEST_DIR = "best"
+RUN_STATE_FILE = "run_state.json"
+"""In every checkpoint folder: the task position and health changes of its step (a rollback
+restores them with the weights; a fork starts from them). Written last: a step folder without it
+is a checkpoint whose writing was cut off."""
 
 
 class CheckpointNotFoundError(ValueError):
@@ -196,7 +200,9 @@ def resolve_checkpoint(spec: str | Path, run_dir: Path | None = None) -> Path:
             f"{folder} has no best checkpoint: a run keeps one only when it validates "
             "(tasks.val with run.eval_every); use `last` or a step folder"
         )
-    steps = sorted((folder / "checkpoints").glob("step-*/model/config.json"))
+    # A step folder whose writing was cut off (a kill) has no run state: not a checkpoint.
+    steps = sorted((folder / "checkpoints").glob(f"step-*/{RUN_STATE_FILE}"))
+    steps = [s.parent / "model" for s in steps if (s.parent / "model" / "config.json").is_file()]
     if not steps:
         raise CheckpointNotFoundError(f"{folder} has no saved checkpoint yet")
-    return steps[-1].parent
+    return steps[-1]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -17,15 +19,13 @@ from agentscope_rft.explorer.explorer import (
     default_max_tokens_per_call,
 )
 from agentscope_rft.monitor.records import drop_partial_last_line
+from agentscope_rft.runtime.best import RUN_STATE_FILE
 from agentscope_rft.types import JSON, Call, Rollout
 
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "state.json"
 CHECKPOINTS = "checkpoints"
-RUN_STATE_FILE = "run_state.json"
-"""In every checkpoint folder: the task position and health changes of its step (a rollback
-restores them with the weights; a fork starts from them)."""
 
 
 class RunFolderError(ValueError):
@@ -39,21 +39,80 @@ def run_dir_for(config: RunConfig) -> Path:
     return Path(config.run.dir or Path("runs") / name)
 
 
-def prepare_run_dir(config: RunConfig, run_dir: Path, *, resume: bool) -> None:
-    """Create the run folder (never silently replacing one) and save the resolved config."""
+def prepare_run_dir(config: RunConfig, run_dir: Path, *, resume: bool) -> RunFolderLock:
+    """Create and lock the run folder (never silently replacing one) and save the resolved
+    config; returns the lock, which the run holds until it ends.
+
+    A new run may start in a folder holding only `explore` results (`explore-*/`, a baseline
+    kept beside the run) and the `config.yaml` of a start that failed before any work.
+    """
+    lock = RunFolderLock(run_dir)
+    try:
+        _check_run_dir(config, run_dir, resume=resume)
+    except BaseException:
+        lock.release()
+        raise
+    (run_dir / "config.yaml").write_text(dump_config(config))
+    return lock
+
+
+class RunFolderLock:
+    """An exclusive lock on a run folder, held by the process that trains it (the system drops
+    it when that process ends, killed included): a second `train` or `--resume` of the same
+    folder would interleave its steps with the first's."""
+
+    def __init__(self, run_dir: Path) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._fd: int | None = os.open(run_dir, os.O_RDONLY)  # not inherited by children
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.release()
+            raise RunFolderError(
+                f"{run_dir} is in use by another `agentscope-rft train` (the run, or a resume "
+                "of it, is still running): wait for it to end or stop it (Ctrl-C), then "
+                f"`agentscope-rft train --resume {run_dir}`"
+            ) from None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _check_run_dir(config: RunConfig, run_dir: Path, *, resume: bool) -> None:
     if resume:
         if not (run_dir / STATE_FILE).is_file():
             raise RunFolderError(f"{run_dir} has no checkpoint to resume from ({STATE_FILE})")
-    elif run_dir.exists() and any(run_dir.iterdir()):
+    elif _run_files(run_dir):
         if not config.run.overwrite:
+            if (run_dir / STATE_FILE).is_file():
+                raise RunFolderError(
+                    f"run folder {run_dir} already exists: resume it with `agentscope-rft train "
+                    f"--resume {run_dir}`, pick another run.name, or pass --set run.overwrite=true"
+                )
             raise RunFolderError(
-                f"run folder {run_dir} already exists: resume it with `agentscope-rft train "
-                f"--resume {run_dir}`, pick another run.name, or pass --set run.overwrite=true"
+                f"run folder {run_dir} already exists with {', '.join(_run_files(run_dir)[:4])} "
+                "but no checkpoint to resume from: pick another run.name, or pass --set "
+                "run.overwrite=true to replace it"
             )
         logger.warning("run.overwrite: replacing %s", run_dir)
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_config(config))
+        for child in run_dir.iterdir():  # the folder itself stays: it carries the lock
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+
+
+def _run_files(run_dir: Path) -> list[str]:
+    """What in `run_dir` a new run would mix with (sorted names); none if it does not exist."""
+    if not run_dir.is_dir():
+        return []
+    return sorted(
+        p.name
+        for p in run_dir.iterdir()
+        if p.name != "config.yaml" and not (p.is_dir() and p.name.startswith("explore-"))
+    )
 
 
 def episode_settings(config: RunConfig, max_model_len: int) -> EpisodeSettings:
@@ -216,10 +275,17 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
 
 def prune_checkpoints(run_dir: Path, keep: int, protect: set[int] | None = None) -> None:
     """Delete all but the newest `keep` step checkpoints, and those of the `protect` steps
-    (`checkpoints/best` is no step checkpoint: never deleted)."""
+    (`checkpoints/best` is no step checkpoint: never deleted).
+
+    Only complete checkpoints count: a step folder whose writing a kill cut off (no run state)
+    must not push the checkpoint that `state.json` names out of the newest `keep`. Such a folder
+    older than the newest checkpoint is deleted; a newer one is written again when its step is.
+    """
     folders = sorted((run_dir / CHECKPOINTS).glob("step-*"))
+    complete = [f for f in folders if (f / RUN_STATE_FILE).is_file()]
     kept = {checkpoint_dir(run_dir, step) for step in protect or ()}
-    for old in folders[:-keep]:
+    cut_off = [f for f in folders if f not in complete and complete and f < complete[-1]]
+    for old in [*complete[:-keep], *cut_off]:
         if old not in kept:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -228,6 +294,11 @@ def load_resumed_config(run_dir: Path, overrides: list[str]) -> RunConfig:
     from agentscope_rft.config import load_config
 
     config_file = run_dir / "config.yaml"
+    if not run_dir.is_dir():
+        raise RunFolderError(
+            f"--resume {run_dir}: no such folder; give a run's folder (runs/<name>), or start a "
+            "new run with --config"
+        )
     if not config_file.is_file():
         raise ConfigError(f"{run_dir} has no config.yaml to resume with")
     return load_config(config_file, overrides)

@@ -45,6 +45,7 @@ from agentscope_rft.monitor.records import (
 from agentscope_rft.runtime.best import (
     BEST_DIR,
     BEST_FILE,
+    RUN_STATE_FILE,
     best_point,
     criterion_value,
     metric_label,
@@ -53,7 +54,6 @@ from agentscope_rft.runtime.best import (
 )
 from agentscope_rft.runtime.components import (
     CHECKPOINTS,
-    RUN_STATE_FILE,
     checkpoint_dir,
     write_state,
 )

@@ -14,15 +14,33 @@ from agentscope_rft.types import Sample
 logger = logging.getLogger(__name__)
 
 
-def offline_batches(config: RunConfig, start: int = 0) -> Iterator[list[Sample]]:
+def offline_batches(
+    config: RunConfig, start: int = 0, units: dict[str, list[Sample]] | None = None
+) -> Iterator[list[Sample]]:
     """Endless shuffled batches of `offline.batch_size` samples (DPO: pairs), epoch by epoch.
 
-    The file is read (and a bad one refused) when this is called, not at the first batch. The
-    order depends only on `run.seed` and the file, so a run resumed after step `start` skips the
+    The file is read (and a bad one refused) when this is called, not at the first batch, unless
+    `units` (from `load_offline_units`, read by the preflight checks) are given. The order
+    depends only on `run.seed` and the file, so a run resumed after step `start` skips the
     `start` batches it trained and goes on with the batch it would have trained next.
 
     Example:
         >>> batch = next(offline_batches(config))  # doctest: +SKIP
+    """
+    if units is None:
+        units = load_offline_units(config)
+    return _batches(units, config.offline.batch_size, random.Random(config.run.seed), start)
+
+
+def load_offline_units(config: RunConfig) -> dict[str, list[Sample]]:
+    """`offline.path` read and rendered with the model's chat template, by unit: a DPO pair, an
+    advantage group or one sample (a unit stays whole in a batch).
+
+    Raises:
+        OfflineDataError, ReviewDataError: a bad line, naming the file, the line and the field.
+
+    Example:
+        >>> units = load_offline_units(config)  # doctest: +SKIP
     """
     from agentscope_rft.buffer.offline import load_dpo_samples, load_sft_samples
     from agentscope_rft.engines.factory import read_chat_template
@@ -56,7 +74,7 @@ def offline_batches(config: RunConfig, start: int = 0) -> Iterator[list[Sample]]
             config.data.offline_operators, units, renderer.tokenizer.decode
         )
     logger.info("offline data: %d %s from %s", len(units), what, config.offline.path)
-    return _batches(units, config.offline.batch_size, random.Random(config.run.seed), start)
+    return units
 
 
 def _batches(

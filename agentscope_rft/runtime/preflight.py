@@ -2,15 +2,17 @@
 
 A run that would fail on a bad workflow path, an unreadable task file or a missing model must
 fail in seconds, not after the engine has loaded and the gateway has started. `preflight` checks,
-cheapest first: the workflow and judge (import and signature), the task files (parsed), offline
-data, the model path, the engine (a vLLM interpreter, a CUDA device), the GPU placement (which
-also limits this process to the trainer's GPUs) and the trainer's device;
-what it loads (workflow, tasks) is handed to the run so nothing is read twice.
+cheapest first: the workflow and judge (import and signature), the task files (parsed), that
+the offline data exists, the model path, the engine (a vLLM interpreter, a CUDA device), the GPU
+placement (which also limits this process to the trainer's GPUs), the trainer's device, and last
+the offline data itself (every line parsed and rendered with the model's tokenizer); what it
+loads (workflow, tasks, offline data) is handed to the run so nothing is read twice.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,6 +24,7 @@ from agentscope_rft.runtime.gpus import PlacementError, check_placement, restric
 
 if TYPE_CHECKING:
     from agentscope_rft.config import EngineConfig, TrainerConfig
+    from agentscope_rft.types import Sample
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +40,8 @@ class Checked:
     """The test split (`tasks.eval`), `eval_limit` applied."""
     val_tasks: list[Task] = field(default_factory=list)
     """The validation split (`tasks.val`), `val_limit` applied."""
+    offline_units: dict[str, list[Sample]] | None = None
+    """`offline.path` read and rendered (`load_offline_units`), when the run trains on it."""
 
 
 def _check_cuda(device: str, where: str) -> None:
@@ -68,6 +73,22 @@ def _check_engine(engine: EngineConfig, on_ray: bool) -> None:
             raise ConfigError(f"engine.urls: {url!r} is not an http(s) URL")
 
 
+def _check_port_free(host: str, port: int) -> None:
+    """The gateway starts after the engine has loaded: a port in use (or a host that is not this
+    machine's) is found now instead."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+            probe.bind(address)
+    except OSError as exc:
+        raise ConfigError(
+            f"gateway: cannot listen on {host}:{port} ({exc.strerror or exc}); set gateway.port "
+            "to a free port (0, the default, picks one) and gateway.host to an interface of this "
+            "machine (127.0.0.1, the default)"
+        ) from exc
+
+
 def _check_trainer(trainer: TrainerConfig) -> None:
     if trainer.type == "torch":
         _check_cuda(trainer.device, "trainer.device")
@@ -84,7 +105,8 @@ def preflight(config: RunConfig) -> Checked:
     """Check everything the config names that can be checked without loading a model.
 
     Raises:
-        WorkflowError, TaskSetError, ConfigError, ModelNotFoundError: naming the key and the fix.
+        WorkflowError, TaskSetError, ConfigError, ModelNotFoundError, OfflineDataError,
+            ReviewDataError: naming the key (or file and line) and the fix.
 
     Example:
         >>> checked = preflight(load_config("run.yaml"))  # doctest: +SKIP
@@ -94,11 +116,13 @@ def preflight(config: RunConfig) -> Checked:
     mode = config.run.mode
     workflow, train, evals, vals = None, [], [], []
     if mode in EXPLORING_MODES:
+        _check_groups(config)
         workflow = load_workflow(config.workflow or "", config.judge)
         splits = {"train": config.tasks.train, "val": config.tasks.val, "eval": config.tasks.eval}
         for key, value in splits.items():
             if value is not None and not Path(value).is_file():  # before reading any (slow)
-                raise TaskSetError(f"task file {value} does not exist (tasks.{key})")
+                what = "is a folder, not a file" if Path(value).is_dir() else "does not exist"
+                raise TaskSetError(f"task file {value} {what} (tasks.{key})")
         required = config.tasks.required_fields
         train = load_tasks(
             config.tasks.train or "", id_field=config.tasks.id_field, required_fields=required
@@ -144,6 +168,8 @@ def preflight(config: RunConfig) -> Checked:
             raise ConfigError(str(exc)) from exc
     if mode not in ("offline", "train_only"):
         _check_engine(config.engine, on_ray=config.runtime.type == "ray")
+    if mode in EXPLORING_MODES:
+        _check_port_free(config.gateway.host, config.gateway.port)
     try:
         check_placement(config)
     except PlacementError as exc:
@@ -153,13 +179,35 @@ def preflight(config: RunConfig) -> Checked:
     from agentscope_rft.models import resolve_model  # imports transformers: after the cheap checks
 
     model_path = resolve_model(config.model.name_or_path)
+    offline_units = None
+    if config.uses_offline_data():  # every line parsed and rendered: a bad one fails here
+        from agentscope_rft.runtime.offline import load_offline_units
+
+        offline_units = load_offline_units(config)
     return Checked(
         model_path=model_path,
         workflow=workflow,
         train_tasks=train,
         eval_tasks=evals,
         val_tasks=vals,
+        offline_units=offline_units,
     )
+
+
+def _check_groups(config: RunConfig) -> None:
+    """A group-baseline advantage with groups of one would train nothing, step after step."""
+    algorithm = config.algorithm
+    if (
+        config.explorer.group_size == 1
+        and algorithm.objective == "rl"
+        and algorithm.drops_zero_variance_groups()
+    ):
+        raise ConfigError(
+            f"explorer.group_size 1 with algorithm.advantage {algorithm.advantage.type!r} trains "
+            "nothing: its baseline compares the episodes of a task, so every group of one is "
+            "dropped as equal-reward; set explorer.group_size to 2 or more (e.g. 8), or use an "
+            "advantage without a group baseline (reinforce_plus_plus)"
+        )
 
 
 def _warn_overlap(train: list[Task], vals: list[Task], tests: list[Task], id_field: str) -> None:

@@ -209,6 +209,10 @@ def _cell(value: float | None) -> str:
     return "–" if value is None else f"{value:.4g}"
 
 
+def _step_cell(step: int | None) -> str:
+    return "–" if step is None else str(step)
+
+
 def _mean_std(stats: dict[str, Any]) -> str:
     if stats["mean"] is None:
         return "–"
@@ -230,8 +234,8 @@ def markdown_table(summary: dict[str, Any], name: str) -> str:
     ]
     for seed, result in summary["seeds"].items():
         best, last = result.get("best", {}), result.get("last", {})
-        row = [seed, result["status"], str(best.get("step", "–")), _cell(best.get("value"))]
-        row += [str(last.get("step", "–")), _cell(last.get("value"))]
+        row = [seed, result["status"], _step_cell(best.get("step")), _cell(best.get("value"))]
+        row += [_step_cell(last.get("step")), _cell(last.get("value"))]
         row += [_cell(result.get("test", {}).get(k)) for k in test_names]
         lines.append("| " + " | ".join(row) + " |")
     row = ["mean ± std", "", "", _mean_std(summary["best"]), "", _mean_std(summary["last"])]

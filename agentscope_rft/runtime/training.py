@@ -42,10 +42,10 @@ from agentscope_rft.health.watcher import (
 )
 from agentscope_rft.monitor import Monitor
 from agentscope_rft.rss import PhasePeaks, phase_metric
-from agentscope_rft.runtime.best import BestCheckpoint
+from agentscope_rft.runtime.best import RUN_STATE_FILE, BestCheckpoint
 from agentscope_rft.runtime.components import (
-    RUN_STATE_FILE,
     RolloutLog,
+    RunFolderLock,
     checkpoint_dir,
     episode_settings,
     max_tokens_per_call,
@@ -141,6 +141,7 @@ class TrainingRun:
         self.val_tasks, self.val_phase = self._validation_split(checked)
         self.diagnosis = RunDiagnosis(run_dir)  # the first batch of each phase, reported once
         self.peaks = PhasePeaks()  # memory/<phase>_peak_gib in each step's metrics
+        self.run_lock: RunFolderLock | None = None
 
     # ------------------------------------------------------------------ the run, top to bottom
     async def run(self) -> dict[str, float]:
@@ -150,6 +151,8 @@ class TrainingRun:
             await self._open()
         except BaseException:
             self.peaks.stop()
+            if self.run_lock is not None:
+                self.run_lock.release()
             raise
         try:
             with self.monitor, self.monitor.progress() as progress:
@@ -185,7 +188,7 @@ class TrainingRun:
     # ------------------------------------------------------------------ opening and closing
     async def _open(self) -> None:
         config, run_dir = self.config, self.run_dir
-        prepare_run_dir(config, run_dir, resume=self.resume)
+        self.run_lock = prepare_run_dir(config, run_dir, resume=self.resume)
         self.trainer: Trainer = await in_own_thread(
             build_trainer,
             config.trainer,
@@ -212,7 +215,7 @@ class TrainingRun:
         self.saved_at = self.start if self.resume else None
         # Demonstrations are read (and a bad file refused) before the engine loads.
         if config.uses_offline_data():
-            self.offline = offline_batches(config, self.start)
+            self.offline = offline_batches(config, self.start, self.checked.offline_units)
         if self.mode in EXPLORING_MODES:
             await self._open_exploring(state)
         self.rollout_log = RolloutLog(run_dir / "rollouts.jsonl", resume=self.resume)
@@ -304,6 +307,8 @@ class TrainingRun:
         await self.buffer.close()
         self.trainer.close()
         self.peaks.stop()
+        if self.run_lock is not None:
+            self.run_lock.release()
 
     @staticmethod
     def _validation_split(checked: Checked) -> tuple[list[Task], str]:
@@ -551,10 +556,11 @@ class TrainingRun:
 
     def _commit(self, saved: dict[str, Any]) -> None:
         write_state(self.run_dir, saved)
-        keep: set[int] = set()
+        # what a resume starts from (a newer step folder, left by a kill, may outnumber it)
+        keep = {int(saved["step"])}
         if self.config.health.rolls_back():  # what a rollback would return to
             healthy = self._healthy_checkpoint(self.steps_done + 1)
-            keep = set() if healthy is None else {healthy}
+            keep |= set() if healthy is None else {healthy}
         prune_checkpoints(self.run_dir, self.config.run.keep_checkpoints, protect=keep)
 
     def _healthy_checkpoint(self, before: int) -> int | None:
@@ -593,7 +599,7 @@ class TrainingRun:
         if self.gateway is not None:  # the redone steps sample as a run resumed here would
             self.gateway.restart_call_numbers()
         if self.config.uses_offline_data():
-            self.offline = offline_batches(self.config, target)
+            self.offline = offline_batches(self.config, target, self.checked.offline_units)
         self.health.rewind(target)
         self.monitor.supersede_from(target)
         self.start = self.steps_done = self.policy_version = target

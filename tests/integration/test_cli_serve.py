@@ -71,3 +71,21 @@ def test_serve_unknown_model_is_a_clear_error():
     )
     assert proc.returncode == 2
     assert "unknown model 'no-such-model'" in proc.stderr
+
+
+def test_serve_on_a_port_in_use_is_a_clear_error(tiny_model_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = ["serve", "--model", tiny_model_path, "--port", str(port), "--dtype", "float32"]
+        proc = subprocess.run(
+            [sys.executable, "-m", "agentscope_rft.cli", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "COLUMNS": "1000"},
+        )
+    assert proc.returncode == 2, proc.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr
+    assert "pick another --port" in proc.stderr and "Traceback" not in proc.stderr

@@ -4,6 +4,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -134,6 +135,43 @@ async def test_stop_request_then_resume_reaches_the_same_parameters(
     assert [r["step"] for r in train_lines(stopped)] == [0, 1, 2]
 
 
+async def test_a_resume_keeps_the_checkpoint_it_commits_over_a_newer_leftover(
+    tiny_model_path, toy_tasks, tmp_path
+):
+    import shutil
+
+    from agentscope_rft.runtime.components import load_resumed_config
+
+    run_dir = tmp_path / "run"
+    small = ("explorer.group_size=2", "explorer.tasks_per_step=2", "run.keep_checkpoints=1")
+    config = toy_config(tiny_model_path, toy_tasks, run_dir, *small, "run.steps=1")
+    await train(config, run_dir)
+    checkpoints = run_dir / "checkpoints"
+    # a step-3 checkpoint written in full by an earlier attempt that was killed before it
+    # committed it (state.json still names step 1)
+    shutil.copytree(checkpoints / "step-000001", checkpoints / "step-000003")
+    await train(load_resumed_config(run_dir, ["run.steps=2"]), run_dir, resume=True)
+    assert json.loads((run_dir / "state.json").read_text())["step"] == 2
+    assert (checkpoints / "step-000002" / "run_state.json").is_file()  # resumable
+
+
+async def test_resuming_a_finished_run_says_there_is_nothing_left(
+    tiny_model_path, toy_tasks, tmp_path
+):
+    run_dir = tmp_path / "run"
+    small = ("explorer.group_size=2", "explorer.tasks_per_step=2", "run.steps=1")
+    await train(toy_config(tiny_model_path, toy_tasks, run_dir, *small), run_dir)
+    metrics = (run_dir / "metrics.jsonl").read_text()
+    env = {**os.environ, "COLUMNS": "1000"}
+    proc = subprocess.run(
+        [*CLI, "train", "--resume", str(run_dir)], capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "nothing left to train (run.steps: 1, all trained)" in proc.stderr, proc.stderr
+    assert f"--resume {run_dir} --set run.steps=<more>" in proc.stderr
+    assert (run_dir / "metrics.jsonl").read_text() == metrics
+
+
 def test_bad_workflow_path_fails_before_the_engine_starts(toy_tasks, tmp_path):
     proc = subprocess.run(
         [
@@ -168,6 +206,26 @@ def test_bad_workflow_path_fails_before_the_engine_starts(toy_tasks, tmp_path):
     assert "agentscope_rft.runtime.preflight" in imported  # the profile did list imports
 
 
+def test_bad_offline_data_fails_in_one_line_before_the_run_folder_exists(tiny_model_path, tmp_path):
+    data = tmp_path / "sft.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    run_dir = tmp_path / "run"
+    args = [
+        *CLI,
+        "train",
+        *("--set", "run.mode=offline", "--set", "algorithm.objective=sft"),
+        *("--set", f"offline.path={data}", "--set", f"model.name_or_path={tiny_model_path}"),
+        *("--set", f"run.dir={run_dir}"),
+    ]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    message = " ".join(proc.stderr.split())  # the console wraps long lines
+    assert "sft.jsonl:1: field 'messages' has no assistant turn" in message, message
+    assert "Traceback" not in proc.stderr
+    # nothing was created: the fixed file then starts the run, not "run folder already exists"
+    assert not run_dir.exists()
+
+
 async def test_preflight_checks_everything_before_any_model_loads(
     tiny_model_path, toy_tasks, tmp_path, monkeypatch
 ):
@@ -182,13 +240,19 @@ async def test_preflight_checks_everything_before_any_model_loads(
 
     monkeypatch.setattr(local, "build_trainer", no_loading)
     monkeypatch.setattr(local, "build_engine", no_loading)
+    taken = socket.socket()  # a port some other program listens on
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
     cases = [
         ("workflow=tests/integration/toy_app.py:nothing_here", WorkflowError, "nothing_here"),
         ("judge=tests/integration/toy_app.py:uppercase_share", WorkflowError, "async function"),
         (f"tasks.eval={tmp_path / 'none.jsonl'}", TaskSetError, "does not exist"),
+        (f"tasks.val={tmp_path}", TaskSetError, "is a folder, not a file"),
         ("model.name_or_path=/no/model", ModelNotFoundError, "unknown model"),
         ("engine.device=cuda:0", ConfigError, "no CUDA device"),
         ("model.chat_template=nope", ConfigError, "neither a template nor a file"),
+        ("explorer.group_size=1", ConfigError, "group_size 1 with .* 'grpo' trains nothing"),
+        (f"gateway.port={taken.getsockname()[1]}", ConfigError, "set gateway.port to a free"),
     ]
     if torch.cuda.is_available():
         cases = [c for c in cases if "cuda" not in c[0]]
@@ -200,6 +264,7 @@ async def test_preflight_checks_everything_before_any_model_loads(
         if i == 0:  # the bad workflow: reported at once (no model, no task file read)
             assert time.perf_counter() - started < 5
         assert not (tmp_path / f"r{i}").exists()
+    taken.close()
 
 
 async def test_explore_stops_cleanly_with_the_finished_tasks_written(

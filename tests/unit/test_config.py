@@ -45,11 +45,27 @@ def test_resolved_config_round_trips(tmp_path):
         ("run.mode=offline", "set `offline.path`"),
         ("algorithm.advantage=grpoo", "grpo"),
         ("bogus", "use key.path=value"),
+        ("explorer.sampling={max_tokens: 4", "the value is not valid YAML"),
+        ("run.name=..", "run.name '..' must name a folder inside runs/"),
+        ("run.name=/abs", "run.name '/abs' must name a folder inside runs/"),
+        ("run.name=.", "run.name '.' must name a folder inside runs/"),
     ],
 )
 def test_bad_values_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
         load_config(None, [*MINIMAL, override])
+
+
+def test_a_config_folder_is_not_called_missing(tmp_path):
+    with pytest.raises(ConfigError, match=r"is a folder, not a YAML file"):
+        load_config(tmp_path)
+
+
+def test_a_config_file_that_is_not_utf8_names_the_file(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_bytes(b"workflow: app.py:run\nrun: {name: \xff\xfe}\n")
+    with pytest.raises(ConfigError, match=r"run\.yaml is not UTF-8 text .*save it as UTF-8"):
+        load_config(path)
 
 
 def _sections(model: type) -> set[type]:

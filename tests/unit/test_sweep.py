@@ -370,3 +370,13 @@ def test_artefacts_exported_into_the_checkout_load_on_any_clone(tmp_path, monkey
     kept = yaml.safe_load((tmp_path / "elsewhere" / "config.yaml").read_text())
     assert kept["workflow"] == f"{repo / 'ex' / 'app.py'}:run"
     assert "--config <the config>" in (tmp_path / "elsewhere" / INDEX).read_text()
+
+
+def test_a_seed_without_validation_shows_dashes_not_none():
+    from agentscope_rft.runtime.sweep_summary import markdown_table
+
+    empty = {"mean": None, "std": None, "n": 0}
+    result = {"status": "done", "best": {"step": None, "value": None}, "last": {"step": 2}}
+    summary = {"metric": "val/reward/mean", "mode": "max", "seeds": {"0": result}}
+    table = markdown_table({**summary, "best": empty, "last": empty, "test": {}}, "sw")
+    assert "| 0 | done | – | – | 2 | – |" in table and "None" not in table

@@ -7,6 +7,7 @@ import pytest
 
 from agentscope_rft.explorer.tasks import TaskSetError, load_tasks, stratified_slice
 from agentscope_rft.runtime.best import (
+    RUN_STATE_FILE,
     BestCheckpoint,
     CheckpointNotFoundError,
     read_best,
@@ -46,6 +47,14 @@ def export_to(folder: Path) -> None:
     (folder / "config.json").write_text("{}")
 
 
+def save_step(run: Path, step: int) -> Path:
+    """A step checkpoint as the run writes it: the model, then its run state last."""
+    folder = run / "checkpoints" / f"step-{step:06d}"
+    export_to(folder / "model")
+    (folder / RUN_STATE_FILE).write_text(json.dumps({"step": step}))
+    return folder
+
+
 def test_the_best_checkpoint_follows_the_metric_and_survives_pruning(tmp_path):
     best = BestCheckpoint(tmp_path, "val/success_rate", "max")
     assert best.consider(0, {"success_rate": 0.2}, export_to)
@@ -60,7 +69,7 @@ def test_the_best_checkpoint_follows_the_metric_and_survives_pruning(tmp_path):
     }
     assert json.loads((tmp_path / "checkpoints" / "best" / "best.json").read_text())["step"] == 8
     for step in (2, 4, 6):
-        export_to(tmp_path / "checkpoints" / f"step-{step:06d}" / "model")
+        save_step(tmp_path, step)
     prune_checkpoints(tmp_path, keep=1)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["best", "step-000006"]
     # lower is better
@@ -72,7 +81,7 @@ def test_the_best_checkpoint_follows_the_metric_and_survives_pruning(tmp_path):
 def test_checkpoint_names_resolve_to_model_folders(tmp_path):
     run = tmp_path / "run"
     for step in (2, 4):
-        export_to(run / "checkpoints" / f"step-{step:06d}" / "model")
+        save_step(run, step)
     with pytest.raises(CheckpointNotFoundError, match="has no best checkpoint"):
         resolve_checkpoint(f"{run}:best")
     assert resolve_checkpoint(run) == run / "checkpoints" / "step-000004" / "model"
@@ -86,6 +95,30 @@ def test_checkpoint_names_resolve_to_model_folders(tmp_path):
     assert resolve_checkpoint(step / "model") == step / "model"
     with pytest.raises(CheckpointNotFoundError, match="not a run folder"):
         resolve_checkpoint(tmp_path / "nothing")
+
+
+def test_last_skips_a_step_folder_whose_writing_was_cut_off(tmp_path):
+    run = tmp_path / "run"
+    save_step(run, 2)
+    # killed while step 3 was written: its model's config is there, its weights and run state not
+    export_to(run / "checkpoints" / "step-000003" / "model")
+    assert resolve_checkpoint(f"{run}:last") == run / "checkpoints" / "step-000002" / "model"
+    assert resolve_checkpoint(run) == run / "checkpoints" / "step-000002" / "model"
+    (run / "checkpoints" / "step-000002" / RUN_STATE_FILE).unlink()
+    with pytest.raises(CheckpointNotFoundError, match="has no saved checkpoint yet"):
+        resolve_checkpoint("last", run)
+
+
+def test_pruning_keeps_the_committed_checkpoint_over_one_cut_off_by_a_kill(tmp_path):
+    for step in (4, 6):
+        save_step(tmp_path, step)
+    # a kill cut off the writing of steps 5 and 8; the resumed run then saved and committed 7
+    for step in (5, 8):
+        export_to(tmp_path / "checkpoints" / f"step-{step:06d}" / "model")
+    save_step(tmp_path, 7)
+    prune_checkpoints(tmp_path, keep=1)
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["step-000007", "step-000008"]  # 8 is written again when step 8 is
 
 
 def test_the_best_checkpoint_by_the_mean_of_several_metrics(tmp_path, caplog):

@@ -1,4 +1,5 @@
-"""Which callables are workflows: async functions, and app objects with an async `__call__`."""
+"""Which callables are workflows (async functions, app objects with an async `__call__`), and
+what a `workflow:` naming anything else says."""
 
 import asyncio
 
@@ -43,3 +44,12 @@ def test_a_synchronous_app_says_how_to_write_it():
 
     with pytest.raises(WorkflowError, match=r"async def run\(task, model\)"):
         load_workflow(run)
+
+
+def test_a_workflow_that_is_not_a_function_names_what_it_is(tmp_path):
+    app = tmp_path / "app.py"
+    app.write_text("RUN = 3\n\ndef sync_run(task, model):\n    return 1.0\n")
+    with pytest.raises(WorkflowError, match=r"workflow is 3 \(a int\), not a function: point"):
+        load_workflow(f"{app}:RUN")
+    with pytest.raises(WorkflowError, match=r"must be an async function"):
+        load_workflow(f"{app}:sync_run")

@@ -89,6 +89,13 @@ def test_import_names_file_line_and_field(tmp_path: Path, line: str, message: st
         import_samples(path)
 
 
+def test_import_names_a_line_that_is_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(GOOD.encode() + b'\n{"task_id": "caf\xe9"}\n')
+    with pytest.raises(BufferInputError, match=r"bad\.jsonl:2: not UTF-8 text \(byte 0xe9"):
+        import_samples(path)
+
+
 def test_import_skips_blank_lines_and_fills_defaults(tmp_path: Path) -> None:
     path = tmp_path / "ok.jsonl"
     path.write_text("\n" + GOOD + "\n\n")

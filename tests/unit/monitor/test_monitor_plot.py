@@ -68,6 +68,14 @@ def test_plot_run_broken_file_names_file_and_line(tmp_path: Path) -> None:
         plot_run(tmp_path)
 
 
+def test_plot_run_line_not_utf8_names_file_and_line(tmp_path: Path) -> None:
+    path = write_synthetic_run(tmp_path, steps=3)
+    with path.open("ab") as handle:
+        handle.write(b'{"step": 9, "note": "caf\xe9"}\n')  # a hand edit in Latin-1
+    with pytest.raises(MetricsFileError, match=re.escape(f"{path} line 4: not UTF-8 text")):
+        plot_run(tmp_path)
+
+
 def test_moving_average_by_hand() -> None:
     values = np.array([0.0, 1.0, 2.0, 3.0, 10.0])
     assert moving_average(values, 3).tolist() == [0.0, 0.5, 1.0, 2.0, 5.0]

@@ -161,3 +161,15 @@ def test_a_review_run_config_takes_sft_dpo_or_rl_and_needs_a_reviewed_folder(run
         _check_offline_path(config("rl"))
     ReviewStore(run).add({"kind": "rating", "rollout_id": "s0.0", "score": 1})
     _check_offline_path(config("rl"))
+
+
+def test_a_review_line_that_is_not_utf8_is_skipped_and_named(tmp_path, caplog):
+    store = ReviewStore(tmp_path)
+    store.add({"kind": "rating", "rollout_id": "s0.0", "score": 0.2})
+    with open(store.path, "ab") as handle:
+        handle.write(b'{"kind": "rating", "note": "caf\xe9"}\n')  # a hand edit in Latin-1
+    store.add({"kind": "rating", "rollout_id": "s0.1", "score": 0.9})
+    with caplog.at_level("WARNING"):
+        reviews = store.all()
+    assert [r.rollout_id for r in reviews] == ["s0.0", "s0.1"]
+    assert "reviews.jsonl: line(s) 2 are not reviews" in caplog.text

@@ -1,0 +1,75 @@
+"""`train --resume` given what it cannot use: one line that names the problem and the fix."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from agentscope_rft.config import dump_config, load_config
+
+CLI = [sys.executable, "-m", "agentscope_rft.cli", "train"]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "1000"}  # long paths are not wrapped
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, env=env)
+
+
+def one_line(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    return " ".join(proc.stderr.split())  # the console wraps long lines
+
+
+def test_resume_of_a_missing_folder_says_so(tmp_path):
+    message = one_line(run_cli("--resume", str(tmp_path / "nope")))
+    assert "nope: no such folder" in message and "start a new run with --config" in message
+
+
+def test_a_config_given_with_resume_must_match_the_runs_own(tmp_path):
+    config = tmp_path / "run.yaml"
+    data = {"workflow": "app.py:run", "tasks": {"train": "t.jsonl"}, "trainer": {"lr": 1e-5}}
+    config.write_text(yaml.safe_dump(data))
+    run_dir = tmp_path / "runs" / "run"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(dump_config(load_config(config)))
+    config.write_text(yaml.safe_dump({**data, "trainer": {"lr": 3e-5}}))  # edited since
+
+    message = one_line(run_cli("--resume", str(run_dir), "--config", str(config)))
+    assert f"differs from {run_dir}/config.yaml" in message
+    assert "trainer.lr: 1e-05 -> 3e-05" in message and "pass the changes with --set" in message
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml"]  # nothing touched
+
+
+def test_the_same_config_given_with_resume_is_accepted(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"workflow": "app.py:run", "tasks": {"train": "t.jsonl"}}))
+    run_dir = tmp_path / "runs" / "run"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(dump_config(load_config(config)))
+
+    message = one_line(run_cli("--resume", str(run_dir), "--config", str(config)))
+    assert Path(tmp_path / "app.py").name in message and "does not exist" in message  # preflight
+
+
+def test_resume_of_a_single_run_with_seeds_says_it_is_no_sweep(tmp_path):
+    run_dir = tmp_path / "runs" / "run"
+    run_dir.mkdir(parents=True)
+    message = one_line(run_cli("--resume", str(run_dir), "--seeds", "0,1"))
+    assert "is not a seed sweep (no sweep.json); resume a single run without --seeds" in message
+
+
+def test_a_config_given_with_a_sweeps_resume_must_match_it(tmp_path):
+    config = tmp_path / "run.yaml"
+    data = {"workflow": "app.py:run", "tasks": {"train": "t.jsonl"}, "trainer": {"lr": 1e-5}}
+    config.write_text(yaml.safe_dump(data))
+    sweep_dir = tmp_path / "runs" / "run"
+    sweep_dir.mkdir(parents=True)
+    (sweep_dir / "config.yaml").write_text(dump_config(load_config(config)))
+    (sweep_dir / "sweep.json").write_text('{"seeds": [0, 1]}')
+    config.write_text(yaml.safe_dump({**data, "trainer": {"lr": 3e-5}}))
+
+    message = one_line(run_cli("--resume", str(sweep_dir), "--config", str(config)))
+    assert "trainer.lr: 1e-05 -> 3e-05" in message and "pass the changes with --set" in message
