@@ -343,7 +343,7 @@ def train(
         if resume is not None:
             cfg = _resumed_config(Path(resume), set_ or [])
             if config is not None:
-                _check_same_config(Path(resume), config)
+                _check_same_config(Path(resume), config, set_ or [])
         else:  # without --config, --set alone must give what a run needs
             cfg = load_config(config, set_ or [])
         preload_allocator(cfg.run.allocator)  # may restart this command under jemalloc
@@ -381,13 +381,14 @@ def train(
     console.print(f"[bold green]done[/] {run_dir}: {shown}; curve: {run_dir / 'reward_curve.png'}")
 
 
-def _check_same_config(run_dir: Any, config: str) -> None:
+def _check_same_config(run_dir: Any, config: str, overrides: list[str]) -> None:
     """`--resume` continues with the run's saved config: a `--config` given with it must say the
-    same (a script that always passes both), else its changes would be silently ignored."""
+    same (a script that always passes both, with the same `--set`s), else its changes would be
+    silently ignored. Both sides are compared with the `--set`s applied: they change the run."""
     from agentscope_rft.config import load_config
     from agentscope_rft.runtime.fork import config_differences
 
-    changed = config_differences(run_dir, load_config(config))
+    changed = config_differences(run_dir, load_config(config, overrides), overrides)
     if changed:
         shown = "; ".join(changed[:5]) + ("; ..." if len(changed) > 5 else "")
         raise fail(
@@ -450,7 +451,7 @@ def _train_sweep(
                     "sweep.json); resume a single run without --seeds"
                 )
             if config is not None:
-                _check_same_config(sweep_dir, config)
+                _check_same_config(sweep_dir, config, overrides)
             cfg = load_config(sweep_dir / SWEEP_CONFIG, overrides)
             wanted = read_sweep(sweep_dir)["seeds"] + wanted
             wanted = list(dict.fromkeys(wanted))

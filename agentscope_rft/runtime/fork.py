@@ -28,7 +28,7 @@ import logging
 import shutil
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -135,12 +135,13 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
     return sorted(steps)
 
 
-def config_differences(source: Path, config: RunConfig) -> list[str]:
-    """`key: old -> new` for each config key the fork changes (the source's `config.yaml`)."""
+def config_differences(source: Path, config: RunConfig, overrides: Sequence[str] = ()) -> list[str]:
+    """`key: old -> new` for each config key `config` changes from the source's `config.yaml`
+    (with `overrides`, `--set key=value`s, applied to it)."""
     from agentscope_rft.config import load_config
     from agentscope_rft.runtime.sweep import config_diff
 
-    old = load_config(source / "config.yaml", []).model_dump(mode="json")
+    old = load_config(source / "config.yaml", list(overrides)).model_dump(mode="json")
     new = config.model_dump(mode="json")
     for data in (old, new):  # where the run lives is no difference in what it does
         for key in ("dir", "name", "overwrite"):

@@ -54,6 +54,26 @@ def test_the_same_config_given_with_resume_is_accepted(tmp_path):
     assert Path(tmp_path / "app.py").name in message and "does not exist" in message  # preflight
 
 
+def test_the_same_command_line_with_sets_resumes(tmp_path):
+    """A job script re-runs its own command, `--config` and `--set`s included, with `--resume`:
+    the run's config (made with those sets) is what the file says with them."""
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"workflow": "app.py:run", "tasks": {"train": "t.jsonl"}}))
+    sets = ["run.mode=async", "buffer.type=sql"]
+    run_dir = tmp_path / "runs" / "run"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(dump_config(load_config(config, sets)))
+
+    args = ["--resume", str(run_dir), "--config", str(config)]
+    message = one_line(run_cli(*args, *[a for s in sets for a in ("--set", s)]))
+    assert "differs from" not in message
+    assert "does not exist" in message  # preflight ran: the config was accepted
+    # a --set that changes the run on resume is accepted too; the file's own edits are not
+    message = one_line(run_cli(*args, "--set", "run.mode=async", "--set", "trainer.lr=3e-6"))
+    assert "differs from" in message and "buffer.type: 'sql' -> 'memory'" in message
+    assert "trainer.lr" not in message
+
+
 def test_resume_of_a_single_run_with_seeds_says_it_is_no_sweep(tmp_path):
     run_dir = tmp_path / "runs" / "run"
     run_dir.mkdir(parents=True)
