@@ -238,7 +238,8 @@ class RunSettings(Section):
     `async`: it runs up to `max_staleness` batches ahead. `offline`: SFT/DPO from files.
     `train_only`: train from a durable buffer that other processes fill."""
     max_staleness: int = Field(default=2, ge=0)
-    """async: drop samples from policies older than this many versions."""
+    """async and train_only: drop samples from policies older than this many versions (in
+    train_only, the version of the weights the process filling the buffer explored with)."""
     seed: int = 0
     """Seed of task order, trainer initialization and mini-batch order (`--seeds` sets it per
     seed: see seeds.md)."""

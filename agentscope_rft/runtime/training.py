@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from agentscope_rft.buffer.base import BufferTimeout
 from agentscope_rft.buffer.config import build_buffer
 from agentscope_rft.buffer.replay import replay_metrics
 from agentscope_rft.config import EXPLORING_MODES, RunConfig
@@ -385,14 +386,24 @@ class TrainingRun:
             _, num_groups, metrics = await self.stop.until(self.produced.get())
         if num_groups == 0:
             return None, metrics
-        samples = await self.stop.until(
-            self.buffer.get(
-                num_groups,
-                step=step,
-                min_policy_version=max(0, self.policy_version - self.stale_limit),
-                timeout=self.config.run.get_timeout,
+        oldest = max(0, self.policy_version - self.stale_limit)
+        try:
+            samples = await self.stop.until(
+                self.buffer.get(
+                    num_groups,
+                    step=step,
+                    min_policy_version=oldest,
+                    timeout=self.config.run.get_timeout,
+                )
             )
-        )
+        except BufferTimeout as exc:
+            if oldest == 0:
+                raise
+            raise BufferTimeout(
+                f"{exc} (step {step} trains groups of policy versions >= {oldest}: at most "
+                f"run.max_staleness={self.stale_limit} behind the trainer's {self.policy_version};"
+                " an explorer serving older weights needs a larger run.max_staleness)"
+            ) from exc
         metrics.update(replay_metrics(samples))
         if self.mix_demos and self.offline is not None:  # CHORD: demonstrations beside rollouts
             samples = [*samples, *next(self.offline)]

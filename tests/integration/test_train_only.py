@@ -46,7 +46,7 @@ async def fill(url: str, num_groups: int) -> None:
     await buffer.close()
 
 
-def config(model: str, url: str, run_dir: Path, steps: int):
+def config(model: str, url: str, run_dir: Path, steps: int, max_staleness: int = 100):
     return load_config(
         None,
         [
@@ -60,7 +60,7 @@ def config(model: str, url: str, run_dir: Path, steps: int):
             f"run.steps={steps}",
             "run.checkpoint_every=1",
             "run.get_timeout=5",
-            "run.max_staleness=100",  # the groups were explored by policy version 0
+            f"run.max_staleness={max_staleness}",  # the groups were explored by version 0
             f"run.dir={run_dir}",
             "run.name=train-only",
             "monitor.tensorboard=false",
@@ -122,3 +122,21 @@ async def test_train_only_waits_for_the_buffer_and_says_what_it_waits_for(
     run_dir = tmp_path / "run"
     with pytest.raises(Exception, match=r"1 group"):
         await train(config(tiny_model_path, url, run_dir, 1), run_dir)
+
+
+async def test_groups_older_than_the_staleness_bound_are_dropped_and_the_error_names_the_bound(
+    tiny_model_path, tmp_path
+):
+    """An explorer that serves version 0 (a baseline `explore`): from step 3 on, with
+    `run.max_staleness: 2`, its groups are too old; the error names the bound, and the groups
+    stay in the buffer (dropped, not lost)."""
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    await fill(url, 5)
+    run_dir = tmp_path / "run"
+    with pytest.raises(Exception, match=r"run\.max_staleness=2 behind the trainer's 3") as error:
+        await train(config(tiny_model_path, url, run_dir, 4, max_staleness=2), run_dir)
+    assert "policy versions >= 1" in str(error.value)
+    buffer = SQLBuffer(url, create=False)
+    stats = await buffer.stats()
+    await buffer.close()
+    assert (stats["consumed_groups"], stats["dropped_groups"], stats["pending_groups"]) == (3, 2, 0)
