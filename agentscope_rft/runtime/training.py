@@ -78,6 +78,10 @@ LEAD = {"sync": 0, "one_step_off": 1}
 MAX_EMPTY_STEPS = 3
 
 
+class NoSamplesError(RuntimeError):
+    """Several steps in a row left nothing to train; the message says what dropped it."""
+
+
 class RollBack(Exception):
     """A health rule asks to roll back (raised out of the loops, handled by `run`)."""
 
@@ -412,15 +416,33 @@ class TrainingRun:
         return samples, metrics
 
     def _skip_empty_step(self, step: int, metrics: dict[str, float], in_a_row: int) -> None:
-        logger.warning("step %d: no episode produced samples; nothing to train", step)
+        cause = self._why_no_samples(metrics)
+        logger.warning("step %d: no samples (%s); nothing to train", step, cause)
         self.last = {**metrics, "train/skipped": 1.0}
         self.monitor.log(step, self.last)
         if in_a_row >= MAX_EMPTY_STEPS:
-            raise RuntimeError(
-                f"{MAX_EMPTY_STEPS} steps in a row produced no training samples (every episode "
-                "failed or made no model call); the errors are in "
+            raise NoSamplesError(
+                f"{MAX_EMPTY_STEPS} steps in a row produced no training samples ({cause})"
+            )
+
+    def _why_no_samples(self, metrics: dict[str, float]) -> str:
+        """What left a step without samples: the data operators, or the episodes themselves."""
+        dropped = {
+            key.split("/")[1]: int(value)
+            for key, value in metrics.items()
+            if key.startswith("data/") and key.endswith("/episodes_dropped") and value > 0
+        }
+        if dropped:
+            counts = ", ".join(f"{name}: {count}" for name, count in dropped.items())
+            return (
+                f"data.operators dropped every episode ({counts} dropped); loosen or remove "
+                "them, the dropped episodes are in "
                 f"{self.run_dir / 'rollouts.jsonl'}"
             )
+        return (
+            "every episode failed or made no model call; the errors are in "
+            f"{self.run_dir / 'rollouts.jsonl'}"
+        )
 
     async def _train_step(
         self,

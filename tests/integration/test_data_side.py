@@ -136,3 +136,28 @@ async def test_curriculum_judge_and_replay_in_a_run_resume_exactly(
     # the same tasks chosen after the resume as without it, and the same statistics at the end
     assert explored_tasks(resumed)[-16:] == explored_tasks(straight)[-16:]
     assert json.loads((resumed / "task_stats.json").read_text()) == stats
+
+
+async def test_operators_that_drop_every_episode_stop_the_run_naming_them(
+    tiny_model_path, mixed_tasks, tmp_path
+):
+    from agentscope_rft.runtime.training import NoSamplesError
+
+    run_dir = tmp_path / "run"
+    config = data_config(
+        tiny_model_path,
+        mixed_tasks,
+        run_dir,
+        "data.operators=[{type: length, min_tokens: 1000}]",  # replies have at most 8 tokens
+        "buffer.replay=null",
+        "run.steps=5",
+    )
+    with pytest.raises(NoSamplesError) as error:
+        await train(config, run_dir)
+    message = str(error.value)
+    assert "3 steps in a row produced no training samples" in message
+    assert "data.operators dropped every episode (length: 8 dropped)" in message
+    assert "failed" not in message  # the episodes did not fail
+    rows = metric_rows(run_dir)
+    assert [r["train/skipped"] for r in rows] == [1.0] * 3
+    assert [r["data/length/episodes_dropped"] for r in rows] == [8.0] * 3
