@@ -414,6 +414,13 @@ class RunConfig(Section):
                 raise ValueError(f"run.mode {mode!r} explores: set `workflow: pkg.mod:run`")
             if self.tasks.train is None:
                 raise ValueError(f"run.mode {mode!r} explores: set `tasks.train: tasks.jsonl`")
+        if exploring and self.algorithm.objective == "dpo":
+            raise ValueError(
+                f"algorithm.objective 'dpo' trains on preference pairs, which run.mode {mode!r} "
+                "does not explore (its episodes have no chosen/rejected pairs): train pairs with "
+                "run.mode 'offline' and offline.format 'dpo' (or 'review'), or explore with "
+                "objective 'rl'"
+            )
         if mode == "offline":
             if self.offline.path is None:
                 raise ValueError("run.mode 'offline' trains from files: set `offline.path`")

@@ -43,6 +43,7 @@ def test_resolved_config_round_trips(tmp_path):
         ),
         ("engine.type=tpu", "engine"),
         ("run.mode=offline", "set `offline.path`"),
+        ("algorithm.objective=dpo", "run.mode 'sync' does not explore (its episodes have no"),
         ("algorithm.advantage=grpoo", "grpo"),
         ("bogus", "use key.path=value"),
         ("explorer.sampling={max_tokens: 4", "the value is not valid YAML"),
