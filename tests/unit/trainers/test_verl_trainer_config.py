@@ -150,3 +150,33 @@ def test_unsupported_verl_version_fails_first(monkeypatch: pytest.MonkeyPatch) -
     )
     with pytest.raises(compat.VerlVersionError, match=r"supports verl==0\.9\.1 only"):
         _plan({"advantage": "gae"})  # the version is checked before anything else
+
+
+def test_a_verl_setting_that_cannot_work_is_one_line_from_the_cli(tiny_model_path, tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"prompt": "hi"}\n')
+    app = Path(__file__).parents[2] / "integration" / "toy_app.py"
+    sets = [
+        f"model.name_or_path={tiny_model_path}",
+        f"workflow={app}:run",
+        f"tasks.train={tasks}",
+        "trainer.type=verl",
+        "algorithm.advantage=gae",
+        f"run.dir={tmp_path / 'run'}",
+    ]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentscope_rft.cli",
+            "train",
+            *[a for s in sets for a in ("--set", s)],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "1000"},
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "error: advantage 'gae' needs a critic" in " ".join(proc.stderr.split())
