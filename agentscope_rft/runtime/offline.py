@@ -29,6 +29,16 @@ def offline_batches(
     """
     if units is None:
         units = load_offline_units(config)
+    if config.offline.batch_size > len(units):
+        unit = "pairs" if config.algorithm.objective == "dpo" else "samples"
+        logger.info(
+            "offline.batch_size %d is more than the %d %s of %s: each batch holds all %d",
+            config.offline.batch_size,
+            len(units),
+            unit,
+            config.offline.path,
+            len(units),
+        )
     return _batches(units, config.offline.batch_size, random.Random(config.run.seed), start)
 
 

@@ -13,7 +13,9 @@ TEMPLATE = (
 )
 
 
-def test_demonstrations_render_with_the_configured_template(tiny_model_path: str, tmp_path: Path):
+def test_demonstrations_render_with_the_configured_template(
+    tiny_model_path: str, tmp_path: Path, caplog
+):
     from agentscope_rft.models import load_tokenizer
 
     demos = tmp_path / "demos.jsonl"
@@ -36,7 +38,10 @@ def test_demonstrations_render_with_the_configured_template(tiny_model_path: str
         [sample] = next(offline_batches(config))
         return load_tokenizer(tiny_model_path).decode(sample.token_ids)
 
-    assert "[[custom]]" not in first_text()
+    with caplog.at_level("INFO", logger="agentscope_rft.runtime.offline"):
+        assert "[[custom]]" not in first_text()
+    # batch_size 8 of a one-sample file: the batch is smaller than configured, and says so
+    assert f"offline.batch_size 8 is more than the 1 samples of {demos}" in caplog.text
     template = tmp_path / "template.jinja"
     template.write_text(TEMPLATE)
     assert first_text(f"model.chat_template={template}").count("[[custom]]") == 2
