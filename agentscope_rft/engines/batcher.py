@@ -569,7 +569,9 @@ class ContinuousBatcher:
                 expand.append(j)
                 generator = None
                 if job.sampling.seed is not None:
-                    generator = torch.Generator().manual_seed(job.sampling.seed * 1_000_003 + index)
+                    # Modulo 2**64: torch takes 64-bit seeds (a negative one as its 2**64 + s).
+                    seed = (job.sampling.seed * 1_000_003 + index) % 2**64
+                    generator = torch.Generator().manual_seed(seed)
                 rows.append(
                     _Row(
                         job=job,

@@ -75,7 +75,7 @@ class ChatCompletionRequest(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # int64, as in vLLM
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     presence_penalty: float = 0.0
