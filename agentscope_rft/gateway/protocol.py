@@ -106,6 +106,14 @@ class ChatCompletionRequest(BaseModel):
             )
         return value
 
+    @field_validator("stop")
+    @classmethod
+    def _few_stop_strings(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else value or []
+        if len(stops) > 8 or any(not s for s in stops):
+            raise ValueError("stop must be at most 8 non-empty strings")
+        return value
+
     @field_validator("logit_bias")
     @classmethod
     def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:

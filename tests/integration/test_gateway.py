@@ -186,6 +186,24 @@ async def test_bad_input_gets_openai_style_4xx(tiny_gateway, name, path, body, s
         assert ok.status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (_body(tools=[{"type": "function"}]), "tools"),
+        (_body(tools=[{"type": "function", "function": {"name": ""}}]), "tools"),
+        (_body(stop=["a"] * 9), "stop"),
+        (_body(stop=["a", ""]), "stop"),
+        (_body(messages=[{"role": "robot", "content": "x"}]), "messages"),
+    ],
+)
+async def test_the_error_names_the_field_at_fault(tiny_gateway, body, param):
+    url = f"http://127.0.0.1:{tiny_gateway.port}/v1/chat/completions"
+    async with httpx.AsyncClient() as http:
+        response = await http.post(url, content=body)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == param
+
+
 async def test_any_int64_seed_is_served_reproducibly_and_larger_ones_are_400(tiny_gateway):
     url = f"http://127.0.0.1:{tiny_gateway.port}/v1/chat/completions"
     async with httpx.AsyncClient(timeout=60) as http:
