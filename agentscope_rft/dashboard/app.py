@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 
 from agentscope_rft.dashboard.episodes import (
     EpisodeNotFound,
+    check_review_targets,
     episode_detail,
     export_reviews,
     list_episodes,
@@ -31,7 +32,7 @@ from agentscope_rft.dashboard.runs import (
     summarize,
 )
 from agentscope_rft.monitor.records import MetricsFileError
-from agentscope_rft.review.store import ReviewError, ReviewStore
+from agentscope_rft.review.store import ReviewError, ReviewStore, parse_review
 
 STATIC_FILES = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
 
@@ -143,9 +144,11 @@ def create_app(root: Path, *, token: str, open_reads: bool = True) -> FastAPI:
         if not isinstance(body, dict):
             raise HTTPException(400, "the review must be a JSON object")
         try:
-            review = ReviewStore(ref.path).add(body)
+            review = parse_review(body)
+            check_review_targets(ref, review)
         except ReviewError as exc:
             raise HTTPException(422, str(exc)) from None
+        review = ReviewStore(ref.path).append(review)
         return JSONResponse(review.model_dump(), status_code=201)
 
     @app.get("/api/run/reviews.jsonl")
