@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from agentscope_rft.dashboard.episodes import (
@@ -92,6 +93,14 @@ def create_app(root: Path, *, token: str, open_reads: bool = True) -> FastAPI:
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
         return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_query(_: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(
+            f"{e['loc'][-1]}: {'required' if e['type'] == 'missing' else e['msg']}"
+            for e in exc.errors()
+        )
+        return JSONResponse({"error": f"bad query parameter(s): {problems}"}, status_code=400)
 
     @app.get("/")
     async def index() -> Response:

@@ -158,6 +158,17 @@ def test_a_review_of_what_the_run_does_not_hold_is_refused_and_not_stored(runs, 
     assert c.post("/api/run/reviews", params={"run_id": "done"}, json=pair, headers=AUTH).is_success
 
 
+def test_a_missing_or_mistyped_query_parameter_is_a_400_in_the_dashboards_error_shape(runs):
+    c = client(runs)
+    missing = c.get("/api/run/episodes")
+    assert missing.status_code == 400
+    assert missing.json() == {"error": "bad query parameter(s): run_id: required"}
+    mistyped = c.get("/api/run/episodes", params={"run_id": "done", "step": "two"})
+    assert mistyped.status_code == 400 and "step:" in mistyped.json()["error"]
+    unwritten = c.post("/api/run/reviews", json={}, headers=AUTH)
+    assert unwritten.status_code == 400 and "run_id" in unwritten.json()["error"]
+
+
 def test_beyond_loopback_every_read_needs_the_token(runs):
     c = client(runs, open_reads=False)
     assert c.get("/api/runs").status_code == 401
