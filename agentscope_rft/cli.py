@@ -14,6 +14,8 @@ from rich.logging import RichHandler
 from rich.table import Table
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from agentscope_rft.engines.base import Engine
 
 app = typer.Typer(
@@ -373,12 +375,21 @@ def train(
             soft_wrap=True,
         )
         return
+    console.print(_done_line(run_dir, last))
+
+
+def _done_line(run_dir: Path, last: dict[str, float]) -> str:
+    """The line a finished run ends with: its last numbers, and its curve if one was drawn (an
+    offline SFT/DPO run has no reward to draw)."""
     shown = {
         k: round(v, 4)
         for k, v in last.items()
         if k in ("reward/mean", "success_rate", "loss", "time/step")
     }
-    console.print(f"[bold green]done[/] {run_dir}: {shown}; curve: {run_dir / 'reward_curve.png'}")
+    curve = run_dir / "reward_curve.png"
+    return f"[bold green]done[/] {run_dir}: {shown}" + (
+        f"; curve: {curve}" if curve.is_file() else ""
+    )
 
 
 def _check_same_config(run_dir: Any, config: str) -> None:
