@@ -118,10 +118,12 @@ def serve(
         )
     )
     try:
-        built = build_engine(ModelConfig(name_or_path=_checkpoint_or_model(model)), engine_config)
+        resolved = _checkpoint_or_model(model)
+        built = build_engine(ModelConfig(name_or_path=resolved), engine_config)
     except (ValueError, RuntimeError) as exc:
         raise fail(str(exc)) from exc
-    asyncio.run(_serve(built, host, port, api_key))
+    # Clients may name the model as the user did (`runs/x:best`), not only as resolved.
+    asyncio.run(_serve(built, host, port, api_key, aliases={model} - {resolved}))
 
 
 def _checkpoint_or_model(model: str) -> str:
@@ -165,7 +167,9 @@ def export_model(
     console.print(f"[green]exported[/] {source} -> {target}")
 
 
-async def _serve(engine: Engine, host: str, port: int, api_key: str | None) -> None:
+async def _serve(
+    engine: Engine, host: str, port: int, api_key: str | None, aliases: set[str]
+) -> None:
     from agentscope_rft.gateway.server import Gateway
 
     try:
@@ -173,7 +177,7 @@ async def _serve(engine: Engine, host: str, port: int, api_key: str | None) -> N
     except Exception as exc:
         await engine.close()
         raise fail(f"the {type(engine).__name__} did not start: {exc}") from exc
-    gateway = Gateway(engine, host=host, port=port, api_key=api_key)
+    gateway = Gateway(engine, host=host, port=port, api_key=api_key, model_aliases=aliases)
     try:
         await gateway.start()
     except (OSError, SystemExit) as exc:
