@@ -186,6 +186,19 @@ async def test_bad_input_gets_openai_style_4xx(tiny_gateway, name, path, body, s
         assert ok.status_code == 200
 
 
+TOOLS = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
+
+
+async def test_a_valid_tool_choice_is_served(tiny_gateway):
+    url = f"http://127.0.0.1:{tiny_gateway.port}/v1/chat/completions"
+    named = {"type": "function", "function": {"name": "calc"}}
+    async with httpx.AsyncClient(timeout=60) as http:
+        for choice in ("none", "auto", "required", named):
+            response = await http.post(url, content=_body(tool_choice=choice, tools=TOOLS))
+            assert response.status_code == 200, response.text
+        assert (await http.post(url, content=_body(tool_choice="none"))).status_code == 200
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
@@ -194,8 +207,13 @@ async def test_bad_input_gets_openai_style_4xx(tiny_gateway, name, path, body, s
         (_body(stop=["a"] * 9), "stop"),
         (_body(stop=["a", ""]), "stop"),
         (_body(messages=[{"role": "robot", "content": "x"}]), "messages"),
+        (_body(tool_choice="sometimes", tools=TOOLS), "tool_choice"),
+        (_body(tool_choice={"foo": 1}, tools=TOOLS), "tool_choice"),
+        (_body(tool_choice={"type": "function", "function": {"name": "nope"}}, tools=TOOLS),
+         "tool_choice"),
+        (_body(tool_choice="required"), "tool_choice"),
     ],
-)
+)  # fmt: skip
 async def test_the_error_names_the_field_at_fault(tiny_gateway, body, param):
     url = f"http://127.0.0.1:{tiny_gateway.port}/v1/chat/completions"
     async with httpx.AsyncClient() as http:
