@@ -14,6 +14,8 @@ from rich.logging import RichHandler
 from rich.table import Table
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from agentscope_rft.engines.base import Engine
 
 app = typer.Typer(
@@ -116,10 +118,12 @@ def serve(
         )
     )
     try:
-        built = build_engine(ModelConfig(name_or_path=_checkpoint_or_model(model)), engine_config)
+        resolved = _checkpoint_or_model(model)
+        built = build_engine(ModelConfig(name_or_path=resolved), engine_config)
     except (ValueError, RuntimeError) as exc:
         raise fail(str(exc)) from exc
-    asyncio.run(_serve(built, host, port, api_key))
+    # Clients may name the model as the user did (`runs/x:best`), not only as resolved.
+    asyncio.run(_serve(built, host, port, api_key, aliases={model} - {resolved}))
 
 
 def _checkpoint_or_model(model: str) -> str:
@@ -163,7 +167,9 @@ def export_model(
     console.print(f"[green]exported[/] {source} -> {target}")
 
 
-async def _serve(engine: Engine, host: str, port: int, api_key: str | None) -> None:
+async def _serve(
+    engine: Engine, host: str, port: int, api_key: str | None, aliases: set[str]
+) -> None:
     from agentscope_rft.gateway.server import Gateway
 
     try:
@@ -171,7 +177,7 @@ async def _serve(engine: Engine, host: str, port: int, api_key: str | None) -> N
     except Exception as exc:
         await engine.close()
         raise fail(f"the {type(engine).__name__} did not start: {exc}") from exc
-    gateway = Gateway(engine, host=host, port=port, api_key=api_key)
+    gateway = Gateway(engine, host=host, port=port, api_key=api_key, model_aliases=aliases)
     try:
         await gateway.start()
     except (OSError, SystemExit) as exc:
@@ -375,12 +381,21 @@ def train(
             soft_wrap=True,
         )
         return
+    console.print(_done_line(run_dir, last))
+
+
+def _done_line(run_dir: Path, last: dict[str, float]) -> str:
+    """The line a finished run ends with: its last numbers, and its curve if one was drawn (an
+    offline SFT/DPO run has no reward to draw)."""
     shown = {
         k: round(v, 4)
         for k, v in last.items()
         if k in ("reward/mean", "success_rate", "loss", "time/step")
     }
-    console.print(f"[bold green]done[/] {run_dir}: {shown}; curve: {run_dir / 'reward_curve.png'}")
+    curve = run_dir / "reward_curve.png"
+    return f"[bold green]done[/] {run_dir}: {shown}" + (
+        f"; curve: {curve}" if curve.is_file() else ""
+    )
 
 
 def _check_same_config(run_dir: Any, config: str, overrides: list[str]) -> None:

@@ -40,7 +40,14 @@ def token_text(tokenizer: PreTrainedTokenizerBase, token_id: int) -> str:
 
 
 class ChatFormatError(ValueError):
-    """A request's messages cannot be rendered (names the offending message and field)."""
+    """A request's messages cannot be rendered (names the offending message and field).
+
+    `param` is the request field at fault (`messages` or `tools`), for the error body.
+    """
+
+    def __init__(self, message: str, param: str = "messages") -> None:
+        super().__init__(message)
+        self.param = param
 
 
 def _content_text(content: Any, where: str) -> str:
@@ -133,9 +140,11 @@ def normalize_tools(tools: Sequence[JSON] | None) -> list[JSON] | None:
     for i, tool in enumerate(tools):
         fn = tool.get("function") if isinstance(tool, dict) else None
         if tool.get("type", "function") != "function" or not isinstance(fn, dict):
-            raise ChatFormatError(f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}")
+            raise ChatFormatError(
+                f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}", param="tools"
+            )
         if not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise ChatFormatError(f"tools[{i}].function.name is missing")
+            raise ChatFormatError(f"tools[{i}].function.name is missing", param="tools")
     return list(tools)
 
 

@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from agentscope_rft.dashboard.episodes import (
     EpisodeNotFound,
+    check_review_targets,
     episode_detail,
     export_reviews,
     list_episodes,
@@ -31,7 +33,7 @@ from agentscope_rft.dashboard.runs import (
     summarize,
 )
 from agentscope_rft.monitor.records import MetricsFileError
-from agentscope_rft.review.store import ReviewError, ReviewStore
+from agentscope_rft.review.store import ReviewError, ReviewStore, parse_review
 
 STATIC_FILES = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
 
@@ -92,6 +94,14 @@ def create_app(root: Path, *, token: str, open_reads: bool = True) -> FastAPI:
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
         return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
 
+    @app.exception_handler(RequestValidationError)
+    async def bad_query(_: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(
+            f"{e['loc'][-1]}: {'required' if e['type'] == 'missing' else e['msg']}"
+            for e in exc.errors()
+        )
+        return JSONResponse({"error": f"bad query parameter(s): {problems}"}, status_code=400)
+
     @app.get("/")
     async def index() -> Response:
         return Response((static / "index.html").read_bytes(), media_type="text/html")
@@ -143,9 +153,11 @@ def create_app(root: Path, *, token: str, open_reads: bool = True) -> FastAPI:
         if not isinstance(body, dict):
             raise HTTPException(400, "the review must be a JSON object")
         try:
-            review = ReviewStore(ref.path).add(body)
+            review = parse_review(body)
+            check_review_targets(ref, review)
         except ReviewError as exc:
             raise HTTPException(422, str(exc)) from None
+        review = ReviewStore(ref.path).append(review)
         return JSONResponse(review.model_dump(), status_code=201)
 
     @app.get("/api/run/reviews.jsonl")

@@ -10,7 +10,7 @@ from typing import Any
 
 from agentscope_rft.dashboard.runs import RunRef, flat_config, read_jsonl
 from agentscope_rft.monitor.samples_file import SAMPLES_FILE, latest_per_key, read_sample_lines
-from agentscope_rft.review.store import ReviewStore
+from agentscope_rft.review.store import Review, ReviewError, ReviewStore
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,45 @@ def find_episode(ref: RunRef, rollout_id: str) -> dict[str, Any]:
         if line.get("rollout_id") == rollout_id:
             return line
     raise EpisodeNotFound(f"no episode {rollout_id!r} in run {ref.id!r} (rollouts.jsonl)")
+
+
+def check_review_targets(ref: RunRef, review: Review) -> None:
+    """Refuse a review of what the run does not hold: an episode not in `rollouts.jsonl`, a
+    call not in the episode's samples, a preference between episodes of different tasks.
+
+    Raises:
+        ReviewError: naming the field and what the run holds instead.
+    """
+    episodes = {line.get("rollout_id"): line for line in _rollouts(ref)}
+    for field in ("rollout_id", "chosen", "rejected"):
+        rollout_id = getattr(review, field)
+        if rollout_id is not None and rollout_id not in episodes:
+            raise ReviewError(
+                f"review not stored: {field}: no episode {rollout_id[:200]!r} in run {ref.id!r} "
+                "(rollouts.jsonl); pick one the Episodes tab lists"
+            )
+    if review.kind == "preference":
+        tasks = {episodes[rid].get("task_id") for rid in (review.chosen, review.rejected)}
+        if len(tasks) > 1:
+            raise ReviewError(
+                "review not stored: chosen and rejected are episodes of different tasks "
+                f"({' and '.join(sorted(map(str, tasks)))}); compare two answers to one task"
+            )
+    if review.sample_id is None or review.call is None:
+        return
+    samples = read_sample_lines(ref.path / SAMPLES_FILE, review.rollout_id)
+    sample = next((s for s in samples if s.get("sample_id") == review.sample_id), None)
+    if sample is None or sample.get("rollout_id") != review.rollout_id:
+        raise ReviewError(
+            f"review not stored: sample_id: no sample {review.sample_id[:200]!r} of episode "
+            f"{review.rollout_id!r} in samples.jsonl"
+        )
+    calls = len(sample.get("call_spans") or [])
+    if review.call >= calls:
+        raise ReviewError(
+            f"review not stored: call: sample {review.sample_id!r} has {calls} call(s) "
+            f"(0 to {calls - 1}), not call {review.call}"
+        )
 
 
 def episode_detail(ref: RunRef, rollout_id: str) -> dict[str, Any]:

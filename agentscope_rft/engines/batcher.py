@@ -21,7 +21,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -268,6 +268,7 @@ class ContinuousBatcher:
 
     def _serve(self) -> None:
         while not self._stopping:
+            admitted: list[GenerationJob] = []
             try:
                 self._maybe_swap()
                 admitted = self._admit()
@@ -283,7 +284,8 @@ class ContinuousBatcher:
                     self._wake.clear()
             except Exception as exc:  # a failed forward must not kill the engine thread
                 logger.exception("engine step failed; failing the running requests")
-                self._fail_all(exc)
+                # Admitted jobs left the queue but may not have rows yet: fail them too.
+                self._fail_all(exc, admitted)
 
     def drop_idle_cache(self) -> None:
         """Free the batch cache's buffers (engine thread, no rows running: inside a swap)."""
@@ -567,7 +569,9 @@ class ContinuousBatcher:
                 expand.append(j)
                 generator = None
                 if job.sampling.seed is not None:
-                    generator = torch.Generator().manual_seed(job.sampling.seed * 1_000_003 + index)
+                    # Modulo 2**64: torch takes 64-bit seeds (a negative one as its 2**64 + s).
+                    seed = (job.sampling.seed * 1_000_003 + index) % 2**64
+                    generator = torch.Generator().manual_seed(seed)
                 rows.append(
                     _Row(
                         job=job,
@@ -733,9 +737,10 @@ class ContinuousBatcher:
             mask = mask[:, drop_front:]
         self._mask = mask if order else mask[:, :0]
 
-    def _fail_all(self, exc: BaseException) -> None:
+    def _fail_all(self, exc: BaseException, admitted: Sequence[GenerationJob] = ()) -> None:
         with self._lock:
-            jobs = {id(r.job): r.job for r in self._rows}
+            jobs = {id(j): j for j in admitted}
+            jobs.update({id(r.job): r.job for r in self._rows})
             jobs.update({id(j): j for j in self._waiting})
             if self._chunking is not None:
                 jobs[id(self._chunking.job)] = self._chunking.job

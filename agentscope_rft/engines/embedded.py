@@ -411,7 +411,7 @@ class EmbeddedEngine:
         try:
             prompt_ids, reused = self.prompts.build(request)
         except ChatFormatError as exc:
-            raise EngineError(str(exc), param="messages") from exc
+            raise EngineError(str(exc), param=exc.param) from exc
         job = self._job(prompt_ids, request.sampling)
         job.matchers = await self._matchers(request.response_format, request.sampling.n)
         yield PromptReady(prompt_ids=prompt_ids, reused_tokens=reused)

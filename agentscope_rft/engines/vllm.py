@@ -503,7 +503,7 @@ class VLLMEngine:
         try:
             prompt_ids, reused = self.prompts.build(request)
         except ChatFormatError as exc:
-            raise EngineError(str(exc), param="messages") from exc
+            raise EngineError(str(exc), param=exc.param) from exc
         self._room(len(prompt_ids))
         yield PromptReady(prompt_ids=prompt_ids, reused_tokens=reused)
         outputs = await self._complete(
@@ -528,7 +528,7 @@ class VLLMEngine:
             normalize_messages(request.messages)
             normalize_tools(request.tools)
         except ChatFormatError as exc:
-            raise EngineError(str(exc), param="messages") from exc
+            raise EngineError(str(exc), param=exc.param) from exc
         sampling = request.sampling
         replica = self._pick(request.rollout_id)
         max_tokens = min(sampling.max_tokens or self.max_model_len, self.max_model_len)

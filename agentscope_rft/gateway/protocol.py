@@ -15,7 +15,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from agentscope_rft.engines.base import ChoiceResult
 from agentscope_rft.engines.structured import grammar_for
@@ -75,7 +82,7 @@ class ChatCompletionRequest(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # int64, as in vLLM
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     presence_penalty: float = 0.0
@@ -104,6 +111,44 @@ class ChatCompletionRequest(BaseModel):
                 "penalties are not supported: they change the sampling distribution the "
                 "trainer must reproduce; send 0"
             )
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _known_tool_choice(
+        cls, value: str | dict[str, Any] | None, info: ValidationInfo
+    ) -> str | dict[str, Any] | None:
+        if value is None or value in ("none", "auto"):
+            return value
+        names = [
+            t["function"].get("name")
+            for t in info.data.get("tools") or []
+            if isinstance(t.get("function"), dict)
+        ]
+        if value == "required":
+            name = None
+        elif isinstance(value, dict):
+            function = value.get("function")
+            name = function.get("name") if isinstance(function, dict) else None
+            if value.get("type") != "function" or not isinstance(name, str):
+                raise ValueError(
+                    "must be 'none', 'auto', 'required' or "
+                    '{"type": "function", "function": {"name": ...}}'
+                )
+        else:
+            raise ValueError(f"{value!r} is not one of 'none', 'auto', 'required'")
+        if not names:
+            raise ValueError("forces a tool call, but the request has no tools")
+        if name is not None and name not in names:
+            raise ValueError(f"names the function {name!r}, which is not among the tools {names}")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _few_stop_strings(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else value or []
+        if len(stops) > 8 or any(not s for s in stops):
+            raise ValueError("stop must be at most 8 non-empty strings")
         return value
 
     @field_validator("logit_bias")

@@ -27,6 +27,12 @@ def plot_command(
     Example: agentscope-rft plot runs/gsm8k-grpo
     """
     try:
+        if (run_dir / "sweep.json").is_file() and not (run_dir / "metrics.jsonl").is_file():
+            raise MetricsFileError(
+                f"{run_dir} is a seed sweep: plot one of its seeds (`agentscope-rft plot "
+                f"{run_dir / 'seed-0'}`); its seeds together are {run_dir / 'seeds.png'} "
+                f"(`agentscope-rft sweep-summary {run_dir}` redraws it)"
+            )
         path = plot_run(run_dir, out)
     except MetricsFileError as exc:
         Console(stderr=True).print(Text.assemble(("error: ", "bold red"), str(exc)))

@@ -104,6 +104,25 @@ class Review(BaseModel):
         return (self.kind, self.rollout_id, self.sample_id, self.call)
 
 
+def parse_review(data: dict[str, Any]) -> Review:
+    """Validate a review as sent (its id and time are set when stored).
+
+    Raises:
+        ReviewError: a field is missing or wrong (named in the message).
+
+    Example:
+        >>> parse_review({"kind": "rating", "rollout_id": "s0.1", "thumbs": "down"}).score
+        0.0
+    """
+    try:
+        return Review.model_validate({**data, "id": "", "time": 0.0})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'review'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ReviewError(f"review not stored: {problems}") from None
+
+
 class ReviewStore:
     """The reviews of one run folder.
 
@@ -122,14 +141,10 @@ class ReviewStore:
         Raises:
             ReviewError: a field is missing or wrong (named in the message).
         """
-        try:
-            review = Review.model_validate({**data, "id": "", "time": 0.0})
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'review'}: {e['msg']}"
-                for e in exc.errors()
-            )
-            raise ReviewError(f"review not stored: {problems}") from None
+        return self.append(parse_review(data))
+
+    def append(self, review: Review) -> Review:
+        """Append a validated review; returns it with its id and time."""
         review.id = uuid.uuid4().hex[:12]
         review.time = round(time.time(), 3)
         line = (review.model_dump_json() + "\n").encode("utf-8")

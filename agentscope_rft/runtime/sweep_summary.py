@@ -28,7 +28,13 @@ from agentscope_rft.runtime.best import (
     metric_names,
 )
 from agentscope_rft.runtime.components import CHECKPOINTS, STATE_FILE, checkpoint_dir, read_state
-from agentscope_rft.runtime.sweep import BASELINE_DIR, BEST_TEST_DIR, SweepError, read_sweep
+from agentscope_rft.runtime.sweep import (
+    BASELINE_DIR,
+    BEST_TEST_DIR,
+    SweepError,
+    read_sweep,
+    seed_finished,
+)
 
 SUMMARY_JSON, SUMMARY_MD, SEEDS_PLOT = "summary.json", "summary.md", "seeds.png"
 DEFAULT_METRIC, DEFAULT_MODE = "val/reward/mean", "max"
@@ -123,10 +129,13 @@ def summarize(sweep_dir: Path, *, test: bool = False) -> dict[str, Any]:
     criterion = run.get("best_metric") or DEFAULT_METRIC
     metric = metric_label(criterion)
     mode = run.get("best_mode") or DEFAULT_MODE
+    steps = int(run.get("steps", 0))
     seeds: dict[str, dict[str, Any]] = {}
     for seed in data["seeds"]:
         key, run_dir = str(seed), sweep_dir / data["runs"][str(seed)]
         status = data["status"].get(key, "pending")
+        if status != "done" and seed_finished(run_dir, steps):
+            status = "done"  # the sweep was killed after the seed ended, as --resume sees it
         result: dict[str, Any] = {"status": status, "run": run_dir.name}
         if status == "done" and (run_dir / METRICS_FILE).is_file():
             result.update(seed_result(run_dir, criterion, mode))
@@ -142,8 +151,8 @@ def summarize(sweep_dir: Path, *, test: bool = False) -> dict[str, Any]:
         "seeds": seeds,
         "best": spread([r["best"]["value"] for r in done]),
         "last": spread([r["last"]["value"] for r in done]),
-        "failed": [s for s in data["seeds"] if data["status"].get(str(s)) == "failed"],
-        "not_done": [s for s in data["seeds"] if data["status"].get(str(s)) != "done"],
+        "failed": [s for s in data["seeds"] if seeds[str(s)]["status"] == "failed"],
+        "not_done": [s for s in data["seeds"] if seeds[str(s)]["status"] != "done"],
         "commit": data.get("commit"),
     }
     if test:

@@ -1,6 +1,7 @@
 """`agentscope-rft serve` as a user runs it: a subprocess that answers the openai client."""
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -89,3 +90,48 @@ def test_serve_on_a_port_in_use_is_a_clear_error(tiny_model_path):
     assert proc.returncode == 2, proc.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr
     assert "pick another --port" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_served_checkpoint_answers_to_the_name_it_was_served_by(tiny_model_path, tmp_path):
+    run = tmp_path / "runs" / "r1"
+    step = run / "checkpoints" / "step-000002"
+    shutil.copytree(tiny_model_path, step / "model")
+    (step / "run_state.json").write_text("{}")  # written last: the checkpoint is complete
+    port = _free_port()
+    spec = f"{run}:last"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentscope_rft.cli", "serve", "--model", spec,
+         "--port", str(port), "--dtype", "float32"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0)
+        listed = client.models.list().data[0].id
+        assert listed.endswith("step-000002/model")
+        for name in (spec, listed):  # as the user named it, and as resolved
+            reply = client.chat.completions.create(
+                model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+            )
+            assert reply.usage.completion_tokens >= 1
+        try:
+            client.chat.completions.create(
+                model=f"{run}:best", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+            )
+            raise AssertionError("a model it does not serve was answered")
+        except openai.NotFoundError:
+            pass
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out

@@ -283,3 +283,21 @@ def test_the_engine_threads_openmp_team_is_the_only_one_that_lasts(tiny_model_pa
     added, high, main_threads = map(int, done.stdout.split()[-3:])
     assert high == 2 and main_threads == 1
     assert added <= high - 1  # the engine thread's team: itself and high - 1 workers
+
+
+async def test_a_failed_prefill_fails_its_requests_instead_of_hanging(engine):
+    prefill = engine.batcher._prefill
+    calls = 0
+
+    def fail_once(jobs) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("simulated failure in prefill")
+        prefill(jobs)
+
+    engine.batcher._prefill = fail_once  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="simulated failure"):
+        await asyncio.wait_for(engine.generate([5, 6, 7], GREEDY), timeout=30)
+    [after] = await asyncio.wait_for(engine.generate([5, 6, 7], GREEDY), timeout=30)
+    assert len(after.completion_ids) == GREEDY.max_tokens  # the engine still serves

@@ -186,6 +186,54 @@ async def test_bad_input_gets_openai_style_4xx(tiny_gateway, name, path, body, s
         assert ok.status_code == 200
 
 
+TOOLS = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
+
+
+async def test_a_valid_tool_choice_is_served(tiny_gateway):
+    url = f"http://127.0.0.1:{tiny_gateway.port}/v1/chat/completions"
+    named = {"type": "function", "function": {"name": "calc"}}
+    async with httpx.AsyncClient(timeout=60) as http:
+        for choice in ("none", "auto", "required", named):
+            response = await http.post(url, content=_body(tool_choice=choice, tools=TOOLS))
+            assert response.status_code == 200, response.text
+        assert (await http.post(url, content=_body(tool_choice="none"))).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (_body(tools=[{"type": "function"}]), "tools"),
+        (_body(tools=[{"type": "function", "function": {"name": ""}}]), "tools"),
+        (_body(stop=["a"] * 9), "stop"),
+        (_body(stop=["a", ""]), "stop"),
+        (_body(messages=[{"role": "robot", "content": "x"}]), "messages"),
+        (_body(tool_choice="sometimes", tools=TOOLS), "tool_choice"),
+        (_body(tool_choice={"foo": 1}, tools=TOOLS), "tool_choice"),
+        (_body(tool_choice={"type": "function", "function": {"name": "nope"}}, tools=TOOLS),
+         "tool_choice"),
+        (_body(tool_choice="required"), "tool_choice"),
+    ],
+)  # fmt: skip
+async def test_the_error_names_the_field_at_fault(tiny_gateway, body, param):
+    url = f"http://127.0.0.1:{tiny_gateway.port}/v1/chat/completions"
+    async with httpx.AsyncClient() as http:
+        response = await http.post(url, content=body)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == param
+
+
+async def test_any_int64_seed_is_served_reproducibly_and_larger_ones_are_400(tiny_gateway):
+    url = f"http://127.0.0.1:{tiny_gateway.port}/v1/chat/completions"
+    async with httpx.AsyncClient(timeout=60) as http:
+        for seed in (2**62, -(2**63)):  # seed * 1_000_003 overflowed int64 in the engine
+            body = _body(seed=seed, temperature=1.0, max_tokens=6, n=2)
+            first, second = [(await http.post(url, content=body)).json() for _ in range(2)]
+            assert first["choices"] == second["choices"]
+        response = await http.post(url, content=_body(seed=2**64))
+        assert response.status_code == 400
+        assert response.json()["error"]["param"] == "seed"
+
+
 async def test_streaming_request_errors_are_4xx_not_broken_streams(tiny_gateway):
     with pytest.raises(openai.BadRequestError, match="context window"):
         await client(tiny_gateway).chat.completions.create(

@@ -21,3 +21,14 @@ def test_out_of_range_options_are_usage_errors(args):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2, result.output
     assert "Invalid value for" in result.output
+
+
+def test_a_finished_run_names_its_curve_only_when_one_was_drawn(tmp_path):
+    from agentscope_rft.cli import _done_line
+
+    offline = _done_line(tmp_path, {"loss": 0.69315, "time/step": 1.0})  # SFT/DPO: no reward
+    assert offline == f"[bold green]done[/] {tmp_path}: {{'loss': 0.6932, 'time/step': 1.0}}"
+    (tmp_path / "reward_curve.png").write_bytes(b"\x89PNG")
+    assert _done_line(tmp_path, {"reward/mean": 0.5}).endswith(
+        f"{{'reward/mean': 0.5}}; curve: {tmp_path / 'reward_curve.png'}"
+    )

@@ -197,6 +197,21 @@ def test_summary_of_fixture_seeds(tmp_path):
     assert (sweep / SEEDS_PLOT).stat().st_size > 10_000
 
 
+def test_a_seed_that_ended_before_the_sweep_was_killed_is_summarized_as_done(tmp_path):
+    sweep = tmp_path / "sweep"
+    open_sweep(config(tmp_path, "run.steps=4"), sweep, [0, 1])
+    write_run(sweep / "seed-0", [val(0, 0.1), val(4, 0.3)], 4)  # ended: its last step saved
+    data = read_sweep(sweep)
+    data["status"] = {"0": "running", "1": "pending"}  # the sweep died before marking it done
+    (sweep / "sweep.json").write_text(json.dumps(data))
+
+    summary = summarize(sweep)
+    assert summary["seeds"]["0"]["status"] == "done"
+    assert summary["seeds"]["0"]["last"] == {"step": 4, "value": 0.3}
+    assert summary["best"]["n"] == 1 and summary["not_done"] == [1]
+    assert "| 0 | done | 4 | 0.3 | 4 | 0.3 |" in (sweep / "summary.md").read_text()
+
+
 def test_summary_by_the_mean_of_several_validation_metrics(tmp_path):
     sweep = tmp_path / "sweep"
     metric = "run.best_metric=[val/reward/by_type/a, val/reward/by_type/b]"

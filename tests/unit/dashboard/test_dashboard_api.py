@@ -130,6 +130,45 @@ def test_a_bad_review_is_a_clear_422(runs):
     assert not_json.status_code == 400
 
 
+@pytest.mark.parametrize(
+    ("review", "fragment"),
+    [
+        ({"kind": "rating", "rollout_id": "s9.9", "score": 1}, "rollout_id: no episode 's9.9'"),
+        ({"kind": "rating", "rollout_id": "x" * 100_000, "score": 1}, "rollout_id: no episode"),
+        ({"kind": "preference", "chosen": "s0.0", "rejected": "gone"}, "rejected: no episode"),
+        ({"kind": "preference", "chosen": "s0.0", "rejected": "s1.1"}, "different tasks"),
+        (
+            {"kind": "rating", "rollout_id": "s0.0", "sample_id": "s0.1:solver:0", "call": 0,
+             "score": 1},
+            "sample_id: no sample",
+        ),
+        (
+            {"kind": "correction", "rollout_id": "s0.0", "sample_id": "s0.0:solver:0", "call": 1,
+             "text": "4"},
+            "has 1 call(s)",
+        ),
+    ],
+)  # fmt: skip
+def test_a_review_of_what_the_run_does_not_hold_is_refused_and_not_stored(runs, review, fragment):
+    c = client(runs)
+    refused = c.post("/api/run/reviews", params={"run_id": "done"}, json=review, headers=AUTH)
+    assert refused.status_code == 422 and fragment in refused.json()["error"], refused.text
+    assert not (runs / "done" / "reviews.jsonl").exists()
+    pair = {"kind": "preference", "chosen": "s1.0", "rejected": "s1.1"}  # one task: stored
+    assert c.post("/api/run/reviews", params={"run_id": "done"}, json=pair, headers=AUTH).is_success
+
+
+def test_a_missing_or_mistyped_query_parameter_is_a_400_in_the_dashboards_error_shape(runs):
+    c = client(runs)
+    missing = c.get("/api/run/episodes")
+    assert missing.status_code == 400
+    assert missing.json() == {"error": "bad query parameter(s): run_id: required"}
+    mistyped = c.get("/api/run/episodes", params={"run_id": "done", "step": "two"})
+    assert mistyped.status_code == 400 and "step:" in mistyped.json()["error"]
+    unwritten = c.post("/api/run/reviews", json={}, headers=AUTH)
+    assert unwritten.status_code == 400 and "run_id" in unwritten.json()["error"]
+
+
 def test_beyond_loopback_every_read_needs_the_token(runs):
     c = client(runs, open_reads=False)
     assert c.get("/api/runs").status_code == 401

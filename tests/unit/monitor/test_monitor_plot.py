@@ -104,6 +104,15 @@ def test_plot_command_error_names_the_file(tmp_path: Path) -> None:
     assert f"no metrics file {tmp_path / 'metrics.jsonl'}" in result.output.replace("\n", "")
 
 
+def test_plot_of_a_sweep_folder_points_to_its_seeds(tmp_path: Path) -> None:
+    (tmp_path / "sweep.json").write_text("{}")
+    result = CliRunner().invoke(_cli(), ["plot", str(tmp_path)])
+    assert result.exit_code == 2
+    output = "".join(result.output.split())  # the console wraps long lines
+    assert "isaseedsweep" in output and f"plot{tmp_path / 'seed-0'}" in output
+    assert f"sweep-summary{tmp_path}" in output
+
+
 def test_monitor_plots_every_n_steps_and_at_close(tmp_path: Path) -> None:
     cfg = MonitorConfig(plot_every=2, tensorboard=False)
     out = io.StringIO()
