@@ -188,7 +188,15 @@ def resolve_checkpoint(spec: str | Path, run_dir: Path | None = None) -> Path:
         return folder  # an HF model folder
     if which is None and (folder / "model" / "config.json").is_file():
         return folder / "model"  # a checkpoint folder
+    if (folder / "sweep.json").is_file():
+        seeds = sorted(p.parent.name for p in folder.glob("seed-*/config.yaml"))
+        raise CheckpointNotFoundError(
+            f"{folder} is a seed sweep: name one seed's run ({folder / (seeds or ['seed-0'])[0]}"
+            f":{which or 'best'}); sweep-summary lists each seed's best"
+        )
     if not (folder / "checkpoints").is_dir():
+        if (folder / "config.yaml").is_file():  # a run stopped before its first checkpoint
+            raise CheckpointNotFoundError(f"{folder} has no saved checkpoint yet")
         raise CheckpointNotFoundError(
             f"{folder} is not a run folder (no checkpoints/), a checkpoint or an HF model folder"
         )

@@ -109,6 +109,22 @@ def test_last_skips_a_step_folder_whose_writing_was_cut_off(tmp_path):
         resolve_checkpoint("last", run)
 
 
+def test_a_sweep_or_a_run_without_checkpoints_is_named_as_such(tmp_path):
+    sweep = tmp_path / "sweep"
+    save_step(sweep / "seed-1", 2)
+    (sweep / "sweep.json").write_text("{}")
+    (sweep / "seed-1" / "config.yaml").write_text("{}")
+    with pytest.raises(CheckpointNotFoundError, match=r"is a seed sweep: .*seed-1:last"):
+        resolve_checkpoint(f"{sweep}:last")
+    killed = tmp_path / "killed"  # stopped before its first checkpoint
+    killed.mkdir()
+    (killed / "config.yaml").write_text("{}")
+    with pytest.raises(CheckpointNotFoundError, match="killed has no saved checkpoint yet"):
+        resolve_checkpoint(killed)
+    with pytest.raises(CheckpointNotFoundError, match="is not a run folder"):
+        resolve_checkpoint(tmp_path / "elsewhere")
+
+
 def test_pruning_keeps_the_committed_checkpoint_over_one_cut_off_by_a_kill(tmp_path):
     for step in (4, 6):
         save_step(tmp_path, step)
