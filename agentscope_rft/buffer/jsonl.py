@@ -10,6 +10,25 @@ from pathlib import Path
 from agentscope_rft.types import JSON
 
 
+def decode_line(raw: bytes, encoding: str = "utf-8") -> str:
+    """One line of a data file as text.
+
+    Raises:
+        ValueError: the line is not UTF-8, naming the first bad byte and its column.
+
+    Example:
+        >>> decode_line(b"caf\\xe9")
+        Traceback (most recent call last):
+        ValueError: not UTF-8 text (byte 0xe9 at column 4)
+    """
+    try:
+        return raw.decode(encoding)
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1})"
+        ) from None
+
+
 def read_json_objects(path: Path, error: type[Exception]) -> Iterator[tuple[int, JSON]]:
     """(line number, object) for every non-blank line of `path`.
 
@@ -25,12 +44,9 @@ def read_json_objects(path: Path, error: type[Exception]) -> Iterator[tuple[int,
     with path.open("rb") as handle:  # bytes: a line that is not UTF-8 is named by its number
         for lineno, raw in enumerate(handle, start=1):
             try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise error(
-                    f"{path}:{lineno}: not UTF-8 text (byte {raw[err.start]:#04x} at column "
-                    f"{err.start + 1}): save the file as UTF-8"
-                ) from err
+                line = decode_line(raw)
+            except ValueError as err:
+                raise error(f"{path}:{lineno}: {err}: save the file as UTF-8") from None
             if not line.strip():
                 continue
             try:

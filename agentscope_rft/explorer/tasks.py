@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentscope_rft.buffer.jsonl import decode_line
+
 _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
@@ -31,12 +33,9 @@ def _read_jsonl(path: Path) -> list[Any]:
         for number, raw in enumerate(handle, start=1):
             try:
                 # utf-8-sig: files saved by Windows editors start with a byte-order mark
-                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
-            except UnicodeDecodeError as exc:
-                raise TaskSetError(
-                    f"{path} line {number}: not UTF-8 text (byte {raw[exc.start]:#04x} at column "
-                    f"{exc.start + 1}): save the file as UTF-8"
-                ) from exc
+                line = decode_line(raw, "utf-8-sig" if number == 1 else "utf-8")
+            except ValueError as exc:
+                raise TaskSetError(f"{path} line {number}: {exc}: save the file as UTF-8") from None
             if not line.strip():
                 continue
             try:

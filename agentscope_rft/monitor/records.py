@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import SupportsFloat
 
+from agentscope_rft.buffer.jsonl import decode_line
+
 logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
@@ -132,7 +134,7 @@ def read_metrics(path: Path) -> list[MetricRecord]:
         if not line.strip():
             continue
         try:
-            records.append(_parse_line(_utf8(line)))
+            records.append(_parse_line(decode_line(line)))
         except ValueError as exc:
             if lineno == len(lines) and not data.endswith(b"\n"):
                 logger.warning("%s line %d: skipped a partial last line (%s)", path, lineno, exc)
@@ -141,15 +143,6 @@ def read_metrics(path: Path) -> list[MetricRecord]:
     if not records:
         raise MetricsFileError(f"{path} is empty: no step has been logged yet")
     return records
-
-
-def _utf8(line: bytes) -> str:
-    try:
-        return line.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(
-            f"not UTF-8 text (byte {line[exc.start]:#04x} at column {exc.start + 1})"
-        ) from None
 
 
 def _parse_line(line: str) -> MetricRecord:
