@@ -84,7 +84,7 @@ def _check_run_dir(config: RunConfig, run_dir: Path, *, resume: bool) -> None:
     if resume:
         if not (run_dir / STATE_FILE).is_file():
             raise RunFolderError(f"{run_dir} has no checkpoint to resume from ({STATE_FILE})")
-    elif _run_files(run_dir):
+    elif files := _run_files(run_dir):
         if not config.run.overwrite:
             if (run_dir / STATE_FILE).is_file():
                 raise RunFolderError(
@@ -92,7 +92,7 @@ def _check_run_dir(config: RunConfig, run_dir: Path, *, resume: bool) -> None:
                     f"--resume {run_dir}`, pick another run.name, or pass --set run.overwrite=true"
                 )
             raise RunFolderError(
-                f"run folder {run_dir} already exists with {', '.join(_run_files(run_dir)[:4])} "
+                f"run folder {run_dir} already exists with {', '.join(files[:4])} "
                 "but no checkpoint to resume from: pick another run.name, or pass --set "
                 "run.overwrite=true to replace it"
             )
