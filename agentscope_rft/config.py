@@ -195,14 +195,6 @@ class ExplorerConfig(Section):
     the trainer). Needs a group-baseline advantage with `algorithm.filter_zero_variance_groups`."""
 
 
-class SyncConfig(Section):
-    """How new weights reach the engine after each training step."""
-
-    method: Literal["auto", "state_dict", "checkpoint", "lora"] = "auto"
-    """`auto`: in-process copy for the embedded engine; checkpoint reload (or LoRA adapter when
-    training LoRA with `engine.enable_lora`) for vLLM."""
-
-
 class OfflineConfig(Section):
     """Training data from files: all of `run.mode: offline` (SFT or DPO), or demonstrations in an
     exploring run (`warmup_steps`, `algorithm.objective: sft_rl_mix`)."""
@@ -335,6 +327,25 @@ def _compact_allocator_moved(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def _sync_section_removed(data: dict[str, Any]) -> dict[str, Any]:
+    """`sync: {method: ...}` (removed: no code read it; the engine picks how weights move).
+
+    Resolved configs saved before list `sync: {method: auto}`, and keep loading; any other value
+    never had an effect, and is refused with where the choice lives now."""
+    if "sync" not in data:
+        return data
+    sync = data["sync"]
+    saved = sync is None or (isinstance(sync, dict) and sync in ({}, {"method": "auto"}))
+    if not saved:
+        raise ValueError(
+            f"sync ({sync!r}) was removed and never had an effect: weights reach the embedded "
+            "engine in-process, and a vLLM engine by checkpoint reload, by NCCL with "
+            "`engine.weight_transfer: nccl`, or as LoRA adapters with `engine.enable_lora: true` "
+            "and `trainer.lora`; remove the `sync` section (a resumed run: --set sync=null)"
+        )
+    return {k: v for k, v in data.items() if k != "sync"}
+
+
 class RunConfig(Section):
     """A whole run: `agentscope-rft train --config run.yaml`.
 
@@ -367,7 +378,6 @@ class RunConfig(Section):
     data: DataConfig = Field(default_factory=DataConfig)
     """Task selection (curriculum, mixing) and operators on explored groups and offline data:
     filters, near-duplicate removal, LLM judges. See data.md."""
-    sync: SyncConfig = Field(default_factory=SyncConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     """Console, TensorBoard, W&B, MLflow, plots."""
     offline: OfflineConfig = Field(default_factory=OfflineConfig)
@@ -394,6 +404,7 @@ class RunConfig(Section):
                 elif isinstance(value, dict) and "type" not in value:
                     data = {**data, section: {"type": default, **value}}
             data = _compact_allocator_moved(data)
+            data = _sync_section_removed(data)
         return data
 
     def uses_offline_data(self) -> bool:

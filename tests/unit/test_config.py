@@ -181,3 +181,18 @@ def test_quickstart_config_loads_from_the_repo_root_and_elsewhere(cwd, tmp_path,
     from agentscope_rft.api import load_workflow
 
     assert load_workflow(config.workflow).name == "run"
+
+
+def test_the_removed_sync_section_loads_from_saved_configs_and_is_refused_with_a_value(tmp_path):
+    """`sync.method` did nothing: a saved config's `sync: {method: auto}` still loads (and is
+    not saved again); any other value names where the choice lives now."""
+    base = {"workflow": "app.py:run", "tasks": {"train": "t.jsonl"}}
+    saved = RunConfig.model_validate({**base, "sync": {"method": "auto"}})
+    assert "\nsync:" not in dump_config(saved)
+    with pytest.raises(ValueError, match=r"sync .* was removed .*engine.weight_transfer: nccl"):
+        RunConfig.model_validate({**base, "sync": {"method": "checkpoint"}})
+    path = tmp_path / "run.yaml"
+    path.write_text("workflow: app.py:run\ntasks: {train: t.jsonl}\nsync: {method: lora}\n")
+    with pytest.raises(ConfigError, match=r"engine\.enable_lora"):
+        load_config(path)
+    assert load_config(path, ["sync=null"]).run.name == "run"  # a resumed run's way out

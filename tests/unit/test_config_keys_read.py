@@ -7,7 +7,9 @@ attribute (`cfg.reward_gamma`) or as a string key (`overrides["temperature"]`, f
 travel as dicts). A key that only exists in its model fails here.
 
 The check is by name, so a key named like one read elsewhere passes; the list of names that need a
-reason (`READ_ELSEWHERE`) stays short, and a new key nobody reads fails.
+reason (`READ_ELSEWHERE`) stays short, and a new key nobody reads fails. A name read as an attribute
+must be read on a config object at least once (`config.x`, `cfg.x`, `engine.x`, `self.x` inside a
+config model): `sync.method` passed for years because `request.method` is read in the gateway.
 """
 
 from __future__ import annotations
@@ -59,6 +61,63 @@ def _is_validator(node: ast.AST) -> bool:
         if name in VALIDATORS:
             return True
     return False
+
+
+def _receiver(node: ast.Attribute) -> str:
+    """The name an attribute is read on: `engine` for `config.engine.x`, `?` for a call's result."""
+    value = node.value
+    if isinstance(value, ast.Name):
+        return value.id
+    return value.attr if isinstance(value, ast.Attribute) else "?"
+
+
+def _section_fields(models: set[type[BaseModel]]) -> set[str]:
+    """Names of the fields that hold a section (`engine`, `wandb`, `dynamic_sampling`, ...)."""
+    names = set()
+    for model in models:
+        for name, field in model.model_fields.items():
+            stack = [field.annotation]
+            while stack:
+                arg = stack.pop()
+                stack.extend(getattr(arg, "__args__", ()))
+                if isinstance(arg, type) and issubclass(arg, BaseModel):
+                    names.add(name)
+    return names
+
+
+# What code calls a config object it reads keys from, besides a section's own field name (or a
+# prefix of it: `ex` for the explorer, `dynamic` for `dynamic_sampling`).
+CONFIG_NAMES = {"config", "cfg", "settings", "section", "spec"}
+
+
+def attribute_reads(models: set[type[BaseModel]]) -> tuple[dict[str, set[str]], set[str]]:
+    """(name -> receivers it is read as an attribute on, names read on a config object)."""
+    sections = _section_fields(models)
+    model_names = {m.__name__ for m in models}
+    receivers: dict[str, set[str]] = {}
+    on_config: set[str] = set()
+    for file in PACKAGE.rglob("*.py"):
+        if file.name == "config_reference.py":
+            continue
+        tree = ast.parse(file.read_text(), str(file))
+        own = {  # `self.x` inside a config model's own (non-validator) methods
+            id(n)
+            for cls in ast.walk(tree)
+            if isinstance(cls, ast.ClassDef) and cls.name in model_names
+            for n in ast.walk(cls)
+        }
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)):
+                continue
+            receiver = _receiver(node)
+            receivers.setdefault(node.attr, set()).add(receiver)
+            if (
+                receiver in CONFIG_NAMES
+                or (receiver == "self" and id(node) in own)
+                or any(s.startswith(receiver) for s in sections if len(receiver) > 1)
+            ):
+                on_config.add(node.attr)
+    return receivers, on_config
 
 
 def _names_read(tree: ast.AST) -> set[str]:
@@ -120,6 +179,34 @@ def test_every_config_key_is_read_by_code():
     assert unread == [], (
         f"config keys that no code reads (they do nothing): {unread}; use them or remove them"
     )
+
+
+def test_every_config_key_read_as_an_attribute_is_read_on_a_config():
+    """A key whose name is read only on other objects (`request.method`) is not read."""
+    models = _config_models()
+    receivers, on_config = attribute_reads(models)
+    strings = package_reads() - set(receivers)  # names read as dict keys or via getattr only
+    unread = sorted(
+        f"{model.__name__}.{name}"
+        for model in models
+        for name in model.model_fields
+        if name in receivers
+        and name not in on_config
+        and name not in strings
+        and f"{model.__name__}.{name}" not in READ_ELSEWHERE
+    )
+    assert unread == [], (
+        f"config keys read only on objects that are not configs (they do nothing): {unread}"
+    )
+
+
+def test_the_receiver_check_tells_a_config_from_another_object():
+    tree = ast.parse("config.sync.method\nrequest.method\nex.reward_gamma\n")
+    nodes = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr != "sync"]
+    assert sorted(_receiver(n) for n in nodes) == ["ex", "request", "sync"]
+    _, on_config = attribute_reads(_config_models())
+    assert "reward_gamma" in on_config and "lr" in on_config
+    assert "method" not in on_config  # only `request.method` and the like remain
 
 
 def test_the_check_catches_a_key_nobody_reads():
