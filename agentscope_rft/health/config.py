@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from agentscope_rft.config_base import Section
 
@@ -41,6 +41,12 @@ class RuleSettings(HealthSection):
     """`off`, `warn`, `stop` or `rollback` (see `health.rollback`)."""
     patience: int = Field(default=1, ge=1)
     """Consecutive steps that must break the rule before it fires (its onset is the first)."""
+
+    @field_validator("action", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        # YAML 1.1 (PyYAML) reads a bare `off` (and `no`) as false: `action: off` means "off".
+        return "off" if value is False else value
 
 
 class NonFiniteRule(RuleSettings):

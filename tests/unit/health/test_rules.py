@@ -253,3 +253,20 @@ def test_config_refuses_what_it_cannot_do(tmp_path):
     assert load_config(both, ["tasks.eval=b.jsonl"]).tasks.eval.endswith("b.jsonl")
     config = load_config(None, [*base, "tasks.validation=v.jsonl", "tasks.test=x.jsonl"])
     assert config.tasks.val.endswith("v.jsonl") and config.tasks.eval.endswith("x.jsonl")
+
+
+def test_a_bare_off_in_yaml_turns_a_rule_off(tmp_path):
+    """YAML reads `action: off` as false; it means `off`, as the docs write it (file and --set)."""
+    from agentscope_rft.config import load_config
+
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "workflow: app.py:run\ntasks: {train: t.jsonl}\n"
+        "health:\n  rules:\n    kl: {action: off}\n    non_finite: {action: off}\n"
+        "  custom: [{path: my_rules:fn, action: off}]\n"
+    )
+    config = load_config(path, ["health.rules.entropy_collapse.action=off"])
+    rules = config.health.rules
+    assert rules.kl.action == rules.non_finite.action == rules.entropy_collapse.action == "off"
+    assert config.health.custom[0].action == "off"
+    assert "kl" not in dict(config.health.named_rules())
