@@ -475,6 +475,9 @@ def _train_sweep(
         else:
             cfg = load_config(config, overrides)
             sweep_dir = _run_dir(cfg)
+        from agentscope_rft.config_effect import warn_no_effect
+
+        warn_no_effect(cfg)  # once here; each seed's own log says it again
         if test:  # the test evaluations run in this process
             preload_allocator(cfg.run.allocator)
         summary = run_sweep(
@@ -639,8 +642,20 @@ def install_vllm(
 @app.command()
 def doctor(
     brief: Annotated[bool, typer.Option(help="One line per check.")] = False,
+    config: Annotated[
+        str | None,
+        typer.Option("--config", "-c", help="Check this run config instead of the machine."),
+    ] = None,
+    set_: SetOption = None,
 ) -> None:
-    """Report what is usable on this machine: engines, trainers, devices, optional packages."""
+    """Report what is usable on this machine: engines, trainers, devices, optional packages.
+
+    With `--config run.yaml` (and `--set`s), check the config instead: whether it loads, and each
+    key you set that has no effect in it, with why and what to do (docs/concepts.md).
+    """
+    if config is not None or set_:
+        _doctor_config(config, set_ or [])
+        return
     from agentscope_rft.doctor import run_checks
 
     checks = run_checks()
@@ -660,6 +675,22 @@ def doctor(
             check.name, "[green]ok[/]" if check.ok else "[yellow]missing[/]", check.detail
         )
     Console().print(table)
+
+
+def _doctor_config(config: str | None, overrides: list[str]) -> None:
+    """`doctor --config`: the config loads (else one error line, exit 2), and its idle keys."""
+    from agentscope_rft.config import ConfigError, load_config
+    from agentscope_rft.config_effect import no_effect
+
+    try:
+        cfg = load_config(config, overrides)
+    except ConfigError as exc:
+        raise fail(str(exc)) from exc
+    found = no_effect(cfg)
+    for item in found:
+        console.print(f"[doctor] warning: {item.message}", markup=False, highlight=False)
+    what = f"{len(found)} key(s) with no effect" if found else "every key you set has an effect"
+    console.print(f"[doctor] config {config or '(--set only)'}: valid; {what}", markup=False)
 
 
 def _mount_subcommands() -> None:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import (
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -391,6 +392,13 @@ class RunConfig(Section):
     while the trainer steps); required when a vLLM engine started here and a GPU trainer share
     a machine with GPUs (docs/verl.md). null: none (CPU, embedded engine, `engine.urls`)."""
     run: RunSettings = Field(default_factory=RunSettings)
+    _user_keys: frozenset[str] | None = PrivateAttr(default=None)
+
+    @property
+    def user_keys(self) -> frozenset[str] | None:
+        """The dotted keys the user set (file and `--set`), as `load_config` recorded them; None
+        for a config built in code (`config_effect.user_keys` then reads what was validated)."""
+        return self._user_keys
 
     @model_validator(mode="before")
     @classmethod
@@ -736,8 +744,11 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunCo
         >>> path = "examples/quickstart/config.yaml"
         >>> cfg = load_config(path, ["trainer.lr=1e-5"])  # doctest: +SKIP
     """
+    from agentscope_rft.config_effect import override_keys
+
     source = str(path) if path is not None else "(defaults)"
     data: Any = {}
+    saved_keys: set[str] | None = None
     if path is not None:
         file = Path(path)
         if not file.is_file():
@@ -755,16 +766,42 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunCo
         if not isinstance(data, dict):
             raise ConfigError(f"config file {file} must be a mapping of sections")
         data = resolve_file_keys(data, file.resolve().parent)
+        saved_keys = _saved_user_keys(file)
     data = apply_overrides(data, overrides)
     try:
         config = RunConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_errors(exc, source)) from exc
+    if saved_keys is not None:  # a saved resolved config lists every key: its user set these
+        config._user_keys = frozenset(
+            saved_keys.union(*(override_keys(*parse_override(o)) for o in overrides))
+        )
+    else:
+        from agentscope_rft.config_effect import set_keys
+
+        config._user_keys = frozenset(set_keys(config))
     if config.run.name is None and path is not None:
         config.run.name = Path(path).stem
     return config
 
 
+def _saved_user_keys(file: Path) -> set[str] | None:
+    """The keys a resolved config saved by `dump_config` says its user set; None for a config
+    the user wrote (every key in it is theirs)."""
+    from agentscope_rft.config_effect import USER_KEYS_HEADER
+
+    with file.open(encoding="utf-8") as text:
+        first = text.readline()
+    if not first.startswith(USER_KEYS_HEADER):
+        return None
+    return {k.strip() for k in first.removeprefix(USER_KEYS_HEADER).split(",") if k.strip()}
+
+
 def dump_config(config: RunConfig) -> str:
-    """The resolved config as YAML (saved in the run folder)."""
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    """The resolved config as YAML (saved in the run folder), every key listed; its first line
+    (a comment) names the keys the user set, so a run resumed or a sweep's seed started from it
+    still tells the user's keys from the defaults (`config_effect`)."""
+    from agentscope_rft.config_effect import USER_KEYS_HEADER, user_keys
+
+    header = f"{USER_KEYS_HEADER} {', '.join(sorted(user_keys(config)))}\n"
+    return header + yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -23,7 +23,9 @@ HEADER = """# Configuration reference
 A run is one YAML file (`agentscope-rft train --config run.yaml`); every section and key is
 optional unless noted, and unknown keys are errors with a did-you-mean suggestion. Override any
 value from the command line with `--set section.key=value` (repeatable). The resolved config is
-saved as `config.yaml` in the run folder.
+saved as `config.yaml` in the run folder. A key you set that has no effect in your config (e.g.
+`run.max_staleness` in a `sync` run) is named in a warning line before the run starts, with why
+and what to do; the conditions are in [concepts.md](concepts.md#keys-that-do-nothing-here).
 
 ```yaml
 workflow: app.py:run              # async def run(task, model) -> float, in app.py next to this file

@@ -1,12 +1,14 @@
 """Checks before any work: everything a config names is verified before a model loads.
 
-A run that would fail on a bad workflow path, an unreadable task file or a missing model must
-fail in seconds, not after the engine has loaded and the gateway has started. `preflight` checks,
-cheapest first: the workflow and judge (import and signature), the task files (parsed), that
-the offline data exists, the model path, the engine (a vLLM interpreter, a CUDA device), the GPU
-placement (which also limits this process to the trainer's GPUs), the trainer's device, and last
-the offline data itself (every line parsed and rendered with the model's tokenizer); what it
-loads (workflow, tasks, offline data) is handed to the run so nothing is read twice.
+First, every key the user set that has no effect in this config is logged as a warning, one line
+each (`config_effect`). A run that would fail on a bad workflow path, an unreadable task file or
+a missing model must fail in seconds, not after the engine has loaded and the gateway has
+started. `preflight` checks, cheapest first: the workflow and judge (import and signature), the
+task files (parsed), that the offline data exists, the model path, the engine (a vLLM
+interpreter, a CUDA device), the GPU placement (which also limits this process to the trainer's
+GPUs), the trainer's device, and last the offline data itself (every line parsed and rendered
+with the model's tokenizer); what it loads (workflow, tasks, offline data) is handed to the run
+so nothing is read twice.
 """
 
 from __future__ import annotations
@@ -113,6 +115,9 @@ def preflight(config: RunConfig) -> Checked:
         >>> len(checked.train_tasks)  # doctest: +SKIP
         64
     """
+    from agentscope_rft.config_effect import warn_no_effect
+
+    warn_no_effect(config)  # keys the user set that do nothing here: one line each
     mode = config.run.mode
     workflow, train, evals, vals = None, [], [], []
     if mode in EXPLORING_MODES:
