@@ -6,8 +6,7 @@ Defaults live only here. Unknown keys are errors with a did-you-mean suggestion.
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +22,18 @@ from pydantic import (
 from agentscope_rft.algorithms.config import AlgorithmConfig
 from agentscope_rft.buffer.config import BufferConfig
 from agentscope_rft.config_base import Section
+from agentscope_rft.config_errors import (
+    ConfigError,
+    read_config_file,
+    top_level_problem,
+    validation_message,
+)
+from agentscope_rft.config_paths import (  # noqa: F401  (relative_file_keys re-exported)
+    FILE_KEYS,
+    relative_file_keys,
+    resolve_file_keys,
+    resolve_file_path,
+)
 from agentscope_rft.data.config import JUDGE_TYPES, DataConfig
 from agentscope_rft.engines.config import (  # noqa: F401  (re-exported)
     EmbeddedEngineConfig,
@@ -571,19 +582,6 @@ class RunConfig(Section):
             )
 
 
-class ConfigError(ValueError):
-    """A config file or override that does not validate (names the file, key and fix)."""
-
-
-def _format_errors(exc: ValidationError, source: str) -> str:
-    lines = []
-    for error in exc.errors():
-        where = ".".join(str(p) for p in error["loc"] if not str(p).startswith("function-"))
-        message = error["msg"].removeprefix("Value error, ")
-        lines.append(f"  {where or '(top level)'}: {message}")
-    return f"invalid config {source}:\n" + "\n".join(lines)
-
-
 def parse_override(item: str) -> tuple[list[str], Any]:
     """`a.b.c=value` -> (["a", "b", "c"], value parsed as YAML)."""
     if "=" not in item:
@@ -603,26 +601,54 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """Apply `--set key.path=value` items; file paths are relative to the working directory."""
+    """Apply `--set key.path=value` items; file paths are relative to the working directory.
+
+    A number in the path is a list position: `--set data.operators.0.min=0.5` sets the first
+    operator's `min`.
+    """
     for item in overrides:
         path, value = parse_override(item)
         if tuple(path) in FILE_KEYS and isinstance(value, str):
             value = resolve_file_path(tuple(path), value, Path.cwd())
-        node = data
-        for part in path[:-1]:
-            child = node.get(part)
-            if child is None or isinstance(child, str):
-                child = {} if child is None else {"type": child}
-                node[part] = child
-            if not isinstance(child, dict):
-                raise ConfigError(f"--set {item!r}: {part!r} is not a section")
-            node = child
-        # An override of a split replaces the file's key for it under its other name.
-        alias = SPLIT_ALIASES.get(tuple(path))
-        if alias is not None:
-            node.pop(alias, None)
-        node[path[-1]] = value
+        node: Any = data
+        for depth, part in enumerate(path):
+            last = depth == len(path) - 1
+            key: str | int = part
+            if isinstance(node, list):
+                key = _list_position(item, path[:depth], part, len(node))
+            elif last:
+                # An override of a split replaces the file's key for it under its other name.
+                alias = SPLIT_ALIASES.get(tuple(path))
+                if alias is not None:
+                    node.pop(alias, None)
+            else:
+                child = node.get(part)
+                if child is None or isinstance(child, str):
+                    child = node[part] = {} if child is None else {"type": child}
+                if not isinstance(child, dict | list):
+                    raise ConfigError(
+                        f"--set {item!r}: {'.'.join(path[: depth + 1])} is {child!r}, not a "
+                        "section; set it whole, e.g. --set 'explorer.sampling={top_p: 1.0}'"
+                    )
+                node = child
+                continue
+            if last:
+                node[key] = value
+            else:
+                node = node[key]
     return data
+
+
+def _list_position(item: str, where: list[str], part: str, size: int) -> int:
+    """The list position `part` names in `--set item`, or an error naming the valid ones."""
+    if part.isdigit() and int(part) < size:
+        return int(part)
+    listed = ".".join(where)
+    have = f"positions 0 to {size - 1}" if size else "no items"
+    raise ConfigError(
+        f"--set {item!r}: {listed} is a list with {have}, so {part!r} names none of its items; "
+        f"set the whole list instead, e.g. --set '{listed}=[...]'"
+    )
 
 
 SPLIT_ALIASES: dict[tuple[str, ...], str] = {
@@ -632,101 +658,6 @@ SPLIT_ALIASES: dict[tuple[str, ...], str] = {
     ("tasks", "validation"): "val",
 }
 """Task split keys with two names (`--set tasks.eval=...` replaces a file's `test:`)."""
-
-
-# Keys that name files: in a config file they are relative to the file's folder.
-FILE_KEYS = (
-    ("workflow",),
-    ("judge",),
-    ("tasks", "train"),
-    ("tasks", "eval"),
-    ("tasks", "test"),
-    ("tasks", "val"),
-    ("tasks", "validation"),
-    ("offline", "path"),
-    ("model", "chat_template"),
-    ("model", "name_or_path"),
-)
-
-
-def _file_part(key: tuple[str, ...], value: str) -> tuple[str, str] | None:
-    """The file path inside a value and the rest (`app.py` + `:run`), or None if it is no path."""
-    if key in (("workflow",), ("judge",)):
-        target, colon, attr = value.rpartition(":")
-        if not colon or not (target.endswith(".py") or "/" in target):
-            return None  # `package.module:fn`
-        return target, colon + attr
-    if key == ("model", "chat_template") and "{" in value:
-        return None  # an inline template
-    if key == ("model", "name_or_path") and not ("/" in value or value.startswith(".")):
-        return None  # a model name
-    return value, ""
-
-
-def resolve_file_path(key: tuple[str, ...], value: str, base: Path) -> str:
-    """`value` of the file key `key` with a relative path made absolute against `base`.
-
-    A path that does not exist under `base` but does exist relative to the working directory
-    (configs written to be run from one place) is taken from there, with a warning. Absolute
-    paths, `package.module:fn` specs, model names and inline templates are returned unchanged.
-
-    Example:
-        >>> resolve_file_path(("workflow",), "app.py:run", Path("/proj/exp"))
-        '/proj/exp/app.py:run'
-    """
-    parts = _file_part(key, value)
-    if parts is None or Path(parts[0]).expanduser().is_absolute():
-        return value
-    path, rest = Path(parts[0]).expanduser(), parts[1]
-    resolved = (base / path).resolve()
-    if not resolved.exists() and path.exists():
-        logger.warning(
-            "%s: %s is not in %s (the config file's folder) but is in the working directory; "
-            "using %s (paths in a config file are relative to its folder)",
-            ".".join(key), path, base, path.resolve(),
-        )  # fmt: skip
-        resolved = path.resolve()
-    return f"{resolved}{rest}"
-
-
-def _map_file_keys(
-    data: dict[str, Any], convert: Callable[[tuple[str, ...], str], str]
-) -> dict[str, Any]:
-    """A copy of config data with `convert(key, value)` applied to every file key's value."""
-    out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
-    for key in FILE_KEYS:
-        section = out if len(key) == 1 else out.get(key[0])
-        if isinstance(section, dict) and isinstance(section.get(key[-1]), str):
-            section[key[-1]] = convert(key, section[key[-1]])
-    return out
-
-
-def resolve_file_keys(data: dict[str, Any], base: Path) -> dict[str, Any]:
-    """A copy of config data with every file key's relative path made absolute against `base`."""
-    return _map_file_keys(data, lambda key, value: resolve_file_path(key, value, base))
-
-
-def relative_file_keys(data: dict[str, Any], base: Path, root: Path) -> dict[str, Any]:
-    """A copy of resolved config data: absolute file paths inside `root` made relative to `base`.
-
-    The inverse of `resolve_file_keys` for a config written into the folder `base`: a resolved
-    config exported into a repository (a README's artefacts) then loads on any clone of it, not
-    only on the machine whose absolute paths it recorded. Paths outside `root`, model names and
-    `package.module:fn` specs are returned unchanged.
-
-    Example:
-        >>> relative_file_keys({"workflow": "/repo/ex/app.py:run"}, Path("/repo/ex/results"),
-        ...                    Path("/repo"))
-        {'workflow': '../app.py:run'}
-    """
-
-    def relative(key: tuple[str, ...], value: str) -> str:
-        parts = _file_part(key, value)  # a relative path is never inside the absolute `root`
-        if parts is None or not Path(parts[0]).is_relative_to(root):
-            return value
-        return os.path.relpath(parts[0], base) + parts[1]
-
-    return _map_file_keys(data, relative)
 
 
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
@@ -749,29 +680,27 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunCo
     source = str(path) if path is not None else "(defaults)"
     data: Any = {}
     saved_keys: set[str] | None = None
+    lines: dict[Any, int] = {}
     if path is not None:
         file = Path(path)
         if not file.is_file():
             what = "is a folder, not a YAML file" if file.is_dir() else "does not exist"
             raise ConfigError(f"config file {file} {what}")
+        data, lines = read_config_file(file)
+        problem = top_level_problem(file, data)
+        if problem is not None and not (data is None and overrides):
+            raise ConfigError(problem)
         try:
-            data = yaml.safe_load(file.read_text()) or {}
-        except UnicodeDecodeError as exc:
-            raise ConfigError(
-                f"config file {file} is not UTF-8 text ({exc.reason} at byte {exc.start}): "
-                "save it as UTF-8 YAML"
-            ) from exc
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {file} is not valid YAML: {exc}") from exc
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {file} must be a mapping of sections")
-        data = resolve_file_keys(data, file.resolve().parent)
+            data = resolve_file_keys(data or {}, file.resolve().parent)
+        except ConfigError as exc:  # an unset environment variable in a path
+            raise ConfigError(f"config file {file}: {exc}") from exc
         saved_keys = _saved_user_keys(file)
     data = apply_overrides(data, overrides)
     try:
         config = RunConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(exc, source)) from exc
+        overridden = {".".join(parse_override(o)[0]) for o in overrides}
+        raise ConfigError(validation_message(exc, source, RunConfig, lines, overridden)) from exc
     if saved_keys is not None:  # a saved resolved config lists every key: its user set these
         config._user_keys = frozenset(
             saved_keys.union(*(override_keys(*parse_override(o)) for o in overrides))

@@ -21,9 +21,13 @@ from agentscope_rft.config import RunConfig
 HEADER = """# Configuration reference
 
 A run is one YAML file (`agentscope-rft train --config run.yaml`); every section and key is
-optional unless noted, and unknown keys are errors with a did-you-mean suggestion. Override any
-value from the command line with `--set section.key=value` (repeatable). The resolved config is
-saved as `config.yaml` in the run folder. A key you set that has no effect in your config (e.g.
+optional unless noted, and unknown keys are errors with a did-you-mean suggestion (or the section
+a misplaced key belongs in). Override any value from the command line with
+`--set section.key=value` (repeatable; the value is YAML, and a number in the key is a list
+position: `--set data.operators.0.min=0.5`). File paths may use `~` and environment variables
+(`$DATA/train.jsonl`; an unset one is an error). A config that does not load is refused with one
+line per problem naming the file, the line and the key. The resolved config is saved as
+`config.yaml` in the run folder. A key you set that has no effect in your config (e.g.
 `run.max_staleness` in a `sync` run) is named in a warning line before the run starts, with why
 and what to do; the conditions are in [concepts.md](concepts.md#keys-that-do-nothing-here).
 
