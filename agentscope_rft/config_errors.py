@@ -114,24 +114,50 @@ def _models(annotation: Any) -> Iterator[type[BaseModel]]:
         yield from _models(arg)
 
 
-def key_paths(root: type[BaseModel]) -> dict[str, list[str]]:
-    """Every key name of the config tree and the dotted paths it has (`steps`: [`run.steps`])."""
-    found: dict[str, list[str]] = {}
+def key_paths(root: type[BaseModel]) -> dict[str, list[tuple[str, str | None]]]:
+    """Every key name of the config tree, with each dotted path it has and the `type` of the
+    section variant that has it (`device`: [(`engine.device`, `embedded`), (`trainer.device`,
+    `torch`), ...])."""
+    found: dict[str, list[tuple[str, str | None]]] = {}
     seen: set[tuple[str, type[BaseModel]]] = set()
 
     def visit(model: type[BaseModel], prefix: str) -> None:
         if (prefix, model) in seen or prefix.count(".") > 4:
             return
         seen.add((prefix, model))
+        type_field = model.model_fields.get("type")
+        tag = type_field.default if type_field is not None else None
         for name, field in model.model_fields.items():
-            path = prefix + name
-            if path not in found.setdefault(name, []):
-                found[name].append(path)
+            home = (prefix + name, tag if isinstance(tag, str) else None)
+            if home not in found.setdefault(name, []):
+                found[name].append(home)
             for sub in _models(field.annotation):
-                visit(sub, path + ".")
+                visit(sub, prefix + name + ".")
 
     visit(root, "")
     return found
+
+
+def _models_at(root: type[BaseModel], path: KeyPath) -> list[type[BaseModel]]:
+    """The section models a cleaned key path leads to (several for a `type`-keyed union)."""
+    models = [root]
+    for part in path:
+        if isinstance(part, str):
+            fields = [m.model_fields[part] for m in models if part in m.model_fields]
+            models = [m for f in fields for m in _models(f.annotation)]
+    return models
+
+
+def _misplaced(key: str, where: str, names: dict[str, list[tuple[str, str | None]]]) -> str:
+    """Where an unknown key does belong: another `type` of this section, or another section."""
+    section = ".".join(p for p in where.split(".") if not p.isdigit())
+    homes = names.get(key, [])
+    variants = sorted({tag for path, tag in homes if path.rpartition(".")[0] == section and tag})
+    if variants:
+        kinds = " or ".join(repr(v) for v in variants)
+        return f"; {key!r} is a key of {section} type {kinds}: set `type: {variants[0]}` to use it"
+    elsewhere = [path for path, _ in homes if path.rpartition(".")[0] != section]
+    return f"; it belongs in {' or '.join(elsewhere)}" if elsewhere else ""
 
 
 def _clean_location(root: type[BaseModel], loc: tuple[Any, ...]) -> KeyPath:
@@ -178,11 +204,15 @@ def validation_message(
         message = error["msg"].removeprefix("Value error, ")
         unknown = message.split("'")[1] if message.startswith("unknown") and "'" in message else ""
         if error["type"] in ("model_type", "dict_type", "model_attributes_type"):
-            message = f"is a section: write its keys under it (e.g. `{where}: {{key: value}}`)"
+            models = _models_at(root, path)
+            first = [f for m in models[:1] for f in m.model_fields if f != "type"][:1] or ["key"]
+            value = error.get("input") if isinstance(error.get("input"), str) else "value"
+            example = f"{where}: {{{first[0]}: {value}}}"
+            message = f"is a section: write its keys under it (e.g. `{example}`)"
         elif unknown and "did you mean" not in message:
-            homes = [p for p in names.get(unknown, []) if p.rpartition(".")[0] != where]
-            if homes:
-                message = f"unknown key {unknown!r} here: it belongs in {' or '.join(homes)}"
+            home = _misplaced(unknown, where, names)
+            if home:  # (the section's own keys would only bury where it goes)
+                message = message.split(" (known keys")[0] + home
         notes = [n for n in [_got(error)] if n]
         if any(where == o or where.startswith(o + ".") for o in overridden):
             notes.append("--set")

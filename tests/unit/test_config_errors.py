@@ -49,17 +49,39 @@ def error_of(tmp_path: Path, text: str, overrides: tuple[str, ...] = ()) -> str:
             ["run.steps: Input should be a valid integer", "(got 'many'; line 3)"],
         ),
         (GOOD + "run: {mode: asynch}\n", ["run.mode: Input should be 'sync'", "got 'asynch'"]),
-        (GOOD + "run: 20\n", ["run: is a section: write its keys under it", "got 20; line 3"]),
+        (
+            GOOD + "run: 20\n",
+            ["run: is a section: write its keys under it (e.g. `run: {", "got 20; line 3"],
+        ),
         (
             GOOD + "steps: 20\n",
-            ["(top level): unknown key 'steps' here: it belongs in run.steps", "line 3"],
+            ["(top level): unknown key 'steps'; it belongs in run.steps", "line 3"],
         ),
         (
             GOOD + "trainer:\n  lora: {rank: 8}\n  steps: 4\n",
-            ["trainer: unknown key 'steps' here: it belongs in run.steps (line 5)"],
+            ["trainer: unknown key 'steps'; it belongs in run.steps (line 5)"],
         ),
         (GOOD + "trainer: {lrr: 1.0e-5}\n", ["trainer: unknown key 'lrr'; did you mean 'lr'?"]),
         (GOOD + "engine: {type: vllm, dtyp: auto}\n", ["engine: unknown", "did you mean 'dtype'"]),
+        (
+            GOOD + "engine: {type: vllm, device: cpu}\n",
+            [
+                "engine: unknown key 'device'; 'device' is a key of engine type 'embedded': set "
+                "`type: embedded` to use it (line 3)"
+            ],
+        ),
+        (
+            GOOD + "trainer: {n_gpus_per_node: 2}\n",
+            ["'n_gpus_per_node' is a key of trainer type 'verl': set `type: verl`"],
+        ),
+        (
+            GOOD + "algorithm: {advantage: {type: grpo, clip: 1}}\n",
+            ["unknown GRPOConfig key 'clip' (known keys: epsilon, normalize_std, type) (line 3)"],
+        ),
+        (
+            "workflow: app.py:run\ntasks: t.jsonl\n",
+            ["tasks: is a section: write its keys under it (e.g. `tasks: {train: t.jsonl}`)"],
+        ),
     ],
 )
 def test_a_broken_file_is_one_line_naming_where_and_the_fix(tmp_path, text, parts):
