@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from agentscope_rft.config import relative_file_keys
+from agentscope_rft.config_effect import USER_KEYS_HEADER
 from agentscope_rft.runtime.sweep import BASELINE_DIR, BEST_TEST_DIR, SweepError, read_sweep
 
 logger = logging.getLogger(__name__)
@@ -118,16 +119,19 @@ def _copy(
 
 
 def _write_portable_config(source: Path, dest: Path, root: Path) -> None:
-    """`source` (a resolved config) written to `dest` with its file paths relative to `dest`."""
+    """`source` (a resolved config) written to `dest` with its file paths relative to `dest`, and
+    its first line naming the keys its user set (`config_effect`) kept."""
+    text = source.read_text()
+    header = text.partition("\n")[0] + "\n" if text.startswith(USER_KEYS_HEADER) else ""
     try:
-        data = yaml.safe_load(source.read_text())
+        data = yaml.safe_load(text)
     except yaml.YAMLError:
         data = None
     if not isinstance(data, dict):  # not a config this export understands: kept as it is
         shutil.copy2(source, dest)
         return
     data = relative_file_keys(data, dest.parent.resolve(), root)
-    dest.write_text(yaml.safe_dump(data, sort_keys=False))
+    dest.write_text(header + yaml.safe_dump(data, sort_keys=False))
 
 
 def _commit_line(data: dict[str, Any]) -> str:

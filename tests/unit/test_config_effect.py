@@ -338,3 +338,19 @@ def test_doctor_checks_a_config(tmp_path):
     config.write_text("workflow: app.py:run\ntasks: {train: t.jsonl}\nrun: {stepz: 4}\n")
     result = CliRunner().invoke(app, ["doctor", "--config", str(config)])
     assert result.exit_code == 2 and "did you mean 'steps'" in result.output
+
+
+def test_an_exported_config_keeps_the_users_keys(tmp_path):
+    """A sweep's artefacts carry the run configs with relative paths, and the user's key list."""
+    from agentscope_rft.runtime.artefacts import _write_portable_config
+
+    (tmp_path / "ex").mkdir()
+    path = tmp_path / "ex" / "run.yaml"
+    path.write_text("workflow: app.py:run\ntasks: {train: t.jsonl}\nrun: {max_staleness: 4}\n")
+    saved = tmp_path / "config.yaml"
+    saved.write_text(dump_config(load_config(path)))
+    exported = tmp_path / "ex" / "results" / "config.yaml"
+    exported.parent.mkdir()
+    _write_portable_config(saved, exported, tmp_path)
+    assert "workflow: ../app.py:run" in exported.read_text()
+    assert keys(load_config(exported)) == ["run.max_staleness"]
