@@ -106,6 +106,17 @@ def _staleness(config: RunConfig, keys: set[str]) -> list[NoEffect]:
     return idle(keys, why, "remove it, or set run.mode: async", "run.max_staleness")
 
 
+def _offline_mode(config: RunConfig, keys: set[str]) -> list[NoEffect]:
+    # runtime/training.py `_next_batch`: an offline run trains batches of its files; it never
+    # takes groups from the buffer (get_timeout, replay) nor explores batches (tasks_per_step),
+    # and `explore` reads none of these either.
+    if config.run.mode != "offline":
+        return []
+    why = "run.mode 'offline' trains batches of offline.path and takes no explored groups"
+    idle_keys = ("run.get_timeout", "buffer.replay", "explorer.tasks_per_step")
+    return idle(keys, why, "remove it (offline.batch_size sizes the batches)", *idle_keys)
+
+
 def _validation(config: RunConfig, keys: set[str]) -> list[NoEffect]:
     # runtime/training.py `_evaluate`: the run evaluates only with an explorer and eval_every > 0,
     # on tasks.val (else tasks.eval); `BestCheckpoint.consider` only on the val phase.
@@ -342,6 +353,7 @@ def _data(config: RunConfig, keys: set[str]) -> list[NoEffect]:
 
 RULES: tuple[Rule, ...] = (
     _staleness,
+    _offline_mode,
     _validation,
     _splits,
     _rewards,

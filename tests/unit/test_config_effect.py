@@ -31,6 +31,21 @@ CASES = [
     ),
     ("run.eval_every", ["run.eval_every=2"], ["run.eval_every=2", "tasks.eval=e.jsonl"]),
     (
+        "run.get_timeout",
+        [*OFFLINE_SFT, "run.get_timeout=60"],
+        ["run.get_timeout=60"],
+    ),
+    (
+        "buffer.replay.ratio",
+        [*OFFLINE_SFT, "buffer.replay={ratio: 0.25}"],
+        ["buffer.replay={ratio: 0.25}"],
+    ),
+    (
+        "explorer.tasks_per_step",
+        [*OFFLINE_SFT, "explorer.tasks_per_step=4"],
+        ["run.mode=train_only", "buffer.type=sql", "explorer.tasks_per_step=4"],
+    ),
+    (
         "run.eval_every",
         [*OFFLINE_SFT, "tasks.val=v.jsonl", "run.eval_every=2"],
         ["tasks.val=v.jsonl", "run.eval_every=2"],
