@@ -157,7 +157,8 @@ def _misplaced(key: str, where: str, names: dict[str, list[tuple[str, str | None
         kinds = " or ".join(repr(v) for v in variants)
         return f"; {key!r} is a key of {section} type {kinds}: set `type: {variants[0]}` to use it"
     elsewhere = [path for path, _ in homes if path.rpartition(".")[0] != section]
-    return f"; it belongs in {' or '.join(elsewhere)}" if elsewhere else ""
+    inside = [path for path in elsewhere if path.startswith(section + ".")]  # one level too high
+    return f"; it belongs in {' or '.join(inside or elsewhere)}" if elsewhere else ""
 
 
 def _clean_location(root: type[BaseModel], loc: tuple[Any, ...]) -> KeyPath:

@@ -71,6 +71,13 @@ def error_of(tmp_path: Path, text: str, overrides: tuple[str, ...] = ()) -> str:
             ],
         ),
         (
+            GOOD + "explorer: {group_size: 4, temperature: 0.7}\n",
+            [
+                "explorer: unknown key 'temperature'; it belongs in explorer.sampling.temperature "
+                "or explorer.eval_sampling.temperature (line 3)"
+            ],
+        ),
+        (
             GOOD + "trainer: {n_gpus_per_node: 2}\n",
             ["'n_gpus_per_node' is a key of trainer type 'verl': set `type: verl`"],
         ),
