@@ -675,11 +675,12 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunCo
         >>> path = "examples/quickstart/config.yaml"
         >>> cfg = load_config(path, ["trainer.lr=1e-5"])  # doctest: +SKIP
     """
-    from agentscope_rft.config_effect import override_keys
+    from agentscope_rft.config_effect import looks_resolved, override_keys
 
     source = str(path) if path is not None else "(defaults)"
     data: Any = {}
     saved_keys: set[str] | None = None
+    resolved = False
     lines: dict[Any, int] = {}
     if path is not None:
         file = Path(path)
@@ -695,6 +696,7 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunCo
         except ConfigError as exc:  # an unset environment variable in a path
             raise ConfigError(f"config file {file}: {exc}") from exc
         saved_keys = _saved_user_keys(file)
+        resolved = saved_keys is None and looks_resolved(data, RunConfig.model_fields)
     data = apply_overrides(data, overrides)
     try:
         config = RunConfig.model_validate(data)
@@ -705,10 +707,13 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunCo
         config._user_keys = frozenset(
             saved_keys.union(*(override_keys(*parse_override(o)) for o in overrides))
         )
-    else:
-        from agentscope_rft.config_effect import set_keys
+    else:  # every key of the file is the user's, unless it is a resolved config saved before
+        from agentscope_rft.config_effect import changed_keys, set_keys
 
-        config._user_keys = frozenset(set_keys(config))
+        given = changed_keys(config) if resolved else set_keys(config)
+        if resolved:
+            given |= {k for o in overrides for k in override_keys(*parse_override(o))}
+        config._user_keys = frozenset(given)
     if config.run.name is None and path is not None:
         config.run.name = Path(path).stem
     return config

@@ -66,6 +66,42 @@ def set_keys(model: BaseModel, prefix: str = "") -> set[str]:
     return keys
 
 
+def changed_keys(
+    model: BaseModel, prefix: str = "", reference: BaseModel | None = None
+) -> set[str]:
+    """Dotted keys whose value differs from its default: the user's keys of a resolved config
+    saved without the list of them (before it was recorded), which lists every key.
+
+    Example:
+        >>> changed_keys(RunConfig.model_validate({"run": {"steps": 3}, ...}))  # doctest: +SKIP
+        {'run.steps', ...}
+    """
+    keys: set[str] = set()
+    for name, field in type(model).model_fields.items():
+        value, key = getattr(model, name), prefix + name
+        if reference is not None:
+            default = getattr(reference, name)
+        else:
+            default = field.get_default(call_default_factory=True)
+        if isinstance(value, BaseModel):
+            same = isinstance(default, BaseModel) and type(default) is type(value)
+            inner = changed_keys(value, key + ".", default if same else None)
+            keys |= inner or ({key} if not same else set())
+        elif isinstance(value, list) and value and all(isinstance(v, BaseModel) for v in value):
+            if value != default:
+                for i, item in enumerate(value):
+                    keys |= changed_keys(item, f"{key}.{i}.") or {f"{key}.{i}"}
+        elif value != default:
+            keys.add(key)
+    return keys
+
+
+def looks_resolved(data: dict[str, Any], sections: Iterable[str]) -> bool:
+    """Whether config data lists (nearly) every section, as a saved resolved config does."""
+    names = list(sections)
+    return sum(name in data for name in names) >= 0.8 * len(names)
+
+
 def override_keys(path: list[str], value: Any) -> set[str]:
     """Dotted keys a `--set path=value` sets (`explorer.sampling={top_p: 1}` sets its leaves)."""
     key = ".".join(path)

@@ -369,3 +369,20 @@ def test_an_exported_config_keeps_the_users_keys(tmp_path):
     _write_portable_config(saved, exported, tmp_path)
     assert "workflow: ../app.py:run" in exported.read_text()
     assert keys(load_config(exported)) == ["run.max_staleness"]
+
+
+def test_a_config_saved_before_the_key_list_names_keys_set_off_their_default(tmp_path):
+    """Run folders written before the first line named the user's keys list every key: there,
+    the keys whose value is not the default are the user's (and `--set`s on resume)."""
+    config = load_config(None, [*BASE, "explorer.reward_gamma=0.9", "tasks.val=v.jsonl"])
+    saved = tmp_path / "config.yaml"
+    saved.write_text(dump_config(config).partition("\n")[2])  # no first line
+    assert "max_staleness: 2" in saved.read_text() and "# keys" not in saved.read_text()
+    assert keys(load_config(saved)) == ["explorer.reward_gamma"]
+    assert keys(load_config(saved, ["run.max_staleness=2"])) == [
+        "explorer.reward_gamma",
+        "run.max_staleness",
+    ]
+    examples = sorted(Path("examples").glob("*/results/**/config.yaml"))[:3]
+    for old in examples:  # saved by earlier versions, loading with their own idle keys only
+        assert all(item.key != "run.max_staleness" for item in no_effect(load_config(old)))
