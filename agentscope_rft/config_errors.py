@@ -215,10 +215,11 @@ def validation_message(
             if home:  # (the section's own keys would only bury where it goes)
                 message = message.split(" (known keys")[0] + home
         notes = [n for n in [_got(error)] if n]
-        if any(where == o or where.startswith(o + ".") for o in overridden):
+        at = (*path, unknown) if unknown else path
+        full = ".".join(str(p) for p in at)
+        if any(full == o or full.startswith(o + ".") for o in overridden):
             notes.append("--set")
         else:
-            at = (*path, unknown) if unknown else path
             line = next((lines[at[:i]] for i in range(len(at), 0, -1) if at[:i] in lines), 0)
             if line:
                 notes.append(f"line {line}")

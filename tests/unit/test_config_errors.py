@@ -117,6 +117,13 @@ def test_a_value_from_set_says_so_not_a_file_line(tmp_path):
     assert message.endswith("(got 'abc'; --set)")
 
 
+def test_a_typo_from_set_is_not_blamed_on_the_file(tmp_path):
+    message = error_of(tmp_path, GOOD + "trainer: {lr: 1.0e-5}\n", ("trainer.lrr=1",))
+    assert "unknown key 'lrr'; did you mean 'lr'?" in message and message.endswith("(--set)")
+    message = error_of(tmp_path, GOOD + "trainer: {lr: 1.0e-5, lrr: 1}\n", ("run.steps=2",))
+    assert message.endswith("(line 3)")
+
+
 def test_an_empty_file_with_sets_is_the_sets(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("")
