@@ -405,6 +405,14 @@ class RunConfig(Section):
     run: RunSettings = Field(default_factory=RunSettings)
     _user_keys: frozenset[str] | None = PrivateAttr(default=None)
 
+    def __eq__(self, other: object) -> bool:
+        # Two configs with the same values are the same run, whoever set which key.
+        if not isinstance(other, RunConfig):
+            return NotImplemented
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    __hash__ = None  # type: ignore[assignment]  # (mutable, like every pydantic model)
+
     @property
     def user_keys(self) -> frozenset[str] | None:
         """The dotted keys the user set (file and `--set`), as `load_config` recorded them; None

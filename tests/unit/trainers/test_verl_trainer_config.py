@@ -59,7 +59,7 @@ def test_one_line_switches_the_trainer() -> None:
     ("override", "message"),
     [
         ("trainer.n_gpu_per_node=2", "'n_gpu_per_node'; did you mean 'n_gpus_per_node'"),
-        ("trainer.strategy=fsdp3", "trainer.verl.strategy: Input should be 'fsdp2' or 'fsdp'"),
+        ("trainer.strategy=fsdp3", "trainer.strategy: Input should be 'fsdp2' or 'fsdp'"),
         ("trainer.fsdp_size=0", "fsdp_size must be -1"),
         ("trainer.micro_batch_size=0", "greater than or equal to 1"),
         ("trainer.ray.adress=auto", "did you mean 'address'"),
