@@ -1,12 +1,13 @@
 """Keys the user set that do nothing in the resolved config: one warning line each.
 
-A key can validate and still have no effect: `run.max_staleness` in a `sync` run, W&B settings
-with W&B off, vLLM launch settings when the engine connects to running servers (`engine.urls`).
+A key can validate and still have no effect: `run.max_staleness` in a `sync` run, W&B settings with
+W&B off, vLLM launch settings when the engine connects to running servers (`engine.urls`).
 `no_effect(config)` lists every such key the user set (in the YAML file or with `--set`; a saved
-resolved config, which lists every key, carries the list of keys its user set in its first line)
-with why and what to do; `preflight` logs them as warnings before a run starts, as vLLM warns about
-arguments it does not use. Keys that contradict each other outright are refused by the config's
-own validation instead (e.g. `explorer.dynamic_sampling` in an offline run).
+resolved config, which lists every key, carries the list of keys its user set in its first line,
+and one saved without that line counts the keys set off their default) with why and what to do;
+`preflight` logs them as warnings before a run starts, as vLLM warns about arguments it does not
+use. Keys that contradict each other outright are refused by the config's own validation instead
+(e.g. `explorer.dynamic_sampling` in an offline run).
 
 Each rule below names the code that makes the key idle; docs/concepts.md has the table. A key read
 by `agentscope-rft explore` with the same config (the workflow, task splits, engine and explorer
