@@ -25,6 +25,7 @@ import typing
 from collections.abc import Callable
 from typing import Literal
 
+import torch
 from pydantic import BaseModel, Field, JsonValue, PrivateAttr, ValidationError, model_validator
 from torch import Tensor
 
@@ -147,19 +148,59 @@ class CustomAdvantageConfig(AdvantageConfigBase):
         return self.group_baseline
 
 
-def custom_advantages(inputs: AdvantageInputs, cfg: CustomAdvantageConfig) -> AdvantageOutputs:
-    """Call the user's estimator with its validated args; checks what it returns."""
-    out = cfg._fn(inputs, cfg._args)
-    if not isinstance(out, AdvantageOutputs):
-        raise TypeError(
-            f"custom advantage {cfg.path!r} returned {type(out).__name__}, not AdvantageOutputs"
-        )
-    if out.advantages.shape != inputs.loss_mask.shape:
+def _call(fn: CustomFn, inputs: object, args: BaseModel, where: str) -> object:
+    """Call a user's function; an exception it raises is re-raised naming the plug-in."""
+    try:
+        return fn(inputs, args)
+    except Exception as err:
+        raise RuntimeError(f"{where} raised {type(err).__name__}: {err}") from err
+
+
+def _check_per_token(
+    value: object, name: str, mask: Tensor, where: str, finite: bool = True
+) -> Tensor:
+    """`value` as a float [N, T] tensor (with finite values on trained tokens), or a clear
+    error."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{where} returned {name} of type {type(value).__name__}, not a Tensor")
+    if value.shape != mask.shape:
         raise ValueError(
-            f"custom advantage {cfg.path!r} returned advantages of shape "
-            f"{tuple(out.advantages.shape)}; expected {tuple(inputs.loss_mask.shape)}"
+            f"{where} returned {name} of shape {tuple(value.shape)}; expected the per-token "
+            f"shape {tuple(mask.shape)} (loss_mask's)"
         )
-    return out
+    if not (value.is_floating_point() or value.dtype in (torch.bool, torch.int32, torch.int64)):
+        raise TypeError(f"{where} returned {name} of dtype {value.dtype}; return real values")
+    if not value.is_floating_point():
+        value = value.to(torch.float32)
+    bad = int((~torch.isfinite(value.detach()) & mask.bool()).sum()) if finite else 0
+    if bad:
+        raise ValueError(
+            f"{where} returned {name} with {bad} non-finite (NaN or inf) values on trained "
+            f"tokens of {int(mask.bool().sum())}; check it for divisions by zero (e.g. a std of "
+            "a group whose rewards are all equal) and log of 0"
+        )
+    return value
+
+
+def custom_advantages(inputs: AdvantageInputs, cfg: CustomAdvantageConfig) -> AdvantageOutputs:
+    """Call the user's estimator with its validated args; checks what it returns (type, shapes,
+    finite values on trained tokens, float metrics)."""
+    where = f"custom advantage {cfg.path!r}"
+    out = _call(cfg._fn, inputs, cfg._args, where)
+    if not isinstance(out, AdvantageOutputs):
+        raise TypeError(f"{where} returned {type(out).__name__}, not AdvantageOutputs")
+    mask = inputs.loss_mask
+    advantages = _check_per_token(out.advantages, "advantages", mask, where)
+    returns = None
+    if out.returns is not None:
+        returns = _check_per_token(out.returns, "returns", mask, where)
+    if not isinstance(out.metrics, dict) or not all(
+        isinstance(v, int | float) or (isinstance(v, Tensor) and v.numel() == 1)
+        for v in out.metrics.values()
+    ):
+        raise TypeError(f"{where} must return metrics as {{name: float}}, got {out.metrics!r}")
+    metrics = {str(k): float(v) for k, v in out.metrics.items()}
+    return AdvantageOutputs(advantages=advantages, returns=returns, metrics=metrics)
 
 
 def _is_loss_output(hint: object) -> bool:
@@ -190,22 +231,24 @@ class CustomPolicyLossConfig(PolicyLossConfigBase):
 def custom_policy_loss(
     inputs: LossInputs, cfg: CustomPolicyLossConfig
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Call the user's loss with its validated args; checks what it returns."""
-    out = cfg._fn(inputs, cfg._args)
-    if not (
-        isinstance(out, tuple)
-        and len(out) == 2
-        and isinstance(out[0], Tensor)
-        and isinstance(out[1], dict)
-    ):
+    """Call the user's loss with its validated args; checks what it returns (a per-token loss
+    that is finite on trained tokens and has a gradient, per-token metrics)."""
+    where = f"custom policy loss {cfg.path!r}"
+    out = _call(cfg._fn, inputs, cfg._args, where)
+    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
         raise TypeError(
-            f"custom policy loss {cfg.path!r} must return (loss [B, T], metrics dict), "
-            f"got {type(out).__name__}"
+            f"{where} must return (loss [B, T], metrics {{name: [B, T]}}), got {type(out).__name__}"
         )
-    loss, metrics = out
-    if loss.shape != inputs.loss_mask.shape:
+    mask = inputs.loss_mask
+    loss = _check_per_token(out[0], "a loss", mask, where)
+    if inputs.logprobs.requires_grad and not loss.requires_grad:
         raise ValueError(
-            f"custom policy loss {cfg.path!r} returned a loss of shape {tuple(loss.shape)}; "
-            f"expected the per-token shape {tuple(inputs.loss_mask.shape)}"
+            f"{where} returned a loss without a gradient: compute it from inputs.logprobs "
+            "(the current policy's; old_logprobs, rollout_logprobs and advantages are constants)"
         )
+    metrics: dict[str, Tensor] = {}
+    for name, value in out[1].items():
+        metrics[str(name)] = _check_per_token(
+            value, f"metric {name!r}", mask, where, finite=False
+        ).detach()
     return loss, metrics

@@ -171,6 +171,75 @@ def test_custom_advantage_returning_the_wrong_type_fails_clearly() -> None:
         compute_advantages(inputs, cfg)
 
 
+def _group_of_two() -> AdvantageInputs:
+    return AdvantageInputs(
+        rewards=torch.tensor([1.0, 1.0]),
+        group_ids=torch.tensor([0, 0]),
+        episode_ids=torch.tensor([0, 1]),
+        loss_mask=torch.tensor([[0, 1, 1], [0, 1, 0]]),
+    )
+
+
+@pytest.mark.parametrize(
+    ("fn", "error", "message"),
+    [
+        ("nan_advantages", ValueError, "returned advantages with 3 non-finite (NaN or inf) values"),
+        ("list_advantages", TypeError, "returned advantages of type list, not a Tensor"),
+    ],
+)
+def test_custom_advantage_returning_bad_values_fails_naming_it(
+    fn: str, error: type[Exception], message: str
+) -> None:
+    path = f"my_custom_algos:{fn}"
+    cfg = AlgorithmConfig.model_validate({"advantage": {"type": "custom", "path": path}})
+    with pytest.raises(error) as excinfo:
+        compute_advantages(_group_of_two(), cfg)
+    assert f"custom advantage {path!r}" in str(excinfo.value)
+    assert message in str(excinfo.value)
+
+
+def test_custom_advantage_may_return_integers() -> None:
+    cfg = AlgorithmConfig.model_validate(
+        {"advantage": {"type": "custom", "path": "my_custom_algos:integer_advantages"}}
+    )
+    out = compute_advantages(_group_of_two(), cfg)
+    assert out.advantages.dtype == torch.float32
+    torch.testing.assert_close(out.advantages, torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 0.0]]))
+
+
+def _loss_inputs() -> LossInputs:
+    lp = torch.tensor([[-1.0, -2.0, 0.0]], requires_grad=True)
+    return LossInputs(
+        logprobs=lp,
+        old_logprobs=lp.detach(),
+        rollout_logprobs=lp.detach(),
+        advantages=torch.tensor([[1.0, 0.5, 0.0]]),
+        loss_mask=torch.tensor([[1, 1, 0]]),
+        global_num_tokens=2,
+        global_num_seqs=1,
+    )
+
+
+@pytest.mark.parametrize(
+    ("fn", "error", "message"),
+    [
+        ("nan_loss", ValueError, "returned a loss with 2 non-finite (NaN or inf) values"),
+        ("constant_loss", ValueError, "returned a loss without a gradient"),
+        ("scalar_metric", ValueError, "metric 'logprob' of shape (); expected the per-token"),
+        ("raising_loss", RuntimeError, "raised KeyError: 'advantage_scale'"),
+    ],
+)
+def test_custom_policy_loss_returning_bad_values_fails_naming_it(
+    fn: str, error: type[Exception], message: str
+) -> None:
+    path = f"my_custom_algos:{fn}"
+    cfg = AlgorithmConfig.model_validate({"policy_loss": {"type": "custom", "path": path}})
+    with pytest.raises(error) as excinfo:
+        policy_objective(_loss_inputs(), cfg, step=0)
+    assert f"custom policy loss {path!r}" in str(excinfo.value)
+    assert message in str(excinfo.value)
+
+
 def test_docs_list_every_algorithm() -> None:
     from agentscope_rft.algorithms import AGGREGATIONS, KL_ESTIMATORS, OBJECTIVES
 
