@@ -9,9 +9,9 @@ annotated with the user's own pydantic model, which validates `args` at config l
 
     def shaped_grpo(inputs: AdvantageInputs, cfg: ShapedArgs) -> AdvantageOutputs: ...
 
-    # config.yaml
+    # config.yaml (beside my_algos.py; `my_pkg.algos:shaped_grpo` names an installed module)
     algorithm:
-      advantage: {type: custom, path: "my_algos:shaped_grpo", args: {scale: 2.0}}
+      advantage: {type: custom, path: "my_algos.py:shaped_grpo", args: {scale: 2.0}}
 
 A path that does not import, a function whose signature does not fit, or `args` that its model
 rejects fail when the config is loaded, with a message that names the path and the problem.
@@ -23,7 +23,8 @@ import importlib
 import inspect
 import typing
 from collections.abc import Callable
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, Field, JsonValue, PrivateAttr, ValidationError, model_validator
@@ -36,13 +37,37 @@ CustomFn = Callable[[object, BaseModel], object]
 
 
 def _import_path(path: str, what: str) -> object:
-    module_name, sep, attr_path = path.partition(":")
+    """The object at `package.module:attr` or `path/to/file.py:attr` (a file path in a config
+    file is made relative to the config file's folder when it is loaded)."""
+    module_name, sep, attr_path = path.rpartition(":")
     if not sep or not module_name or not attr_path:
-        raise ValueError(f"{what} path {path!r} must look like 'package.module:function'")
-    try:
-        target: object = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"{what} {path!r}: cannot import module {module_name!r} ({err})") from err
+        raise ValueError(
+            f"{what} path {path!r} must look like 'package.module:function' or "
+            "'path/to/file.py:function'"
+        )
+    target: object
+    if module_name.endswith(".py") or "/" in module_name:
+        file = Path(module_name).expanduser()
+        if not file.is_file():
+            raise ValueError(f"{what} {path!r}: file {file} does not exist")
+        # workflows' loader: the file may import the files beside it
+        from agentscope_rft.api import import_file
+
+        try:
+            target = import_file(file)
+        except Exception as err:
+            raise ValueError(
+                f"{what} {path!r}: {file} does not import ({type(err).__name__}: {err})"
+            ) from err
+    else:
+        try:
+            target = importlib.import_module(module_name)
+        except ImportError as err:
+            raise ValueError(
+                f"{what} {path!r}: cannot import module {module_name!r} ({err}); for a file of "
+                f"yours, give its path instead, e.g. '{module_name.replace('.', '/')}.py:"
+                f"{attr_path}' (relative to the config file)"
+            ) from err
     for name in attr_path.split("."):
         if not hasattr(target, name):
             raise ValueError(f"{what} {path!r}: {module_name!r} has no attribute {attr_path!r}")
@@ -104,6 +129,13 @@ def resolve_custom(
     return typing.cast(CustomFn, fn), cfg_hint
 
 
+def _without_function(state: dict[Any, Any]) -> dict[Any, Any]:
+    """A custom config's pickle state without the imported function: unpickling (in a trainer's
+    worker process) imports it again from `path`, as a function from a file has no importable
+    module name there."""
+    return {**state, "__pydantic_private__": {}}
+
+
 def _validate_args(
     args_model: type[BaseModel], args: dict[str, JsonValue], where: str
 ) -> BaseModel:
@@ -121,7 +153,8 @@ class CustomAdvantageConfig(AdvantageConfigBase):
 
     type: Literal["custom"] = "custom"
     path: str = Field(min_length=3)
-    """Import path of the function, `package.module:function`."""
+    """The function: `path/to/file.py:function` (relative to the config file) or
+    `package.module:function` (importable)."""
     args: dict[str, JsonValue] = Field(default_factory=dict)
     """Arguments, validated by the model that annotates the function's `cfg` parameter."""
     needs_critic: bool = False
@@ -134,12 +167,22 @@ class CustomAdvantageConfig(AdvantageConfigBase):
 
     @model_validator(mode="after")
     def _resolve(self) -> CustomAdvantageConfig:
+        self._import()
+        return self
+
+    def _import(self) -> None:
         what = "custom advantage"
         self._fn, args_model = resolve_custom(
             self.path, what, AdvantageInputs, lambda hint: hint is AdvantageOutputs
         )
         self._args = _validate_args(args_model, self.args, f"{what} {self.path!r}")
-        return self
+
+    def __getstate__(self) -> dict[Any, Any]:
+        return _without_function(super().__getstate__())
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        super().__setstate__(state)
+        self._import()
 
     def uses_critic(self) -> bool:
         return self.needs_critic
@@ -213,7 +256,8 @@ class CustomPolicyLossConfig(PolicyLossConfigBase):
 
     type: Literal["custom"] = "custom"
     path: str = Field(min_length=3)
-    """Import path of the function, `package.module:function`."""
+    """The function: `path/to/file.py:function` (relative to the config file) or
+    `package.module:function` (importable)."""
     args: dict[str, JsonValue] = Field(default_factory=dict)
     """Arguments, validated by the model that annotates the function's `cfg` parameter."""
 
@@ -222,10 +266,20 @@ class CustomPolicyLossConfig(PolicyLossConfigBase):
 
     @model_validator(mode="after")
     def _resolve(self) -> CustomPolicyLossConfig:
+        self._import()
+        return self
+
+    def _import(self) -> None:
         what = "custom policy loss"
         self._fn, args_model = resolve_custom(self.path, what, LossInputs, _is_loss_output)
         self._args = _validate_args(args_model, self.args, f"{what} {self.path!r}")
-        return self
+
+    def __getstate__(self) -> dict[Any, Any]:
+        return _without_function(super().__getstate__())
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        super().__setstate__(state)
+        self._import()
 
 
 def custom_policy_loss(

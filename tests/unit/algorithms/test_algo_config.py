@@ -139,6 +139,8 @@ def test_custom_policy_loss_by_import_path() -> None:
     [
         ("my_custom_algos.scaled_reward", {}, "must look like 'package.module:function'"),
         ("no_such_module_xyz:fn", {}, "cannot import module 'no_such_module_xyz'"),
+        ("no_such_module_xyz:fn", {}, "give its path instead, e.g. 'no_such_module_xyz.py:fn'"),
+        ("no/such_file.py:fn", {}, "file no/such_file.py does not exist"),
         ("my_custom_algos:missing", {}, "has no attribute 'missing'"),
         ("my_custom_algos:NOT_CALLABLE", {}, "is not callable"),
         ("my_custom_algos:one_parameter", {}, "takes (inputs); it must be `def fn(inputs"),
