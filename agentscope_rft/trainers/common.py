@@ -150,11 +150,27 @@ def batch_advantages(
     return advantages, returns
 
 
-def mini_batch_rows(num_rows: int, mini_batches: int) -> list[list[int]]:
-    """Rows of each mini-batch: one random permutation (the global torch RNG, so a seeded run
-    repeats), dealt round-robin; the same split serves every epoch."""
-    rows = torch.randperm(num_rows).tolist()
-    return [part for k in range(mini_batches) if (part := rows[k::mini_batches])]
+def mini_batch_rows(batch: TrainBatch, mini_batches: int) -> list[list[int]]:
+    """Rows of each mini-batch (one optimizer step each); the same split serves every epoch.
+
+    The units dealt are rows, or a DPO pair's two rows (its loss needs both), in one random
+    permutation (the global torch RNG, so a seeded run repeats), round-robin. Rows without a
+    trained token (their episode still counted in the advantages' baselines) go to none: a
+    mini-batch of only such rows would have nothing to train. With fewer units than
+    `mini_batches`, there are fewer mini-batches.
+
+    Example:
+        >>> mini_batch_rows(batch, mini_batches=2)  # doctest: +SKIP
+        [[3, 0], [1, 2]]
+    """
+    trained = batch.loss_mask.bool().any(dim=1).tolist()
+    units: dict[int, list[int]] = {}
+    for row, pair in enumerate(batch.pair_index.tolist()):
+        units.setdefault(pair, []).append(row)
+    dealt = [unit for unit in units.values() if any(trained[row] for row in unit)]
+    order = torch.randperm(len(dealt)).tolist()
+    parts = [[row for k in order[j::mini_batches] for row in dealt[k]] for j in range(mini_batches)]
+    return [part for part in parts if part]
 
 
 def batch_metrics(

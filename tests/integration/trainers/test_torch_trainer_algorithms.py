@@ -1,5 +1,6 @@
 """Every algorithm trains a few steps through the real torch trainer; SFT/DPO through the loop."""
 
+import dataclasses
 import json
 import math
 import random
@@ -322,3 +323,69 @@ def test_bf16_step_with_recast_weights_equals_plain_autocast(tiny_model_path, mo
     assert layers == 0
     assert recast_loss == plain_loss
     assert all(torch.equal(recast[k], plain[k]) for k in plain)
+
+
+def test_mini_batches_keep_dpo_pairs_together_and_skip_rows_without_trained_tokens():
+    from agentscope_rft.trainers.batch import build_batch
+    from agentscope_rft.trainers.common import mini_batch_rows
+
+    def sample(i: int, kind: str = "rl", pair: str | None = None, trained: bool = True) -> Sample:
+        return Sample(
+            token_ids=[5, 6, 7, 8],
+            loss_mask=[0, 0, 1, 1] if trained else [0, 0, 0, 0],
+            logprobs=[0.0, 0.0, -1.0, -1.0] if trained else [0.0] * 4,
+            reward=0.0,
+            rollout_id=f"r{i}",
+            task_id="t",
+            kind=kind,
+            pair_id=pair,
+            sample_id=f"s{i}",
+        )
+
+    pairs = [
+        sample(2 * p + k, "dpo_chosen" if k == 0 else "dpo_rejected", f"p{p}")
+        for p in range(4)
+        for k in range(2)
+    ]
+    for seed in range(5):
+        torch.manual_seed(seed)
+        parts = mini_batch_rows(build_batch(pairs, 0), 3)
+        assert sorted(len(part) for part in parts) == [2, 2, 4]
+        assert sorted(row for part in parts for row in part) == list(range(8))
+        for part in parts:
+            assert {row // 2 for row in part} == {row // 2 for row in part if row % 2}
+
+    rl = [sample(i, trained=i % 3 != 0) for i in range(6)]  # rows 0 and 3 train nothing
+    parts = mini_batch_rows(build_batch(rl, 0), 8)
+    assert sorted(len(part) for part in parts) == [1, 1, 1, 1]
+    assert sorted(row for part in parts for row in part) == [1, 2, 4, 5]
+
+
+def test_several_mini_batches_train_dpo_pairs_and_rows_without_trained_tokens(tiny_model_path):
+    from agentscope_rft.buffer.offline import load_dpo_samples
+    from agentscope_rft.chat.template import ChatRenderer
+    from agentscope_rft.models import load_tokenizer
+
+    config = TorchTrainerConfig(lr=1e-3, dtype="float32", mini_batches=2)
+    dpo = TorchTrainer(
+        tiny_model_path, config, AlgorithmConfig(objective="dpo"), total_steps=1, seed=0
+    )
+    renderer = ChatRenderer(load_tokenizer(tiny_model_path))
+    pairs = load_dpo_samples(DATA / "dpo_tiny.jsonl", renderer)
+    metrics = dpo.step(pairs, 0)  # 3 pairs: 2 in one part, 1 in the other
+    assert dpo.optimizer_steps == 2
+    assert 0.6 < metrics["dpo/loss"] <= math.log(2) + 1e-6  # ln 2 at first, then below
+    assert metrics["grad_norm"] > 0
+
+    # 5 of the 9 samples have no trained token (an empty completion): 4 parts would leave one
+    # with nothing to train
+    samples = rl_samples(49152)
+    for i in range(5):
+        n = len(samples[i].token_ids)
+        samples[i] = dataclasses.replace(
+            samples[i], loss_mask=[0] * n, token_rewards=None, logprobs=[0.0] * n
+        )
+    config = TorchTrainerConfig(lr=1e-3, dtype="float32", mini_batches=4)
+    rl = TorchTrainer(tiny_model_path, config, AlgorithmConfig(), total_steps=1, seed=0)
+    metrics = rl.step(samples, 0)
+    assert rl.optimizer_steps == 4 and math.isfinite(metrics["loss"])
