@@ -71,6 +71,7 @@ def test_resolved_config_round_trips_with_all_fields() -> None:
         ({"advantage": {"gamma": 0.9}}, "advantage estimator needs a `type`"),
         ({"policy_loss": {"type": "ppo", "clip_low": 1.5}}, "less than 1"),
         ({"loss_agg": "seq-mean-token-sum-norm"}, "needs loss_agg_horizon"),
+        ({"loss_agg_horizon": 512}, "but loss_agg is 'token-mean': set loss_agg: seq-mean-"),
         ({"sft_mix": {"mu_peak": 0.1, "mu_valley": 0.5}}, "must be <= mu_peak"),
     ],
 )
