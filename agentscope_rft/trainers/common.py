@@ -7,6 +7,7 @@ the advantages, the mini-batch split, the learning-rate schedule and the step's 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -90,19 +91,64 @@ def drop_zero_variance(
     return kept, dropped_groups
 
 
+def mask_nonfinite_logprobs(samples: Sequence[Sample], step: int) -> tuple[list[Sample], int]:
+    """The samples with trained tokens whose recorded log-prob is NaN or inf left untrained, and
+    how many tokens that was (a warning says so).
+
+    Such a log-prob (an engine's numerical fault) would make the PPO ratio, TIS weight and GSPO's
+    sequence ratio NaN or huge, and with them the step's loss.
+
+    Example:
+        >>> kept, masked = mask_nonfinite_logprobs(samples, step=3)  # doctest: +SKIP
+    """
+    out: list[Sample] = []
+    masked, first = 0, ""
+    for sample in samples:
+        if math.isfinite(sum(sample.logprobs)):  # (log-probs are bounded: no overflow)
+            out.append(sample)
+            continue
+        bad = [
+            t
+            for t, (m, lp) in enumerate(zip(sample.loss_mask, sample.logprobs, strict=True))
+            if m and not math.isfinite(lp)
+        ]
+        if not bad:
+            out.append(sample)
+            continue
+        first = first or f"sample {sample.sample_id or sample.rollout_id}, token {bad[0]}"
+        masked += len(bad)
+        mask, logprobs = list(sample.loss_mask), list(sample.logprobs)
+        for t in bad:
+            mask[t], logprobs[t] = 0, 0.0
+        out.append(dataclasses.replace(sample, loss_mask=mask, logprobs=logprobs))
+    if masked:
+        logger.warning(
+            "step %d: %d trained tokens have a non-finite log-prob from the engine (first: %s); "
+            "they are not trained",
+            step,
+            masked,
+            first,
+        )
+    return out, masked
+
+
 def filter_step_samples(
     samples: Sequence[Sample], algorithm: AlgorithmConfig, pad_id: int, step: int
 ) -> tuple[list[Sample], dict[str, float]]:
-    """A step's first move in every trainer: drop zero-variance groups and count them.
+    """A step's first move in every trainer: leave tokens with a non-finite recorded log-prob
+    untrained, drop zero-variance groups, and count both.
 
     Returns the samples to train on and the step's group metrics; `train/skipped` is set (and
     a warning logged) when nothing is left to train on.
     """
+    samples, masked = mask_nonfinite_logprobs(samples, step)
     kept, dropped = drop_zero_variance(samples, algorithm, pad_id)
     metrics = {
         "train/groups": float(count_groups(samples)),
         "train/zero_variance_groups": float(dropped),
     }
+    if masked:
+        metrics["train/nonfinite_logprob_tokens"] = float(masked)
     if not kept:
         logger.warning("step %d: all %d groups had equal rewards; no update", step, dropped)
         metrics["train/skipped"] = 1.0

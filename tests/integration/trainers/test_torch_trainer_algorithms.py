@@ -389,3 +389,36 @@ def test_several_mini_batches_train_dpo_pairs_and_rows_without_trained_tokens(ti
     rl = TorchTrainer(tiny_model_path, config, AlgorithmConfig(), total_steps=1, seed=0)
     metrics = rl.step(samples, 0)
     assert rl.optimizer_steps == 4 and math.isfinite(metrics["loss"])
+
+
+@pytest.mark.parametrize("bad", [float("-inf"), float("nan")])
+@pytest.mark.parametrize(
+    "algorithm", [{}, {"tis": {"cap": 2.0}}, {"policy_loss": "gspo"}, {"policy_loss": "cispo"}]
+)
+def test_a_non_finite_engine_logprob_leaves_its_token_untrained(tiny_model_path, bad, algorithm):
+    def step(samples: list[Sample]) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+        trainer = TorchTrainer(
+            tiny_model_path,
+            TorchTrainerConfig(lr=1e-3, dtype="float32"),
+            AlgorithmConfig.model_validate(algorithm),
+            total_steps=1,
+            seed=0,
+        )
+        torch.manual_seed(0)
+        metrics = trainer.step(samples, 0)
+        return metrics, trainer.model.state_dict()
+
+    samples = rl_samples(49152)
+    logprobs, mask = list(samples[0].logprobs), list(samples[0].loss_mask)
+    logprobs[-1] = bad
+    broken = [dataclasses.replace(samples[0], logprobs=logprobs), *samples[1:]]
+    metrics, weights = step(broken)
+    assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])
+    assert metrics["train/nonfinite_logprob_tokens"] == 1.0
+    # the same as the token never having been trained
+    mask[-1], logprobs[-1] = 0, 0.0
+    clean = [dataclasses.replace(samples[0], logprobs=logprobs, loss_mask=mask), *samples[1:]]
+    expected_metrics, expected = step(clean)
+    assert metrics["loss"] == pytest.approx(expected_metrics["loss"], rel=1e-6)
+    for name, value in expected.items():
+        torch.testing.assert_close(weights[name], value, rtol=0, atol=0)
