@@ -252,3 +252,26 @@ def test_docs_list_every_algorithm() -> None:
     assert not missing, f"docs/algorithms.md does not mention {missing}"
     for field_name in AlgorithmConfig.model_fields:
         assert f"`{field_name}`" in docs, field_name
+
+
+def test_custom_file_path_given_with_set_is_relative_to_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentscope_rft.config import load_config
+
+    source = Path(__file__).parent / "my_custom_algos.py"
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "algos.py").write_text(source.read_text())
+    monkeypatch.chdir(tmp_path)
+    config = load_config(
+        None,
+        [
+            "workflow=app.py:run",
+            "tasks.train=tasks.jsonl",
+            "algorithm.policy_loss.type=custom",
+            "algorithm.policy_loss.path=mine/algos.py:vanilla_reinforce",
+        ],
+    )
+    loss = config.algorithm.policy_loss
+    assert loss.path == f"{tmp_path / 'mine' / 'algos.py'}:vanilla_reinforce"  # saved absolute
+    assert loss._fn.__name__ == "vanilla_reinforce"
