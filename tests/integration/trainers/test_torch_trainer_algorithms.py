@@ -422,3 +422,44 @@ def test_a_non_finite_engine_logprob_leaves_its_token_untrained(tiny_model_path,
     assert metrics["loss"] == pytest.approx(expected_metrics["loss"], rel=1e-6)
     for name, value in expected.items():
         torch.testing.assert_close(weights[name], value, rtol=0, atol=0)
+
+
+def _step_gradients(
+    model_path: str, algorithm: dict, micro_batch_tokens: int
+) -> dict[str, torch.Tensor]:
+    """The gradients of one step's (only) optimizer update, taken just before AdamW steps."""
+    trainer = TorchTrainer(
+        model_path,
+        TorchTrainerConfig(
+            lr=1e-3, dtype="float32", grad_clip=None, micro_batch_tokens=micro_batch_tokens
+        ),
+        AlgorithmConfig.model_validate(algorithm),
+        total_steps=1,
+        seed=0,
+    )
+    grads: dict[str, torch.Tensor] = {}
+    optimizer_step = trainer.optimizer.step
+
+    def capture(*args, **kwargs):
+        for name, param in trainer.model.named_parameters():
+            grads[name] = param.grad.clone()
+        if trainer.value_head is not None:
+            grads["value_head"] = trainer.value_head.weight.grad.clone()
+        return optimizer_step(*args, **kwargs)
+
+    trainer.optimizer.step = capture
+    trainer.step(rl_samples(49152), 0)
+    return grads
+
+
+@pytest.mark.parametrize(
+    "name", ["grpo", "gspo", "ppo_critic", "dual_clip_tis_kl_entropy", "reinforce_pp"]
+)
+def test_micro_batches_accumulate_the_gradient_of_one_pass(tiny_model_path, name):
+    # 16-token passes (below every sample's length: one sample each) vs the whole batch at once
+    whole = _step_gradients(tiny_model_path, ALGORITHMS[name], 100_000)
+    split = _step_gradients(tiny_model_path, ALGORITHMS[name], 16)
+    for key, grad in whole.items():
+        scale = float(grad.abs().max())
+        assert scale > 0, key
+        torch.testing.assert_close(split[key], grad, rtol=0, atol=1e-5 * scale)
