@@ -95,6 +95,8 @@ def resolve_custom(
     if not callable(fn):
         raise ValueError(f"{what} {path!r} is not callable")
     usage = f"it must be `def fn(inputs: {inputs_type.__name__}, cfg: YourArgsModel)`"
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        raise ValueError(f"{what} {path!r} is async; {usage} (plain, not `async def`)")
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError) as err:

@@ -93,3 +93,7 @@ def scalar_metric(inputs: LossInputs, cfg: ReinforceArgs) -> tuple[Tensor, dict[
 
 def raising_loss(inputs: LossInputs, cfg: ReinforceArgs) -> tuple[Tensor, dict[str, Tensor]]:
     raise KeyError("advantage_scale")
+
+
+async def async_loss(inputs: LossInputs, cfg: ReinforceArgs) -> tuple[Tensor, dict[str, Tensor]]:
+    return -inputs.advantages * inputs.logprobs, {}

@@ -148,6 +148,7 @@ def test_custom_policy_loss_by_import_path() -> None:
         ("my_custom_algos:unannotated_cfg", {}, "must be annotated with a pydantic BaseModel"),
         ("my_custom_algos:wrong_inputs", {}, "its first parameter 'inputs' is annotated"),
         ("my_custom_algos:wrong_return", {}, "return annotation"),
+        ("my_custom_algos:async_loss", {}, "is async; it must be `def fn(inputs"),
         ("my_custom_algos:scaled_reward", {"scale": -1}, "args do not validate"),
         ("my_custom_algos:scaled_reward", {"scael": 2}, "args do not validate"),
     ],
