@@ -239,6 +239,11 @@ def custom_advantages(inputs: AdvantageInputs, cfg: CustomAdvantageConfig) -> Ad
     returns = None
     if out.returns is not None:
         returns = _check_per_token(out.returns, "returns", mask, where)
+    elif cfg.needs_critic:
+        raise ValueError(
+            f"{where} has needs_critic: true but returned no returns: return the critic's "
+            "targets [N, T] in AdvantageOutputs.returns (the value head trains on them)"
+        )
     if not isinstance(out.metrics, dict) or not all(
         isinstance(v, int | float) or (isinstance(v, Tensor) and v.numel() == 1)
         for v in out.metrics.values()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import typing
 from pathlib import Path
@@ -200,6 +201,17 @@ def test_custom_advantage_returning_bad_values_fails_naming_it(
         compute_advantages(_group_of_two(), cfg)
     assert f"custom advantage {path!r}" in str(excinfo.value)
     assert message in str(excinfo.value)
+
+
+def test_custom_advantage_that_needs_a_critic_must_return_its_targets() -> None:
+    path = "my_custom_algos:scaled_reward"  # returns=None
+    cfg = AlgorithmConfig.model_validate(
+        {"advantage": {"type": "custom", "path": path, "needs_critic": True}}
+    )
+    assert cfg.needs_critic()
+    inputs = dataclasses.replace(_group_of_two(), values=torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="needs_critic: true but returned no returns"):
+        compute_advantages(inputs, cfg)
 
 
 def test_custom_advantage_may_return_integers() -> None:
