@@ -672,9 +672,10 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunCo
     """Read a YAML run config, apply `--set` overrides, and validate.
 
     File paths in the config file (`workflow`, `judge`, `tasks.*`, `offline.path`, a
-    `model.chat_template` file, a local `model.name_or_path` folder) are relative to the file's
-    folder; paths given with `--set` are relative to the working directory. The resolved config
-    keeps them absolute, so a resumed run finds them from anywhere.
+    `model.chat_template` file, a local `model.name_or_path` folder, a custom algorithm's
+    `file.py:fn` path) are relative to the file's folder; paths given with `--set` are relative
+    to the working directory. The resolved config keeps them absolute, so a resumed run finds
+    them from anywhere.
 
     Raises:
         ConfigError: unreadable YAML, or a key or value that does not validate.

@@ -31,12 +31,22 @@ FILE_KEYS = (
     ("offline", "path"),
     ("model", "chat_template"),
     ("model", "name_or_path"),
+    ("algorithm", "advantage", "path"),
+    ("algorithm", "policy_loss", "path"),
 )
+
+_CALLABLE_KEYS = (
+    ("workflow",),
+    ("judge",),
+    ("algorithm", "advantage", "path"),
+    ("algorithm", "policy_loss", "path"),
+)
+"""File keys whose value is `path/to/file.py:fn` (a path) or `package.module:fn` (none)."""
 
 
 def _file_part(key: tuple[str, ...], value: str) -> tuple[str, str] | None:
     """The file path inside a value and the rest (`app.py` + `:run`), or None if it is no path."""
-    if key in (("workflow",), ("judge",)):
+    if key in _CALLABLE_KEYS:
         target, colon, attr = value.rpartition(":")
         if not colon or not (target.endswith(".py") or "/" in target):
             return None  # `package.module:fn`
@@ -99,11 +109,17 @@ def _map_file_keys(
     data: dict[str, Any], convert: Callable[[tuple[str, ...], str], str]
 ) -> dict[str, Any]:
     """A copy of config data with `convert(key, value)` applied to every file key's value."""
-    out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    out = dict(data)
     for key in FILE_KEYS:
-        section = out if len(key) == 1 else out.get(key[0])
-        if isinstance(section, dict) and isinstance(section.get(key[-1]), str):
-            section[key[-1]] = convert(key, section[key[-1]])
+        section: Any = out
+        for name in key[:-1]:  # copy the sections on the way down, not the caller's data
+            child = section.get(name)
+            if not isinstance(child, dict):
+                break
+            section[name] = section = dict(child)
+        else:
+            if isinstance(section.get(key[-1]), str):
+                section[key[-1]] = convert(key, section[key[-1]])
     return out
 
 

@@ -91,7 +91,8 @@ class AlgorithmConfig(StrictModel):
     """How per-token losses become one loss: token-mean, seq-mean-token-sum,
     seq-mean-token-mean, seq-mean-token-sum-norm (needs loss_agg_horizon)."""
     loss_agg_horizon: int | None = Field(default=None, ge=1)
-    """Constant divisor of seq-mean-token-sum-norm, e.g. the max response length (Dr. GRPO)."""
+    """Constant divisor of seq-mean-token-sum-norm, e.g. the max response length (Dr. GRPO);
+    only that mode reads it (set with another mode, it is an error)."""
     normalize_per_rollout: bool = False
     """Weight each sample by 1/k when its episode was split into k samples, so long multi-call
     episodes are not over-weighted (the trainer passes `rollout_seq_weights`)."""
@@ -137,6 +138,12 @@ class AlgorithmConfig(StrictModel):
             raise ValueError(
                 "loss_agg 'seq-mean-token-sum-norm' needs loss_agg_horizon (e.g. the max response "
                 "length in tokens)"
+            )
+        if self.loss_agg_horizon is not None and self.loss_agg != "seq-mean-token-sum-norm":
+            raise ValueError(
+                f"loss_agg_horizon is read only by loss_agg 'seq-mean-token-sum-norm' (Dr. GRPO), "
+                f"but loss_agg is {self.loss_agg!r}: set loss_agg: seq-mean-token-sum-norm, or "
+                "remove loss_agg_horizon"
             )
         return self
 

@@ -9,9 +9,9 @@ annotated with the user's own pydantic model, which validates `args` at config l
 
     def shaped_grpo(inputs: AdvantageInputs, cfg: ShapedArgs) -> AdvantageOutputs: ...
 
-    # config.yaml
+    # config.yaml (beside my_algos.py; `my_pkg.algos:shaped_grpo` names an installed module)
     algorithm:
-      advantage: {type: custom, path: "my_algos:shaped_grpo", args: {scale: 2.0}}
+      advantage: {type: custom, path: "my_algos.py:shaped_grpo", args: {scale: 2.0}}
 
 A path that does not import, a function whose signature does not fit, or `args` that its model
 rejects fail when the config is loaded, with a message that names the path and the problem.
@@ -23,8 +23,10 @@ import importlib
 import inspect
 import typing
 from collections.abc import Callable
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
+import torch
 from pydantic import BaseModel, Field, JsonValue, PrivateAttr, ValidationError, model_validator
 from torch import Tensor
 
@@ -35,13 +37,37 @@ CustomFn = Callable[[object, BaseModel], object]
 
 
 def _import_path(path: str, what: str) -> object:
-    module_name, sep, attr_path = path.partition(":")
+    """The object at `package.module:attr` or `path/to/file.py:attr` (a file path in a config
+    file is made relative to the config file's folder when it is loaded)."""
+    module_name, sep, attr_path = path.rpartition(":")
     if not sep or not module_name or not attr_path:
-        raise ValueError(f"{what} path {path!r} must look like 'package.module:function'")
-    try:
-        target: object = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"{what} {path!r}: cannot import module {module_name!r} ({err})") from err
+        raise ValueError(
+            f"{what} path {path!r} must look like 'package.module:function' or "
+            "'path/to/file.py:function'"
+        )
+    target: object
+    if module_name.endswith(".py") or "/" in module_name:
+        file = Path(module_name).expanduser()
+        if not file.is_file():
+            raise ValueError(f"{what} {path!r}: file {file} does not exist")
+        # workflows' loader: the file may import the files beside it
+        from agentscope_rft.api import import_file
+
+        try:
+            target = import_file(file)
+        except Exception as err:
+            raise ValueError(
+                f"{what} {path!r}: {file} does not import ({type(err).__name__}: {err})"
+            ) from err
+    else:
+        try:
+            target = importlib.import_module(module_name)
+        except ImportError as err:
+            raise ValueError(
+                f"{what} {path!r}: cannot import module {module_name!r} ({err}); for a file of "
+                f"yours, give its path instead, e.g. '{module_name.replace('.', '/')}.py:"
+                f"{attr_path}' (relative to the config file)"
+            ) from err
     for name in attr_path.split("."):
         if not hasattr(target, name):
             raise ValueError(f"{what} {path!r}: {module_name!r} has no attribute {attr_path!r}")
@@ -69,6 +95,8 @@ def resolve_custom(
     if not callable(fn):
         raise ValueError(f"{what} {path!r} is not callable")
     usage = f"it must be `def fn(inputs: {inputs_type.__name__}, cfg: YourArgsModel)`"
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        raise ValueError(f"{what} {path!r} is async; {usage} (plain, not `async def`)")
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError) as err:
@@ -103,6 +131,13 @@ def resolve_custom(
     return typing.cast(CustomFn, fn), cfg_hint
 
 
+def _without_function(state: dict[Any, Any]) -> dict[Any, Any]:
+    """A custom config's pickle state without the imported function: unpickling (in a trainer's
+    worker process) imports it again from `path`, as a function from a file has no importable
+    module name there."""
+    return {**state, "__pydantic_private__": {}}
+
+
 def _validate_args(
     args_model: type[BaseModel], args: dict[str, JsonValue], where: str
 ) -> BaseModel:
@@ -120,7 +155,8 @@ class CustomAdvantageConfig(AdvantageConfigBase):
 
     type: Literal["custom"] = "custom"
     path: str = Field(min_length=3)
-    """Import path of the function, `package.module:function`."""
+    """The function: `path/to/file.py:function` (relative to the config file) or
+    `package.module:function` (importable)."""
     args: dict[str, JsonValue] = Field(default_factory=dict)
     """Arguments, validated by the model that annotates the function's `cfg` parameter."""
     needs_critic: bool = False
@@ -133,12 +169,22 @@ class CustomAdvantageConfig(AdvantageConfigBase):
 
     @model_validator(mode="after")
     def _resolve(self) -> CustomAdvantageConfig:
+        self._import()
+        return self
+
+    def _import(self) -> None:
         what = "custom advantage"
         self._fn, args_model = resolve_custom(
             self.path, what, AdvantageInputs, lambda hint: hint is AdvantageOutputs
         )
         self._args = _validate_args(args_model, self.args, f"{what} {self.path!r}")
-        return self
+
+    def __getstate__(self) -> dict[Any, Any]:
+        return _without_function(super().__getstate__())
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        super().__setstate__(state)
+        self._import()
 
     def uses_critic(self) -> bool:
         return self.needs_critic
@@ -147,19 +193,64 @@ class CustomAdvantageConfig(AdvantageConfigBase):
         return self.group_baseline
 
 
-def custom_advantages(inputs: AdvantageInputs, cfg: CustomAdvantageConfig) -> AdvantageOutputs:
-    """Call the user's estimator with its validated args; checks what it returns."""
-    out = cfg._fn(inputs, cfg._args)
-    if not isinstance(out, AdvantageOutputs):
-        raise TypeError(
-            f"custom advantage {cfg.path!r} returned {type(out).__name__}, not AdvantageOutputs"
-        )
-    if out.advantages.shape != inputs.loss_mask.shape:
+def _call(fn: CustomFn, inputs: object, args: BaseModel, where: str) -> object:
+    """Call a user's function; an exception it raises is re-raised naming the plug-in."""
+    try:
+        return fn(inputs, args)
+    except Exception as err:
+        raise RuntimeError(f"{where} raised {type(err).__name__}: {err}") from err
+
+
+def _check_per_token(
+    value: object, name: str, mask: Tensor, where: str, finite: bool = True
+) -> Tensor:
+    """`value` as a float [N, T] tensor (with finite values on trained tokens), or a clear
+    error."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{where} returned {name} of type {type(value).__name__}, not a Tensor")
+    if value.shape != mask.shape:
         raise ValueError(
-            f"custom advantage {cfg.path!r} returned advantages of shape "
-            f"{tuple(out.advantages.shape)}; expected {tuple(inputs.loss_mask.shape)}"
+            f"{where} returned {name} of shape {tuple(value.shape)}; expected the per-token "
+            f"shape {tuple(mask.shape)} (loss_mask's)"
         )
-    return out
+    if not (value.is_floating_point() or value.dtype in (torch.bool, torch.int32, torch.int64)):
+        raise TypeError(f"{where} returned {name} of dtype {value.dtype}; return real values")
+    if not value.is_floating_point():
+        value = value.to(torch.float32)
+    bad = int((~torch.isfinite(value.detach()) & mask.bool()).sum()) if finite else 0
+    if bad:
+        raise ValueError(
+            f"{where} returned {name} with {bad} non-finite (NaN or inf) values on trained "
+            f"tokens of {int(mask.bool().sum())}; check it for divisions by zero (e.g. a std of "
+            "a group whose rewards are all equal) and log of 0"
+        )
+    return value
+
+
+def custom_advantages(inputs: AdvantageInputs, cfg: CustomAdvantageConfig) -> AdvantageOutputs:
+    """Call the user's estimator with its validated args; checks what it returns (type, shapes,
+    finite values on trained tokens, float metrics)."""
+    where = f"custom advantage {cfg.path!r}"
+    out = _call(cfg._fn, inputs, cfg._args, where)
+    if not isinstance(out, AdvantageOutputs):
+        raise TypeError(f"{where} returned {type(out).__name__}, not AdvantageOutputs")
+    mask = inputs.loss_mask
+    advantages = _check_per_token(out.advantages, "advantages", mask, where)
+    returns = None
+    if out.returns is not None:
+        returns = _check_per_token(out.returns, "returns", mask, where)
+    elif cfg.needs_critic:
+        raise ValueError(
+            f"{where} has needs_critic: true but returned no returns: return the critic's "
+            "targets [N, T] in AdvantageOutputs.returns (the value head trains on them)"
+        )
+    if not isinstance(out.metrics, dict) or not all(
+        isinstance(v, int | float) or (isinstance(v, Tensor) and v.numel() == 1)
+        for v in out.metrics.values()
+    ):
+        raise TypeError(f"{where} must return metrics as {{name: float}}, got {out.metrics!r}")
+    metrics = {str(k): float(v) for k, v in out.metrics.items()}
+    return AdvantageOutputs(advantages=advantages, returns=returns, metrics=metrics)
 
 
 def _is_loss_output(hint: object) -> bool:
@@ -172,7 +263,8 @@ class CustomPolicyLossConfig(PolicyLossConfigBase):
 
     type: Literal["custom"] = "custom"
     path: str = Field(min_length=3)
-    """Import path of the function, `package.module:function`."""
+    """The function: `path/to/file.py:function` (relative to the config file) or
+    `package.module:function` (importable)."""
     args: dict[str, JsonValue] = Field(default_factory=dict)
     """Arguments, validated by the model that annotates the function's `cfg` parameter."""
 
@@ -181,31 +273,43 @@ class CustomPolicyLossConfig(PolicyLossConfigBase):
 
     @model_validator(mode="after")
     def _resolve(self) -> CustomPolicyLossConfig:
+        self._import()
+        return self
+
+    def _import(self) -> None:
         what = "custom policy loss"
         self._fn, args_model = resolve_custom(self.path, what, LossInputs, _is_loss_output)
         self._args = _validate_args(args_model, self.args, f"{what} {self.path!r}")
-        return self
+
+    def __getstate__(self) -> dict[Any, Any]:
+        return _without_function(super().__getstate__())
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        super().__setstate__(state)
+        self._import()
 
 
 def custom_policy_loss(
     inputs: LossInputs, cfg: CustomPolicyLossConfig
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Call the user's loss with its validated args; checks what it returns."""
-    out = cfg._fn(inputs, cfg._args)
-    if not (
-        isinstance(out, tuple)
-        and len(out) == 2
-        and isinstance(out[0], Tensor)
-        and isinstance(out[1], dict)
-    ):
+    """Call the user's loss with its validated args; checks what it returns (a per-token loss
+    that is finite on trained tokens and has a gradient, per-token metrics)."""
+    where = f"custom policy loss {cfg.path!r}"
+    out = _call(cfg._fn, inputs, cfg._args, where)
+    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
         raise TypeError(
-            f"custom policy loss {cfg.path!r} must return (loss [B, T], metrics dict), "
-            f"got {type(out).__name__}"
+            f"{where} must return (loss [B, T], metrics {{name: [B, T]}}), got {type(out).__name__}"
         )
-    loss, metrics = out
-    if loss.shape != inputs.loss_mask.shape:
+    mask = inputs.loss_mask
+    loss = _check_per_token(out[0], "a loss", mask, where)
+    if inputs.logprobs.requires_grad and not loss.requires_grad:
         raise ValueError(
-            f"custom policy loss {cfg.path!r} returned a loss of shape {tuple(loss.shape)}; "
-            f"expected the per-token shape {tuple(inputs.loss_mask.shape)}"
+            f"{where} returned a loss without a gradient: compute it from inputs.logprobs "
+            "(the current policy's; old_logprobs, rollout_logprobs and advantages are constants)"
         )
+    metrics: dict[str, Tensor] = {}
+    for name, value in out[1].items():
+        metrics[str(name)] = _check_per_token(
+            value, f"metric {name!r}", mask, where, finite=False
+        ).detach()
     return loss, metrics

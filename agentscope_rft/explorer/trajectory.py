@@ -13,7 +13,8 @@ is counted:
 - `max_length`: merging would exceed the training length limit.
 
 Extra choices of an `n > 1` request that no later call continued are dropped (their outcome is
-not the episode's); choice 0 is kept when none was continued.
+not the episode's); choice 0 is kept when none was continued. A call that sampled no token (an
+empty completion) adds nothing to train: its reward goes to the nearest call that did.
 """
 
 from __future__ import annotations
@@ -162,10 +163,11 @@ def build_samples(
 
     samples: list[Sample] = []
     for agent, calls in by_agent.items():
-        chains = _chains_for_agent(calls, max_length, stats)
         requests = list(dict.fromkeys(c.request_id for c in calls))
         rewards = _token_rewards(rollout, agent, requests, reward_spread, gamma)
         states = _call_states(rollout, agent, requests, only_agent=len(by_agent) == 1)
+        calls = _without_empty_completions(calls, rewards)
+        chains = _chains_for_agent(calls, max_length, stats)
         for k, chain in enumerate(chains):
             token_rewards = [0.0] * len(chain.token_ids)
             for call, end in zip(chain.calls, chain.call_ends, strict=True):
@@ -195,6 +197,26 @@ def build_samples(
             )
     stats.samples = len(samples)
     return samples, stats
+
+
+def _without_empty_completions(calls: list[Call], rewards: dict[str, float]) -> list[Call]:
+    """The calls that sampled a token; the reward of a request none of whose calls did moves to
+    the nearest request before it that did (else after it), as no token of its own can carry it.
+
+    Its prompt stays in the samples: the next call's prompt extends it.
+    """
+    sampled = [c for c in calls if c.completion_ids]
+    order = list(dict.fromkeys(c.request_id for c in calls))
+    carriers = list(dict.fromkeys(c.request_id for c in sampled))
+    if not carriers:
+        return sampled
+    for position, request in enumerate(order):
+        if request in carriers or not rewards.get(request):
+            continue
+        before = [r for r in order[:position] if r in carriers]
+        target = before[-1] if before else next(r for r in order[position:] if r in carriers)
+        rewards[target] += rewards.pop(request)
+    return sampled
 
 
 def _call_states(

@@ -7,6 +7,7 @@ the advantages, the mini-batch split, the learning-rate schedule and the step's 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -90,19 +91,64 @@ def drop_zero_variance(
     return kept, dropped_groups
 
 
+def mask_nonfinite_logprobs(samples: Sequence[Sample], step: int) -> tuple[list[Sample], int]:
+    """The samples with trained tokens whose recorded log-prob is NaN or inf left untrained, and
+    how many tokens that was (a warning says so).
+
+    Such a log-prob (an engine's numerical fault) would make the PPO ratio, TIS weight and GSPO's
+    sequence ratio NaN or huge, and with them the step's loss.
+
+    Example:
+        >>> kept, masked = mask_nonfinite_logprobs(samples, step=3)  # doctest: +SKIP
+    """
+    out: list[Sample] = []
+    masked, first = 0, ""
+    for sample in samples:
+        if math.isfinite(sum(sample.logprobs)):  # (log-probs are bounded: no overflow)
+            out.append(sample)
+            continue
+        bad = [
+            t
+            for t, (m, lp) in enumerate(zip(sample.loss_mask, sample.logprobs, strict=True))
+            if m and not math.isfinite(lp)
+        ]
+        if not bad:
+            out.append(sample)
+            continue
+        first = first or f"sample {sample.sample_id or sample.rollout_id}, token {bad[0]}"
+        masked += len(bad)
+        mask, logprobs = list(sample.loss_mask), list(sample.logprobs)
+        for t in bad:
+            mask[t], logprobs[t] = 0, 0.0
+        out.append(dataclasses.replace(sample, loss_mask=mask, logprobs=logprobs))
+    if masked:
+        logger.warning(
+            "step %d: %d trained tokens have a non-finite log-prob from the engine (first: %s); "
+            "they are not trained",
+            step,
+            masked,
+            first,
+        )
+    return out, masked
+
+
 def filter_step_samples(
     samples: Sequence[Sample], algorithm: AlgorithmConfig, pad_id: int, step: int
 ) -> tuple[list[Sample], dict[str, float]]:
-    """A step's first move in every trainer: drop zero-variance groups and count them.
+    """A step's first move in every trainer: leave tokens with a non-finite recorded log-prob
+    untrained, drop zero-variance groups, and count both.
 
     Returns the samples to train on and the step's group metrics; `train/skipped` is set (and
     a warning logged) when nothing is left to train on.
     """
+    samples, masked = mask_nonfinite_logprobs(samples, step)
     kept, dropped = drop_zero_variance(samples, algorithm, pad_id)
     metrics = {
         "train/groups": float(count_groups(samples)),
         "train/zero_variance_groups": float(dropped),
     }
+    if masked:
+        metrics["train/nonfinite_logprob_tokens"] = float(masked)
     if not kept:
         logger.warning("step %d: all %d groups had equal rewards; no update", step, dropped)
         metrics["train/skipped"] = 1.0
@@ -150,11 +196,27 @@ def batch_advantages(
     return advantages, returns
 
 
-def mini_batch_rows(num_rows: int, mini_batches: int) -> list[list[int]]:
-    """Rows of each mini-batch: one random permutation (the global torch RNG, so a seeded run
-    repeats), dealt round-robin; the same split serves every epoch."""
-    rows = torch.randperm(num_rows).tolist()
-    return [part for k in range(mini_batches) if (part := rows[k::mini_batches])]
+def mini_batch_rows(batch: TrainBatch, mini_batches: int) -> list[list[int]]:
+    """Rows of each mini-batch (one optimizer step each); the same split serves every epoch.
+
+    The units dealt are rows, or a DPO pair's two rows (its loss needs both), in one random
+    permutation (the global torch RNG, so a seeded run repeats), round-robin. Rows without a
+    trained token (their episode still counted in the advantages' baselines) go to none: a
+    mini-batch of only such rows would have nothing to train. With fewer units than
+    `mini_batches`, there are fewer mini-batches.
+
+    Example:
+        >>> mini_batch_rows(batch, mini_batches=2)  # doctest: +SKIP
+        [[3, 0], [1, 2]]
+    """
+    trained = batch.loss_mask.bool().any(dim=1).tolist()
+    units: dict[int, list[int]] = {}
+    for row, pair in enumerate(batch.pair_index.tolist()):
+        units.setdefault(pair, []).append(row)
+    dealt = [unit for unit in units.values() if any(trained[row] for row in unit)]
+    order = torch.randperm(len(dealt)).tolist()
+    parts = [[row for k in order[j::mini_batches] for row in dealt[k]] for j in range(mini_batches)]
+    return [part for part in parts if part]
 
 
 def batch_metrics(

@@ -47,7 +47,9 @@ class TrainerSettings(Section):
     """Tokens per forward/backward pass; gradients accumulate across micro-batches. torch: padded
     tokens (rows x longest); verl: real tokens per rank (its dynamic batching packs rows)."""
     mini_batches: int = Field(default=1, ge=1)
-    """Optimizer steps per training step (the batch is split into this many parts)."""
+    """Optimizer steps per training step: the batch is split into this many parts, at random
+    (a DPO pair's two samples stay together; samples without trained tokens go to none; fewer
+    parts when there are fewer samples)."""
     epochs: int = Field(default=1, ge=1)
     """Passes over each batch (PPO epochs)."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"

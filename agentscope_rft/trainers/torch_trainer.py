@@ -498,14 +498,14 @@ class TorchTrainer:
 
         sums: dict[str, float] = defaultdict(float)
         gap: dict[str, float] = defaultdict(float)  # engine vs trainer, before the first update
-        parts = mini_batch_rows(len(samples), self.config.mini_batches)
+        parts = mini_batch_rows(batch, self.config.mini_batches)
         for epoch in range(self.config.epochs):
             for index, mini in enumerate(parts):
                 first = gap if epoch == 0 and index == 0 else None
                 self._update(
                     batch, mini, old, ref, advantages, returns, old_values, seq_weights, sums, first
                 )
-        updates = self.config.epochs * self.config.mini_batches
+        updates = self.config.epochs * len(parts)
         metrics.update(step_metrics(sums, updates, batch, time.perf_counter() - started))
         recomputed = self.config.old_logprobs == "recompute"
         metrics.update(batch_metrics(batch, old, ref, recomputed, gap))

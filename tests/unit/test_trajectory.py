@@ -165,3 +165,33 @@ def test_emitted_step_rewards_land_at_the_end_of_their_call_in_any_spread():
     expected[ENDS[0]] = 0.25
     expected[ENDS[2]] = 0.5 + 1.0  # the clamped step reward plus the spread outcome
     assert list(sample.token_rewards or []) == pytest.approx(expected)
+
+
+def test_a_call_with_an_empty_completion_hands_its_reward_to_a_sampled_call():
+    # The loop, then a fourth call that sampled nothing (its prompt extends the third's).
+    empty_last = [*LOOP, call(3, [*P2, *C2, 7], [])]
+    [sample], _ = build_samples(rollout(empty_last, reward=2.0), reward_spread="last_call")
+    assert sample.num_calls == 3 and len(sample.token_ids) == 12  # its prompt tail is not kept
+    expected = [0.0] * 12
+    expected[ENDS[2]] = 2.0  # on the last sampled token, never on an untrained one
+    assert list(sample.token_rewards or []) == pytest.approx(expected)
+
+    # An emitted reward of an empty first call goes to the next call that sampled.
+    empty_first = [call(0, P0, []), *LOOP[1:]]
+    steps = [StepReward(0.25, call_index=0)]
+    [sample], _ = build_samples(rollout(empty_first, step_rewards=steps), reward_spread="outcome")
+    assert sample.loss_mask == [0] * 7 + [1] + [0] + [1, 1, 1]
+    assert sample.token_rewards is not None and sample.token_rewards[7] == 0.25
+    assert sum(sample.token_rewards) == 0.25
+
+
+def test_anchor_states_of_calls_with_empty_completions_do_not_break_the_batch():
+    from agentscope_rft.trainers.batch import build_batch
+    from agentscope_rft.types import StepState
+
+    calls = [*LOOP[:2], call(2, P2, [])]
+    states = [StepState(f"s{i}", call_index=i) for i in range(3)]
+    [sample], _ = build_samples(rollout(calls, step_states=states))
+    assert sample.step_states == ["s0", "s1"]
+    batch = build_batch([sample], pad_id=0)
+    assert batch.step_state_ids[0, ENDS[0]] == 0 and batch.step_state_ids[0, ENDS[1]] == 1

@@ -176,12 +176,12 @@ class VerlTrainer:
         sums: dict[str, float] = defaultdict(float)
         lr = self.config.lr * self.schedule(self.optimizer_steps)
         gap: dict[str, float] = defaultdict(float)  # engine vs trainer, before the first update
-        parts = mini_batch_rows(len(samples), self.config.mini_batches)
+        parts = mini_batch_rows(batch, self.config.mini_batches)
         for epoch in range(self.config.epochs):
             for index, mini in enumerate(parts):
                 first = gap if epoch == 0 and index == 0 else None
                 lr = self._update(batch, mini, old, ref, advantages, seq_weights, sums, first)
-        updates = self.config.epochs * self.config.mini_batches
+        updates = self.config.epochs * len(parts)
         metrics.update(step_metrics(sums, updates, batch, time.perf_counter() - started))
         metrics.update(batch_metrics(batch, old, ref, recompute, gap))
         metrics["lr"] = lr

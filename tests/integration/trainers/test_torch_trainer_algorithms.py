@@ -1,5 +1,6 @@
 """Every algorithm trains a few steps through the real torch trainer; SFT/DPO through the loop."""
 
+import dataclasses
 import json
 import math
 import random
@@ -322,3 +323,143 @@ def test_bf16_step_with_recast_weights_equals_plain_autocast(tiny_model_path, mo
     assert layers == 0
     assert recast_loss == plain_loss
     assert all(torch.equal(recast[k], plain[k]) for k in plain)
+
+
+def test_mini_batches_keep_dpo_pairs_together_and_skip_rows_without_trained_tokens():
+    from agentscope_rft.trainers.batch import build_batch
+    from agentscope_rft.trainers.common import mini_batch_rows
+
+    def sample(i: int, kind: str = "rl", pair: str | None = None, trained: bool = True) -> Sample:
+        return Sample(
+            token_ids=[5, 6, 7, 8],
+            loss_mask=[0, 0, 1, 1] if trained else [0, 0, 0, 0],
+            logprobs=[0.0, 0.0, -1.0, -1.0] if trained else [0.0] * 4,
+            reward=0.0,
+            rollout_id=f"r{i}",
+            task_id="t",
+            kind=kind,
+            pair_id=pair,
+            sample_id=f"s{i}",
+        )
+
+    pairs = [
+        sample(2 * p + k, "dpo_chosen" if k == 0 else "dpo_rejected", f"p{p}")
+        for p in range(4)
+        for k in range(2)
+    ]
+    for seed in range(5):
+        torch.manual_seed(seed)
+        parts = mini_batch_rows(build_batch(pairs, 0), 3)
+        assert sorted(len(part) for part in parts) == [2, 2, 4]
+        assert sorted(row for part in parts for row in part) == list(range(8))
+        for part in parts:
+            assert {row // 2 for row in part} == {row // 2 for row in part if row % 2}
+
+    rl = [sample(i, trained=i % 3 != 0) for i in range(6)]  # rows 0 and 3 train nothing
+    parts = mini_batch_rows(build_batch(rl, 0), 8)
+    assert sorted(len(part) for part in parts) == [1, 1, 1, 1]
+    assert sorted(row for part in parts for row in part) == [1, 2, 4, 5]
+
+
+def test_several_mini_batches_train_dpo_pairs_and_rows_without_trained_tokens(tiny_model_path):
+    from agentscope_rft.buffer.offline import load_dpo_samples
+    from agentscope_rft.chat.template import ChatRenderer
+    from agentscope_rft.models import load_tokenizer
+
+    config = TorchTrainerConfig(lr=1e-3, dtype="float32", mini_batches=2)
+    dpo = TorchTrainer(
+        tiny_model_path, config, AlgorithmConfig(objective="dpo"), total_steps=1, seed=0
+    )
+    renderer = ChatRenderer(load_tokenizer(tiny_model_path))
+    pairs = load_dpo_samples(DATA / "dpo_tiny.jsonl", renderer)
+    metrics = dpo.step(pairs, 0)  # 3 pairs: 2 in one part, 1 in the other
+    assert dpo.optimizer_steps == 2
+    assert 0.6 < metrics["dpo/loss"] <= math.log(2) + 1e-6  # ln 2 at first, then below
+    assert metrics["grad_norm"] > 0
+
+    # 5 of the 9 samples have no trained token (an empty completion): 4 parts would leave one
+    # with nothing to train
+    samples = rl_samples(49152)
+    for i in range(5):
+        n = len(samples[i].token_ids)
+        samples[i] = dataclasses.replace(
+            samples[i], loss_mask=[0] * n, token_rewards=None, logprobs=[0.0] * n
+        )
+    config = TorchTrainerConfig(lr=1e-3, dtype="float32", mini_batches=4)
+    rl = TorchTrainer(tiny_model_path, config, AlgorithmConfig(), total_steps=1, seed=0)
+    metrics = rl.step(samples, 0)
+    assert rl.optimizer_steps == 4 and math.isfinite(metrics["loss"])
+
+
+@pytest.mark.parametrize("bad", [float("-inf"), float("nan")])
+@pytest.mark.parametrize(
+    "algorithm", [{}, {"tis": {"cap": 2.0}}, {"policy_loss": "gspo"}, {"policy_loss": "cispo"}]
+)
+def test_a_non_finite_engine_logprob_leaves_its_token_untrained(tiny_model_path, bad, algorithm):
+    def step(samples: list[Sample]) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+        trainer = TorchTrainer(
+            tiny_model_path,
+            TorchTrainerConfig(lr=1e-3, dtype="float32"),
+            AlgorithmConfig.model_validate(algorithm),
+            total_steps=1,
+            seed=0,
+        )
+        torch.manual_seed(0)
+        metrics = trainer.step(samples, 0)
+        return metrics, trainer.model.state_dict()
+
+    samples = rl_samples(49152)
+    logprobs, mask = list(samples[0].logprobs), list(samples[0].loss_mask)
+    logprobs[-1] = bad
+    broken = [dataclasses.replace(samples[0], logprobs=logprobs), *samples[1:]]
+    metrics, weights = step(broken)
+    assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])
+    assert metrics["train/nonfinite_logprob_tokens"] == 1.0
+    # the same as the token never having been trained
+    mask[-1], logprobs[-1] = 0, 0.0
+    clean = [dataclasses.replace(samples[0], logprobs=logprobs, loss_mask=mask), *samples[1:]]
+    expected_metrics, expected = step(clean)
+    assert metrics["loss"] == pytest.approx(expected_metrics["loss"], rel=1e-6)
+    for name, value in expected.items():
+        torch.testing.assert_close(weights[name], value, rtol=0, atol=0)
+
+
+def _step_gradients(
+    model_path: str, algorithm: dict, micro_batch_tokens: int
+) -> dict[str, torch.Tensor]:
+    """The gradients of one step's (only) optimizer update, taken just before AdamW steps."""
+    trainer = TorchTrainer(
+        model_path,
+        TorchTrainerConfig(
+            lr=1e-3, dtype="float32", grad_clip=None, micro_batch_tokens=micro_batch_tokens
+        ),
+        AlgorithmConfig.model_validate(algorithm),
+        total_steps=1,
+        seed=0,
+    )
+    grads: dict[str, torch.Tensor] = {}
+    optimizer_step = trainer.optimizer.step
+
+    def capture(*args, **kwargs):
+        for name, param in trainer.model.named_parameters():
+            grads[name] = param.grad.clone()
+        if trainer.value_head is not None:
+            grads["value_head"] = trainer.value_head.weight.grad.clone()
+        return optimizer_step(*args, **kwargs)
+
+    trainer.optimizer.step = capture
+    trainer.step(rl_samples(49152), 0)
+    return grads
+
+
+@pytest.mark.parametrize(
+    "name", ["grpo", "gspo", "ppo_critic", "dual_clip_tis_kl_entropy", "reinforce_pp"]
+)
+def test_micro_batches_accumulate_the_gradient_of_one_pass(tiny_model_path, name):
+    # 16-token passes (below every sample's length: one sample each) vs the whole batch at once
+    whole = _step_gradients(tiny_model_path, ALGORITHMS[name], 100_000)
+    split = _step_gradients(tiny_model_path, ALGORITHMS[name], 16)
+    for key, grad in whole.items():
+        scale = float(grad.abs().max())
+        assert scale > 0, key
+        torch.testing.assert_close(split[key], grad, rtol=0, atol=1e-5 * scale)

@@ -57,3 +57,43 @@ def returns_tensor(inputs: AdvantageInputs, cfg: ScaledRewardArgs):  # type: ign
 
 
 NOT_CALLABLE = 3
+
+
+def nan_advantages(inputs: AdvantageInputs, cfg: ScaledRewardArgs) -> AdvantageOutputs:
+    """A group std of 0 divided into: NaN on every token."""
+    centered = inputs.rewards - inputs.rewards.mean()
+    advantages = (centered / centered.std(correction=0)).unsqueeze(-1) * inputs.loss_mask
+    return AdvantageOutputs(advantages=advantages, returns=None, metrics={})
+
+
+def list_advantages(inputs: AdvantageInputs, cfg: ScaledRewardArgs) -> AdvantageOutputs:
+    return AdvantageOutputs(advantages=inputs.loss_mask.tolist(), returns=None, metrics={})  # type: ignore[arg-type]
+
+
+def integer_advantages(inputs: AdvantageInputs, cfg: ScaledRewardArgs) -> AdvantageOutputs:
+    """+1 / -1 per token, as a long tensor."""
+    sign = (inputs.rewards > 0).long() * 2 - 1
+    return AdvantageOutputs(
+        advantages=sign.unsqueeze(-1) * inputs.loss_mask.long(), returns=None, metrics={}
+    )
+
+
+def nan_loss(inputs: LossInputs, cfg: ReinforceArgs) -> tuple[Tensor, dict[str, Tensor]]:
+    return inputs.logprobs * torch.log(torch.zeros_like(inputs.advantages)) * 0.0, {}
+
+
+def constant_loss(inputs: LossInputs, cfg: ReinforceArgs) -> tuple[Tensor, dict[str, Tensor]]:
+    """Built from constants only: no gradient reaches the policy."""
+    return -inputs.advantages * inputs.old_logprobs, {}
+
+
+def scalar_metric(inputs: LossInputs, cfg: ReinforceArgs) -> tuple[Tensor, dict[str, Tensor]]:
+    return -inputs.advantages * inputs.logprobs, {"logprob": inputs.logprobs.mean()}
+
+
+def raising_loss(inputs: LossInputs, cfg: ReinforceArgs) -> tuple[Tensor, dict[str, Tensor]]:
+    raise KeyError("advantage_scale")
+
+
+async def async_loss(inputs: LossInputs, cfg: ReinforceArgs) -> tuple[Tensor, dict[str, Tensor]]:
+    return -inputs.advantages * inputs.logprobs, {}

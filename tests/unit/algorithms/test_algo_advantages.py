@@ -185,6 +185,31 @@ def test_zero_variance_groups_by_hand() -> None:
     assert zero_variance_groups(rewards, groups).tolist() == [True, True, False, False, True]
 
 
+def test_equal_scores_can_still_carry_turn_level_advantages() -> None:
+    # Both episodes succeed (outcome 1): episode 0 in one turn, episode 1 in two. Equal scores, so
+    # the filter drops the group, but with gamma 0.5 the returns differ: G_0 = 1 and 0.5.
+    # stepwise: mean 0.75, std 0.353553: ep 0: 0.70711; ep 1 turn 0: -0.70711, turn 1 (G = 1):
+    # 0.70711. gigpo, turns 0 in one anchor state: A_E = 0, A_S = the same +-0.70711.
+    inputs = AdvantageInputs(
+        rewards=torch.tensor([1.0, 1.0]),
+        group_ids=torch.tensor([0, 0]),
+        episode_ids=torch.tensor([0, 1]),
+        loss_mask=torch.tensor([[0, 1, 0, 0], [0, 1, 0, 1]]),
+        step_state_ids=torch.tensor([[-1, 0, -1, -1], [-1, 0, -1, 1]]),
+    )
+    assert zero_variance_groups(inputs.rewards, inputs.group_ids).all()
+    stepwise = compute_advantages(inputs, _cfg({"type": "stepwise", "gamma": 0.5}))
+    expected = torch.tensor([[0.0, 0.70711, 0.0, 0.0], [0.0, -0.70711, 0.0, 0.70711]])
+    torch.testing.assert_close(stepwise.advantages, expected, atol=1e-5, rtol=0)
+    gigpo = compute_advantages(inputs, _cfg({"type": "gigpo", "gamma": 0.5}))
+    expected = torch.tensor([[0.0, 0.70711, 0.0, 0.0], [0.0, -0.70711, 0.0, 0.0]])
+    torch.testing.assert_close(gigpo.advantages, expected, atol=1e-5, rtol=0)
+    # the default drops such groups; the docs say how to keep them
+    assert _cfg("stepwise").drops_zero_variance_groups()
+    keep = {"advantage": "gigpo", "filter_zero_variance_groups": False}
+    assert not AlgorithmConfig.model_validate(keep).drops_zero_variance_groups()
+
+
 def test_config_says_when_to_drop_zero_variance_groups() -> None:
     assert _cfg("grpo").drops_zero_variance_groups()
     assert not _cfg("gae").drops_zero_variance_groups()

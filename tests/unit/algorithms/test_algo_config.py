@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import typing
 from pathlib import Path
@@ -71,6 +72,7 @@ def test_resolved_config_round_trips_with_all_fields() -> None:
         ({"advantage": {"gamma": 0.9}}, "advantage estimator needs a `type`"),
         ({"policy_loss": {"type": "ppo", "clip_low": 1.5}}, "less than 1"),
         ({"loss_agg": "seq-mean-token-sum-norm"}, "needs loss_agg_horizon"),
+        ({"loss_agg_horizon": 512}, "but loss_agg is 'token-mean': set loss_agg: seq-mean-"),
         ({"sft_mix": {"mu_peak": 0.1, "mu_valley": 0.5}}, "must be <= mu_peak"),
     ],
 )
@@ -139,12 +141,15 @@ def test_custom_policy_loss_by_import_path() -> None:
     [
         ("my_custom_algos.scaled_reward", {}, "must look like 'package.module:function'"),
         ("no_such_module_xyz:fn", {}, "cannot import module 'no_such_module_xyz'"),
+        ("no_such_module_xyz:fn", {}, "give its path instead, e.g. 'no_such_module_xyz.py:fn'"),
+        ("no/such_file.py:fn", {}, "file no/such_file.py does not exist"),
         ("my_custom_algos:missing", {}, "has no attribute 'missing'"),
         ("my_custom_algos:NOT_CALLABLE", {}, "is not callable"),
         ("my_custom_algos:one_parameter", {}, "takes (inputs); it must be `def fn(inputs"),
         ("my_custom_algos:unannotated_cfg", {}, "must be annotated with a pydantic BaseModel"),
         ("my_custom_algos:wrong_inputs", {}, "its first parameter 'inputs' is annotated"),
         ("my_custom_algos:wrong_return", {}, "return annotation"),
+        ("my_custom_algos:async_loss", {}, "is async; it must be `def fn(inputs"),
         ("my_custom_algos:scaled_reward", {"scale": -1}, "args do not validate"),
         ("my_custom_algos:scaled_reward", {"scael": 2}, "args do not validate"),
     ],
@@ -171,6 +176,86 @@ def test_custom_advantage_returning_the_wrong_type_fails_clearly() -> None:
         compute_advantages(inputs, cfg)
 
 
+def _group_of_two() -> AdvantageInputs:
+    return AdvantageInputs(
+        rewards=torch.tensor([1.0, 1.0]),
+        group_ids=torch.tensor([0, 0]),
+        episode_ids=torch.tensor([0, 1]),
+        loss_mask=torch.tensor([[0, 1, 1], [0, 1, 0]]),
+    )
+
+
+@pytest.mark.parametrize(
+    ("fn", "error", "message"),
+    [
+        ("nan_advantages", ValueError, "returned advantages with 3 non-finite (NaN or inf) values"),
+        ("list_advantages", TypeError, "returned advantages of type list, not a Tensor"),
+    ],
+)
+def test_custom_advantage_returning_bad_values_fails_naming_it(
+    fn: str, error: type[Exception], message: str
+) -> None:
+    path = f"my_custom_algos:{fn}"
+    cfg = AlgorithmConfig.model_validate({"advantage": {"type": "custom", "path": path}})
+    with pytest.raises(error) as excinfo:
+        compute_advantages(_group_of_two(), cfg)
+    assert f"custom advantage {path!r}" in str(excinfo.value)
+    assert message in str(excinfo.value)
+
+
+def test_custom_advantage_that_needs_a_critic_must_return_its_targets() -> None:
+    path = "my_custom_algos:scaled_reward"  # returns=None
+    cfg = AlgorithmConfig.model_validate(
+        {"advantage": {"type": "custom", "path": path, "needs_critic": True}}
+    )
+    assert cfg.needs_critic()
+    inputs = dataclasses.replace(_group_of_two(), values=torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="needs_critic: true but returned no returns"):
+        compute_advantages(inputs, cfg)
+
+
+def test_custom_advantage_may_return_integers() -> None:
+    cfg = AlgorithmConfig.model_validate(
+        {"advantage": {"type": "custom", "path": "my_custom_algos:integer_advantages"}}
+    )
+    out = compute_advantages(_group_of_two(), cfg)
+    assert out.advantages.dtype == torch.float32
+    torch.testing.assert_close(out.advantages, torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 0.0]]))
+
+
+def _loss_inputs() -> LossInputs:
+    lp = torch.tensor([[-1.0, -2.0, 0.0]], requires_grad=True)
+    return LossInputs(
+        logprobs=lp,
+        old_logprobs=lp.detach(),
+        rollout_logprobs=lp.detach(),
+        advantages=torch.tensor([[1.0, 0.5, 0.0]]),
+        loss_mask=torch.tensor([[1, 1, 0]]),
+        global_num_tokens=2,
+        global_num_seqs=1,
+    )
+
+
+@pytest.mark.parametrize(
+    ("fn", "error", "message"),
+    [
+        ("nan_loss", ValueError, "returned a loss with 2 non-finite (NaN or inf) values"),
+        ("constant_loss", ValueError, "returned a loss without a gradient"),
+        ("scalar_metric", ValueError, "metric 'logprob' of shape (); expected the per-token"),
+        ("raising_loss", RuntimeError, "raised KeyError: 'advantage_scale'"),
+    ],
+)
+def test_custom_policy_loss_returning_bad_values_fails_naming_it(
+    fn: str, error: type[Exception], message: str
+) -> None:
+    path = f"my_custom_algos:{fn}"
+    cfg = AlgorithmConfig.model_validate({"policy_loss": {"type": "custom", "path": path}})
+    with pytest.raises(error) as excinfo:
+        policy_objective(_loss_inputs(), cfg, step=0)
+    assert f"custom policy loss {path!r}" in str(excinfo.value)
+    assert message in str(excinfo.value)
+
+
 def test_docs_list_every_algorithm() -> None:
     from agentscope_rft.algorithms import AGGREGATIONS, KL_ESTIMATORS, OBJECTIVES
 
@@ -180,3 +265,26 @@ def test_docs_list_every_algorithm() -> None:
     assert not missing, f"docs/algorithms.md does not mention {missing}"
     for field_name in AlgorithmConfig.model_fields:
         assert f"`{field_name}`" in docs, field_name
+
+
+def test_custom_file_path_given_with_set_is_relative_to_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentscope_rft.config import load_config
+
+    source = Path(__file__).parent / "my_custom_algos.py"
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "algos.py").write_text(source.read_text())
+    monkeypatch.chdir(tmp_path)
+    config = load_config(
+        None,
+        [
+            "workflow=app.py:run",
+            "tasks.train=tasks.jsonl",
+            "algorithm.policy_loss.type=custom",
+            "algorithm.policy_loss.path=mine/algos.py:vanilla_reinforce",
+        ],
+    )
+    loss = config.algorithm.policy_loss
+    assert loss.path == f"{tmp_path / 'mine' / 'algos.py'}:vanilla_reinforce"  # saved absolute
+    assert loss._fn.__name__ == "vanilla_reinforce"
