@@ -226,8 +226,8 @@ RL_KEYS = (
 def _algorithm(config: RunConfig, keys: set[str]) -> list[NoEffect]:
     # algorithms/objective.py: sft and dpo objectives read none of RL_KEYS; `dpo_objective` reads
     # algorithm.dpo, `sft_rl_mix_objective` algorithm.sft_mix; `value_loss` (needs_critic) the
-    # critic; aggregation.py the horizon in seq-mean-token-sum-norm only; the zero-variance
-    # filter acts in `drops_zero_variance_groups` (a group baseline) only.
+    # critic (a loss_agg_horizon without seq-mean-token-sum-norm is refused by AlgorithmConfig);
+    # the zero-variance filter acts in `drops_zero_variance_groups` (a group baseline) only.
     algo, out = config.algorithm, []
     if not algo.is_rl():
         why = f"algorithm.objective {algo.objective!r} trains without advantages or a policy loss"
@@ -236,9 +236,6 @@ def _algorithm(config: RunConfig, keys: set[str]) -> list[NoEffect]:
         if not algo.needs_critic():
             why = f"advantage {algo.advantage.type!r} has no value head (only gae does)"
             out += idle(keys, why, "remove it", "algorithm.critic")
-        if algo.loss_agg != "seq-mean-token-sum-norm":
-            why = f"algorithm.loss_agg is {algo.loss_agg!r}, not 'seq-mean-token-sum-norm'"
-            out += idle(keys, why, "remove it", "algorithm.loss_agg_horizon")
         if not algo.advantage.uses_group_baseline():
             why = f"advantage {algo.advantage.type!r} has no group baseline to filter groups for"
             out += idle(keys, why, "remove it", "algorithm.filter_zero_variance_groups")

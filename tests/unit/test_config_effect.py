@@ -99,11 +99,6 @@ CASES = [
         ["algorithm.critic.vf_coef=0.5", "algorithm.advantage=gae"],
     ),
     (
-        "algorithm.loss_agg_horizon",
-        ["algorithm.loss_agg_horizon=512"],
-        ["algorithm.loss_agg_horizon=512", "algorithm.loss_agg=seq-mean-token-sum-norm"],
-    ),
-    (
         "algorithm.filter_zero_variance_groups",
         ["algorithm.filter_zero_variance_groups=false", "algorithm.advantage=gae"],
         ["algorithm.filter_zero_variance_groups=false"],
