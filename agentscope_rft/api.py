@@ -223,12 +223,26 @@ def load_callable(spec: str, what: str = "workflow") -> Any:
         raise
     except Exception as exc:
         raise WorkflowError(
-            f"{what} {spec!r} does not import: {type(exc).__name__}: {exc}"
+            f"{what} {spec!r} does not import: {type(exc).__name__}: {exc}{_file_hint(target, exc)}"
         ) from exc
     if not hasattr(module, attr):
         public = sorted(n for n in vars(module) if not n.startswith("_"))
         raise WorkflowError(f"{target} has no {attr!r} (it defines: {', '.join(public[:15])})")
     return getattr(module, attr)
+
+
+def _file_hint(target: str, exc: BaseException) -> str:
+    """How to name a module that is a file: `agentscope-rft` (a console script) does not put the
+    working directory on `sys.path` as `python -m` does, so `my_app:run` beside it is not found."""
+    top = target.split(".")[0]
+    if not isinstance(exc, ModuleNotFoundError) or exc.name != top:
+        return ""
+    file = Path(*target.split(".")).with_suffix(".py")
+    where = f" ({file} is in the working directory)" if file.is_file() else ""
+    return (
+        f"; a file is named by its path: `{file}:<function>`, relative to the config file's "
+        f"folder{where}, or `package.module:function` of an installed package"
+    )
 
 
 def load_workflow(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agentscope_rft.api import import_file
+from agentscope_rft.api import WorkflowError, import_file, load_callable
 
 
 def example(folder: Path, answer: str) -> Path:
@@ -43,3 +43,20 @@ def test_an_installed_module_of_that_name_is_put_back(tmp_path: Path) -> None:
     (folder / "app.py").write_text("import json\nMINE = json.MINE\n")
     assert import_file(folder / "app.py").MINE
     assert sys.modules["json"] is json
+
+
+def test_a_module_spec_naming_a_file_of_the_working_directory_says_how_to_name_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `agentscope-rft` is a console script: the working directory is not on sys.path there.
+    (tmp_path / "user_app_xyz.py").write_text("async def run(task, model):\n    return 1.0\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    with pytest.raises(WorkflowError) as err:
+        load_callable("user_app_xyz:run")
+    message = str(err.value)
+    assert "`user_app_xyz.py:<function>`" in message
+    assert "(user_app_xyz.py is in the working directory)" in message
+    with pytest.raises(WorkflowError) as other:  # a module that fails inside: no hint
+        load_callable("json.nope:run")
+    assert "a file is named by its path" not in str(other.value)
