@@ -12,6 +12,7 @@ Short YAML works::
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, JsonValue, model_validator
@@ -26,13 +27,27 @@ class MixConfig(Section):
     """The task column naming each task's set (e.g. `source: gsm8k`)."""
     weights: dict[str, float] = Field(default_factory=dict)
     """Share of each set in a batch, by set name (normalised); sets not named get 0. Empty:
-    equal weights."""
+    equal weights. A column of numbers names its sets by their text: `{1: 3, 2: 1}` for
+    `difficulty: 1` and `difficulty: 2`."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _number_keys(cls, data: Any) -> Any:
+        # YAML reads `weights: {1: 3}` with integer keys; the sets of a numeric column are named
+        # by their text (`str(value)`), so the keys are too.
+        if isinstance(data, dict) and isinstance(data.get("weights"), dict):
+            weights = {
+                str(k) if isinstance(k, int | float | bool) else k: v
+                for k, v in data["weights"].items()
+            }
+            data = {**data, "weights": weights}
+        return data
 
     @model_validator(mode="after")
     def _non_negative(self) -> MixConfig:
-        bad = {k: v for k, v in self.weights.items() if v < 0}
+        bad = {k: v for k, v in self.weights.items() if not (0 <= v < math.inf)}
         if bad:
-            raise ValueError(f"mix.weights must be >= 0, got {bad}")
+            raise ValueError(f"mix.weights must be finite numbers >= 0, got {bad}")
         return self
 
 
