@@ -13,6 +13,7 @@ Short YAML works::
 from __future__ import annotations
 
 import math
+import re
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, JsonValue, model_validator
@@ -104,10 +105,18 @@ class RewardRangeOp(Section):
     """Drop episodes whose reward is outside [min, max]."""
 
     type: Literal["reward_range"] = "reward_range"
-    min: float | None = None
+    min: float | None = Field(default=None, allow_inf_nan=False)
     """Lowest reward kept (null: no bound)."""
-    max: float | None = None
+    max: float | None = Field(default=None, allow_inf_nan=False)
     """Highest reward kept (null: no bound)."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RewardRangeOp:
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(
+                f"reward_range: min {self.min} > max {self.max} would drop every episode; swap them"
+            )
+        return self
 
 
 class LengthOp(Section):
@@ -119,6 +128,15 @@ class LengthOp(Section):
     max_tokens: int | None = Field(default=None, ge=1)
     """Most sampled tokens kept (null: no bound)."""
 
+    @model_validator(mode="after")
+    def _ordered(self) -> LengthOp:
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"length: min_tokens {self.min_tokens} > max_tokens {self.max_tokens} would drop "
+                "every episode; swap them"
+            )
+        return self
+
 
 class StatusOp(Section):
     """Drop episodes by how they ended."""
@@ -126,7 +144,7 @@ class StatusOp(Section):
     type: Literal["status"] = "status"
     drop: tuple[Literal["truncated"], ...] = ("truncated",)
     """Episode statuses dropped (failed and timed-out episodes never produce samples)."""
-    stop_reasons: list[str] = Field(default_factory=list)
+    stop_reasons: list[Literal["stop", "length", "tool_calls"]] = Field(default_factory=list)
     """Also drop episodes with a sample that stopped for one of these (e.g. `length`: a call hit
     its token limit)."""
 
@@ -139,8 +157,16 @@ class FormatOp(Section):
     """Python regex the response must contain (`re.search`, DOTALL)."""
     action: Literal["drop", "reward"] = "reward"
     """`drop`: drop failing episodes; `reward`: set their reward to `reward`."""
-    reward: float = 0.0
+    reward: float = Field(default=0.0, allow_inf_nan=False)
     """Reward of a failing episode (`action: reward`)."""
+
+    @model_validator(mode="after")
+    def _compiles(self) -> FormatOp:
+        try:
+            re.compile(self.pattern, re.DOTALL)
+        except re.error as exc:
+            raise ValueError(f"format: pattern {self.pattern!r} is not a regex ({exc})") from exc
+        return self
 
 
 class DedupOp(Section):

@@ -102,6 +102,28 @@ async def test_format_rewards_or_drops_what_does_not_match() -> None:
         FormatCheck("(", "drop", 0.0)
 
 
+@pytest.mark.parametrize(
+    ("operator", "message"),
+    [
+        ({"type": "reward_range", "min": 1, "max": 0}, "min 1.0 > max 0.0 would drop every"),
+        ({"type": "reward_range", "min": float("nan")}, "finite number"),
+        ({"type": "length", "min_tokens": 9, "max_tokens": 5}, "min_tokens 9 > max_tokens 5"),
+        (
+            {"type": "format", "pattern": "<answer>(.+"},
+            "pattern '<answer>\\(\\.\\+' is not a regex",
+        ),
+        ({"type": "format", "pattern": "x", "reward": float("inf")}, "finite number"),
+        ({"type": "status", "stop_reasons": ["lenght"]}, "'stop', 'length' or 'tool_calls'"),
+    ],
+)
+def test_an_operator_that_cannot_work_is_refused_by_the_config(
+    operator: dict, message: str
+) -> None:
+    # (each used to pass and then drop every episode, or none, in silence)
+    with pytest.raises(ValueError, match=message):
+        DataConfig.model_validate({"operators": [operator]})
+
+
 TEXT = "the quick brown fox jumps over the lazy dog near the river bank today"
 
 
