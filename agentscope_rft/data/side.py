@@ -32,7 +32,13 @@ from agentscope_rft.data.config import (
     StatusOp,
     UniformSelectorConfig,
 )
-from agentscope_rft.data.judges import GroupJudge, JudgeClient, RubricJudge, judge_api_key
+from agentscope_rft.data.judges import (
+    GroupJudge,
+    JudgeClient,
+    RubricJudge,
+    check_endpoint,
+    judge_api_key,
+)
 from agentscope_rft.data.operators import (
     CustomOperator,
     Episode,
@@ -160,6 +166,28 @@ def check_data(config: DataConfig, tasks: Sequence[Task], *, seed: int) -> None:
     for op in [*config.operators, *config.offline_operators]:
         if isinstance(op, CustomOp):
             load_callable(op.path, "data operator")
+
+
+def check_judges(config: DataConfig) -> None:
+    """Fail fast on a judge with an endpoint URL that cannot be asked: nothing listens there, or
+    its API key variable is unset (`policy` judges use the run's own gateway).
+
+    Raises:
+        ConfigError: naming the operator (`data.operators[2] (group_judge)`) and the fix.
+    """
+    from agentscope_rft.config import ConfigError  # (the config module imports this package)
+
+    for key, ops in (
+        ("operators", config.operators),
+        ("offline_operators", config.offline_operators),
+    ):
+        for index, op in enumerate(ops):
+            if isinstance(op, GroupJudgeOp | RubricJudgeOp) and op.endpoint.base_url != "policy":
+                where = f"data.{key}[{index}] ({op.type})"
+                try:
+                    check_endpoint(op.endpoint.base_url, op.endpoint.api_key_env, where)
+                except ValueError as exc:
+                    raise ConfigError(str(exc)) from None
 
 
 def groups_from_explored(

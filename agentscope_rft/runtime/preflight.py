@@ -159,6 +159,9 @@ def preflight(config: RunConfig) -> Checked:
             )
     if config.uses_offline_data():
         _check_offline_path(config)
+    from agentscope_rft.data.side import check_judges
+
+    check_judges(config.data)
     if config.model.chat_template is not None:
         from agentscope_rft.engines.factory import read_chat_template
 
