@@ -279,10 +279,15 @@ class DataSide:
         return [g.samples for g in kept], metrics
 
     async def close(self) -> None:
-        for op in self.pipeline.operators:
-            closer = getattr(op, "close", None)
-            if closer is not None:
-                await closer()
+        await close_operators(self.pipeline)
+
+
+async def close_operators(pipeline: Pipeline) -> None:
+    """Release what the operators hold (the judges' HTTP clients)."""
+    for op in pipeline.operators:
+        closer = getattr(op, "close", None)
+        if closer is not None:
+            await closer()
 
 
 def apply_offline_operators(
