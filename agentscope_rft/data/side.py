@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +94,14 @@ def build_selector(
         )
     assert isinstance(config, CustomSelectorConfig)
     cls = load_callable(config.path, "data.selector.path")
-    selector = cls(list(tasks), seed=seed, **config.args)
+    try:
+        selector = cls(list(tasks), seed=seed, **config.args)
+    except Exception as exc:  # the user's class: its error is the message, not a traceback
+        raise TaskSetError(
+            f"data.selector {config.path!r} could not be made as {config.path.rpartition(':')[2]}"
+            f"(tasks, seed={seed}, **args) with args {sorted(config.args)}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
     missing = [
         m
         for m in ("next_batch", "observe", "state_dict", "load_state_dict", "task_stats")
@@ -105,7 +112,50 @@ def build_selector(
             f"data.selector {config.path!r} lacks {missing}: a selector implements "
             "agentscope_rft.data.selection.TaskSelector"
         )
-    return selector
+    return CheckedSelector(selector, tasks, config.path)
+
+
+class CheckedSelector:
+    """A user's selector whose batches are checked: `size` tasks of the task set, so that a
+    wrong return value is named at the selector, not deep inside the explorer."""
+
+    def __init__(self, selector: Any, tasks: Sequence[Task], path: str) -> None:
+        self.inner = selector
+        self.path = path
+        self._ids = {task.id for task in tasks}
+
+    def next_batch(self, size: int) -> list[Task]:
+        batch = self.inner.next_batch(size)
+        ok = isinstance(batch, list) and len(batch) == size
+        bad = (
+            next((t for t in batch if not isinstance(t, Task) or t.id not in self._ids), None)
+            if ok
+            else None
+        )
+        if not ok or bad is not None:
+            got = (
+                f"{type(batch).__name__} of {len(batch)}"
+                if isinstance(batch, list | tuple)
+                else type(batch).__name__
+            )
+            what = f"; {bad!r:.80} is not one of its Task objects" if bad is not None else ""
+            raise TaskSetError(
+                f"data.selector {self.path!r}: next_batch({size}) returned a {got}{what}; it must "
+                f"return a list of {size} Task objects from the tasks it was given"
+            )
+        return batch
+
+    def observe(self, task_id: str, rewards: Sequence[float]) -> None:
+        self.inner.observe(task_id, rewards)
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.inner.state_dict())
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.inner.load_state_dict(state)
+
+    def task_stats(self) -> list[dict[str, Any]]:
+        return list(self.inner.task_stats())
 
 
 def build_operator(

@@ -327,3 +327,33 @@ def test_custom_selector_by_import_path() -> None:
     assert ids(selector.next_batch(2)) == ["t1", "t2"]
     with pytest.raises(TaskSetError, match=r"lacks \['next_batch'"):
         build_selector(CustomSelectorConfig(path=f"{__name__}:NotASelector"), tasks(2))
+
+
+class ReturnsIds(FirstTasks):
+    def next_batch(self, size):
+        return [t.id for t in self.tasks[:size]]
+
+
+def test_a_custom_selector_that_breaks_its_contract_is_named() -> None:
+    with pytest.raises(
+        TaskSetError,
+        match=r"made as FirstTasks\(tasks, seed=0, \*\*args\) with args \['ofset'\]: TypeError",
+    ):
+        build_selector(
+            CustomSelectorConfig(path=f"{__name__}:FirstTasks", args={"ofset": 1}), tasks(4)
+        )
+    short = build_selector(
+        CustomSelectorConfig(path=f"{__name__}:FirstTasks", args={"offset": 3}), tasks(4)
+    )
+    with pytest.raises(
+        TaskSetError, match=r"next_batch\(2\) returned a list of 1; it must return a list of 2 Task"
+    ):
+        short.next_batch(2)
+    wrong = build_selector(CustomSelectorConfig(path=f"{__name__}:ReturnsIds"), tasks(4))
+    with pytest.raises(
+        TaskSetError, match=r"next_batch\(2\) returned a list of 2; 't0' is not one of its Task"
+    ):
+        wrong.next_batch(2)
+    ok = build_selector(CustomSelectorConfig(path=f"{__name__}:FirstTasks"), tasks(4))
+    ok.observe("t0", [1.0])
+    assert ok.state_dict() == {"seen": {"t0": 1}} and ok.task_stats()[0]["episodes"] == 1
