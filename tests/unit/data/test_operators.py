@@ -232,3 +232,17 @@ def test_offline_operators_filter_units_by_their_decoded_text() -> None:
     decode = lambda ids: " ".join(str(i) for i in ids) + f" {len(ids)}"  # noqa: E731
     kept = apply_offline_operators(config.offline_operators, units, decode)
     assert list(kept) == ["u0"]
+
+
+def nan_reward(groups: list[Group], args: dict) -> list[Group]:
+    return [g.keep([e.with_reward(float("nan")) for e in g.episodes]) for g in groups]
+
+
+async def test_a_custom_operator_that_gives_a_reward_that_is_not_a_number_is_named() -> None:
+    # (the step failed at the buffer, naming a sample but not the operator that set it)
+    config = DataConfig.model_validate(
+        {"operators": [{"type": "custom", "path": f"{__name__}:nan_reward", "name": "mine"}]}
+    )
+    groups = [group("a", episode("a0", 1.0))]
+    with pytest.raises(ValueError, match=r"custom operator 'mine' gave episode 'a0' of group"):
+        await Pipeline([build_operator(config.operators[0])])(groups)
