@@ -47,7 +47,16 @@ def _state_label(state: str, step: int | None) -> str:
 
 def stored_states(conn: sa.Connection, rollout_ids: Iterable[str]) -> dict[SampleKey, str]:
     """The stored samples of these rollouts, each with the state of its group as a label
-    (`pending`, `trained by step 3`, `dropped at step 2`)."""
+    (`pending`, `trained by step 3`, `dropped at step 2`).
+
+    The first import into a buffer adds an index on `rollout_id` (in the caller's transaction), so
+    that looking samples up does not read the whole table; runs that never import do not pay for
+    it on every `put`, and readers of any version ignore it.
+    """
+    conn.exec_driver_sql(
+        f"CREATE INDEX IF NOT EXISTS ix_{samples_table.name}_rollout_id "
+        f"ON {samples_table.name} (rollout_id)"
+    )
     s, g = samples_table.c, groups_table.c
     ids = sorted(set(rollout_ids))
     held: dict[SampleKey, str] = {}

@@ -231,3 +231,18 @@ async def test_importing_into_postgres_skips_what_it_holds(tmp_path: Path) -> No
     report = await import_to_buffer(out, url)
     assert (report.groups, report.skipped_samples) == (0, 4)
     assert (await stats_of(url))["pending_groups"] == 1
+
+
+async def test_an_import_looks_samples_up_by_an_index(filled: Path, tmp_path: Path) -> None:
+    import sqlalchemy as sa
+
+    out = tmp_path / "all.jsonl"
+    export_samples(filled, out)
+    await import_to_buffer(out, filled)
+    engine = sa.create_engine(f"sqlite:///{filled}")
+    with engine.connect() as conn:
+        plan = conn.exec_driver_sql(
+            "EXPLAIN QUERY PLAN SELECT id FROM buffer_samples WHERE rollout_id IN ('a-r0', 'b-r1')"
+        ).all()
+    engine.dispose()
+    assert "ix_buffer_samples_rollout_id" in " ".join(str(row) for row in plan)
