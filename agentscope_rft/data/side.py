@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agentscope_rft.api import load_callable
+from agentscope_rft.config_base import did_you_mean
 from agentscope_rft.data.config import (
     CurriculumSelectorConfig,
     CustomOp,
@@ -216,6 +217,35 @@ def check_data(config: DataConfig, tasks: Sequence[Task], *, seed: int) -> None:
     for op in [*config.operators, *config.offline_operators]:
         if isinstance(op, CustomOp):
             load_callable(op.path, "data operator")
+    for index, op in enumerate(config.operators):
+        if isinstance(op, GroupJudgeOp | RubricJudgeOp):
+            _check_judge_columns(op, f"data.operators[{index}] ({op.type})", tasks)
+
+
+def _check_judge_columns(
+    op: GroupJudgeOp | RubricJudgeOp, where: str, tasks: Sequence[Task]
+) -> None:
+    """A judge column that no task has is a typo: the judge would never see a reference (or a
+    rubric); a question column that none has shows the judge each task's whole JSON instead."""
+    columns = sorted({key for task in tasks for key in task.data})
+    wanted = [("reference_field", op.reference_field)]
+    if isinstance(op, RubricJudgeOp) and not op.rubric:
+        wanted.append(("rubric_field", op.rubric_field))
+    for key, column in wanted:
+        if column is not None and not any(column in task.data for task in tasks):
+            hint = did_you_mean(column, columns)
+            raise TaskSetError(
+                f"{where}: {key} {column!r} is a column of no training task{hint} (columns: "
+                f"{', '.join(columns)})"
+            )
+    if not any(op.question_field in task.data for task in tasks):
+        logger.warning(
+            "%s: question_field %r is a column of no training task (columns: %s); the judge is "
+            "shown each task's whole JSON instead",
+            where,
+            op.question_field,
+            ", ".join(columns),
+        )
 
 
 def check_judges(config: DataConfig) -> None:

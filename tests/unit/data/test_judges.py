@@ -378,3 +378,33 @@ def test_a_judge_that_cannot_be_asked_stops_the_run_before_it_starts(
     with pytest.raises(ConfigError, match=r"api_key_env names \$JUDGE_KEY_FOR_TEST, which is not"):
         check_judges(config(server.url, api_key_env="JUDGE_KEY_FOR_TEST"))
     assert server.requests == []  # a connection, not a judge call
+
+
+def test_a_judge_column_that_no_task_has_stops_the_run_at_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from agentscope_rft.data.side import check_data
+    from agentscope_rft.explorer.tasks import TaskSetError, load_tasks
+
+    tasks = load_tasks([{"id": "a", "prompt": "2+2?", "answer": "4"}])
+
+    def config(**judge: object) -> DataConfig:
+        return DataConfig.model_validate({"operators": [{"type": "group_judge", **judge}]})
+
+    with pytest.raises(
+        TaskSetError,
+        match=r"data\.operators\[0\] \(group_judge\): reference_field 'answr' is a column of no "
+        r"training task; did you mean 'answer'\?",
+    ):
+        check_data(config(reference_field="answr"), tasks, seed=0)
+    rubric = DataConfig.model_validate(
+        {"operators": [{"type": "rubric_judge", "rubric_field": "rubric"}]}
+    )
+    with pytest.raises(TaskSetError, match=r"rubric_field 'rubric' is a column of no training"):
+        check_data(rubric, tasks, seed=0)
+    caplog.clear()
+    check_data(config(reference_field="answer"), tasks, seed=0)  # question_field: the default
+    assert "question_field 'question' is a column of no training task" in caplog.text
+    caplog.clear()
+    check_data(config(reference_field="answer", question_field="prompt"), tasks, seed=0)
+    assert "question_field" not in caplog.text
