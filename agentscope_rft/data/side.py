@@ -342,21 +342,32 @@ class DataSide:
     async def after_explore(
         self, step: int, rollouts: Sequence[Rollout], groups: list[list[Sample]]
     ) -> tuple[list[list[Sample]], dict[str, float]]:
-        """Observe the step's rewards, export task statistics, run the operators: the groups
-        that go into the buffer and the step's `data/*` metrics."""
+        """Run the operators, then tell the selector each explored task's rewards and export
+        task statistics: the groups that go into the buffer and the step's `data/*` metrics.
+
+        The selector hears the rewards that are trained: those of the task's episodes the
+        operators kept, as they left them (a judge's scores); a task whose episodes were all
+        dropped is heard with its episodes' own rewards.
+        """
+        metrics: dict[str, float] = {}
+        trained: dict[str, float] = {}
+        if self.pipeline and groups:
+            kept, op_metrics = await self.pipeline(groups_from_explored(rollouts, groups))
+            metrics.update(op_metrics)
+            groups = [g.samples for g in kept]
+            trained = {e.rollout_id: e.reward for g in kept for e in g.episodes}
         rewards: dict[str, list[float]] = {}
+        kept_rewards: dict[str, list[float]] = {}
         for rollout in rollouts:
             if rollout.ok:
                 rewards.setdefault(rollout.task_id, []).append(rollout.reward)
+                if rollout.rollout_id in trained:
+                    kept_rewards.setdefault(rollout.task_id, []).append(trained[rollout.rollout_id])
         for task_id, values in rewards.items():
-            self.selector.observe(task_id, values)
+            self.selector.observe(task_id, kept_rewards.get(task_id) or values)
         write_task_stats(self.run_dir, self.selector, step)
-        metrics = {"data/tasks_observed": float(len(rewards))}
-        if not self.pipeline or not groups:
-            return groups, metrics
-        kept, op_metrics = await self.pipeline(groups_from_explored(rollouts, groups))
-        metrics.update(op_metrics)
-        return [g.samples for g in kept], metrics
+        metrics["data/tasks_observed"] = float(len(rewards))
+        return groups, metrics
 
     async def close(self) -> None:
         await close_operators(self.pipeline)

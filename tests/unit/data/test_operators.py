@@ -246,3 +246,39 @@ async def test_a_custom_operator_that_gives_a_reward_that_is_not_a_number_is_nam
     groups = [group("a", episode("a0", 1.0))]
     with pytest.raises(ValueError, match=r"custom operator 'mine' gave episode 'a0' of group"):
         await Pipeline([build_operator(config.operators[0])])(groups)
+
+
+def score_by_length(groups: list[Group], args: dict) -> list[Group]:
+    """A stand-in judge: scores each episode by its response's length."""
+    return [g.keep([e.with_reward(len(e.response) / 10) for e in g.episodes]) for g in groups]
+
+
+async def test_the_selector_hears_the_rewards_the_operators_leave(tmp_path) -> None:
+    """A judge gives the rewards that train: the curriculum must learn from them, not from the
+    environment's (all 0 here: every task would look like one with nothing to learn)."""
+    from agentscope_rft.data.selection import CurriculumSelector
+    from agentscope_rft.data.side import DataSide
+    from agentscope_rft.explorer.tasks import load_tasks
+
+    config = DataConfig.model_validate(
+        {"operators": [{"type": "custom", "path": f"{__name__}:score_by_length"},
+                       {"type": "reward_range", "max": 0.5}]}
+    )  # fmt: skip
+    selector = CurriculumSelector(load_tasks([{"id": "t"}, {"id": "u"}]), decay=1.0)
+    side = DataSide(selector, Pipeline([build_operator(op) for op in config.operators]), tmp_path)
+    rollouts = [
+        Rollout("r0", "t", {}, [call("a")], 0.0),
+        Rollout("r1", "t", {}, [call("abc")], 0.0),
+        Rollout("r2", "t", {}, [call("too long to keep")], 0.0),
+        Rollout("r3", "u", {}, [call("far too long to keep")], 0.0),
+    ]
+    groups = [[sample("r0", 0.0), sample("r1", 0.0), sample("r2", 0.0)], [sample("r3", 0.0)]]
+    kept, metrics = await side.after_explore(0, rollouts, groups)
+    assert [[s.rollout_id for s in g] for g in kept] == [["r0", "r1"]]
+    assert metrics["data/tasks_observed"] == 2.0
+    stats = {row["task_id"]: row for row in selector.task_stats()}
+    # t: heard the kept episodes' scores 0.1 and 0.3 (they differ: informative)
+    assert stats["t"]["episodes"] == 2 and stats["t"]["informative_groups"] == 1.0
+    assert stats["t"]["mean_reward"] == pytest.approx(0.2)
+    # u: every episode dropped: heard with its own reward
+    assert stats["u"]["episodes"] == 1 and stats["u"]["mean_reward"] == 0.0
