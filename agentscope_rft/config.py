@@ -564,6 +564,12 @@ class RunConfig(Section):
             for op in data.operators
             if op.type in JUDGE_TYPES or (op.type == "format" and op.action == "reward")
         ]
+        if rewriting and self.explorer.dynamic_sampling is not None:
+            raise ValueError(
+                f"explorer.dynamic_sampling keeps the groups whose workflow rewards differ, before "
+                f"data.operators {rewriting} set the rewards that train: it would refill on the "
+                "wrong rewards; remove explorer.dynamic_sampling (or those operators)"
+            )
         if rewriting and self.explorer.reward_spread != "outcome":
             raise ValueError(
                 f"data.operators {rewriting} set episode rewards, which needs "

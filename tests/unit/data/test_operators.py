@@ -282,3 +282,16 @@ async def test_the_selector_hears_the_rewards_the_operators_leave(tmp_path) -> N
     assert stats["t"]["mean_reward"] == pytest.approx(0.2)
     # u: every episode dropped: heard with its own reward
     assert stats["u"]["episodes"] == 1 and stats["u"]["mean_reward"] == 0.0
+
+
+def test_reward_setting_operators_and_dynamic_sampling_are_refused_together() -> None:
+    from agentscope_rft.config import ConfigError, load_config
+
+    base = ["workflow=app.py:run", "tasks.train=t.jsonl", "explorer.dynamic_sampling={}"]
+    for op in ("{type: group_judge}", "{type: format, pattern: x}"):
+        with pytest.raises(ConfigError, match=r"dynamic_sampling keeps the groups whose workflow"):
+            load_config(None, [*base, f"data.operators=[{op}]"])
+    filtered = load_config(
+        None, [*base, "data.operators=[{type: format, pattern: x, action: drop}]"]
+    )
+    assert filtered.explorer.dynamic_sampling is not None  # a filter alone is fine
