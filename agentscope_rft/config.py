@@ -21,6 +21,7 @@ from pydantic import (
 
 from agentscope_rft.algorithms.config import AlgorithmConfig
 from agentscope_rft.buffer.config import BufferConfig
+from agentscope_rft.buffer.replay import replay_count
 from agentscope_rft.config_base import Section
 from agentscope_rft.config_errors import (
     ConfigError,
@@ -541,6 +542,7 @@ class RunConfig(Section):
                 "val/success_rate or [val/reward/by_type/a, val/reward/by_type/b]"
             )
         self._check_data(exploring)
+        self._check_replay(exploring or mode == "train_only")
         if mode == "train_only" and self.buffer.type != "sql":
             raise ValueError("run.mode 'train_only' reads a durable buffer: set `buffer.type: sql`")
         # (a saved resolved config lists every key with its default: only set values count)
@@ -563,6 +565,23 @@ class RunConfig(Section):
                 )
         return self
 
+    def _check_replay(self, reads_buffer: bool) -> None:
+        replay = self.buffer.replay
+        if replay is None:
+            return
+        if not reads_buffer:
+            raise ValueError(
+                f"buffer.replay replays buffered groups; run.mode {self.run.mode!r} trains from "
+                "offline files without the buffer: remove it"
+            )
+        per_step = self.explorer.tasks_per_step
+        if replay_count(replay, per_step) == 0:
+            raise ValueError(
+                f"buffer.replay.ratio {replay.ratio} x explorer.tasks_per_step {per_step} rounds "
+                f"to 0 replayed groups per step: nothing would be replayed; set ratio >= "
+                f"{0.5 / per_step:g}"
+            )
+
     def _check_data(self, exploring: bool) -> None:
         data = self.data
         if not exploring:
@@ -583,6 +602,12 @@ class RunConfig(Section):
             for op in data.operators
             if op.type in JUDGE_TYPES or (op.type == "format" and op.action == "reward")
         ]
+        if rewriting and self.explorer.dynamic_sampling is not None:
+            raise ValueError(
+                f"explorer.dynamic_sampling keeps the groups whose workflow rewards differ, before "
+                f"data.operators {rewriting} set the rewards that train: it would refill on the "
+                "wrong rewards; remove explorer.dynamic_sampling (or those operators)"
+            )
         if rewriting and self.explorer.reward_spread != "outcome":
             raise ValueError(
                 f"data.operators {rewriting} set episode rewards, which needs "

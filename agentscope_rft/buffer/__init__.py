@@ -2,7 +2,8 @@
 
 `MemoryBuffer` (in-process) and `SQLBuffer` (SQLite file or any SQLAlchemy URL; crash-safe,
 multi-process) implement the `Buffer` protocol; `build_buffer` makes one from `BufferConfig`.
-`export_samples` / `import_samples` move samples between a SQL buffer and JSONL. See
+`export_samples` / `import_to_buffer` move samples between a SQL buffer and JSONL (an import
+skips the samples the buffer already holds). See
 docs/buffer.md for the guarantees and the storage format. SFT/DPO files load through
 `agentscope_rft.buffer.offline` (not imported here: it needs transformers).
 """
@@ -19,8 +20,10 @@ from agentscope_rft.buffer.export import (
     DEFAULT_EXPORT_FIELDS,
     export_samples,
     import_samples,
+    import_to_buffer,
     iter_stored_samples,
 )
+from agentscope_rft.buffer.importing import ImportReport
 from agentscope_rft.buffer.memory import MemoryBuffer
 from agentscope_rft.buffer.sql import SQLBuffer
 
@@ -32,10 +35,12 @@ __all__ = [
     "BufferFormatError",
     "BufferInputError",
     "BufferTimeout",
+    "ImportReport",
     "MemoryBuffer",
     "SQLBuffer",
     "build_buffer",
     "export_samples",
     "import_samples",
+    "import_to_buffer",
     "iter_stored_samples",
 ]

@@ -19,10 +19,9 @@ from agentscope_rft.buffer.export import (
     SAMPLE_FIELDS,
     ExportState,
     export_samples,
-    import_samples,
+    import_to_buffer,
 )
 from agentscope_rft.buffer.sql import SQLBuffer
-from agentscope_rft.types import Sample
 
 buffer_app = typer.Typer(
     help="Inspect, export and import the samples of a SQL buffer (SQLite file or database URL).",
@@ -68,22 +67,17 @@ def import_command(
     url: UrlOption,
     input_path: Annotated[Path, typer.Option("--input", help="JSONL file of samples.")],
 ) -> None:
-    """Append the samples of a JSONL file to the buffer (created when absent), in one
-    transaction; samples sharing a group (`group_id`, else `task_id`) form one group."""
+    """Add the samples of a JSONL file to the buffer (created when absent), in one transaction;
+    samples sharing a group (`group_id`, else `task_id`) form one group. Samples the buffer already
+    holds (pending or trained) and repeats within the file are skipped and listed."""
     try:
-        samples = import_samples(input_path)
-        asyncio.run(_put(url, samples))
+        report = asyncio.run(import_to_buffer(input_path, url))
     except (BufferFormatError, BufferInputError) as err:
         raise _fail(str(err)) from err
-    _stderr.print(f"imported {len(samples)} samples from {input_path}", highlight=False)
-
-
-async def _put(url: str, samples: list[Sample]) -> None:
-    buffer = SQLBuffer(url)
-    try:
-        await buffer.put(samples)
-    finally:
-        await buffer.close()
+    lines = report.lines()
+    lines[0] = f"{input_path}: {lines[0]}"
+    for line in lines:
+        _stderr.print(line, highlight=False, soft_wrap=True, markup=False)
 
 
 async def _stats(url: str) -> dict[str, float]:

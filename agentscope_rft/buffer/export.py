@@ -1,4 +1,5 @@
-"""Samples between a SQL buffer and JSONL files: `export_samples` and `import_samples`.
+"""Samples between a SQL buffer and JSONL files: `export_samples`, `import_samples` and
+`import_to_buffer` (which skips what the buffer already holds).
 
 One JSON object per line with the chosen `Sample` fields; arrays are JSON lists (log-probs at
 float32 precision, as stored). Export writes a temporary file and renames it, so an interrupted
@@ -18,6 +19,7 @@ import sqlalchemy as sa
 
 from agentscope_rft.buffer.base import BufferInputError
 from agentscope_rft.buffer.codec import decode_sample, encode_sample, sample_to_json
+from agentscope_rft.buffer.importing import ImportReport
 from agentscope_rft.buffer.jsonl import read_json_objects
 from agentscope_rft.buffer.schema import (
     SAMPLE_COLUMNS,
@@ -26,6 +28,7 @@ from agentscope_rft.buffer.schema import (
     samples_table,
     to_url,
 )
+from agentscope_rft.buffer.sql import SQLBuffer
 from agentscope_rft.config_base import did_you_mean
 from agentscope_rft.types import JSON, Sample
 
@@ -168,10 +171,33 @@ def import_samples(path: str | Path) -> list[Sample]:
 
     Example:
         >>> samples = import_samples("samples.jsonl")  # doctest: +SKIP
-        >>> await buffer.put(samples)  # doctest: +SKIP
+        >>> report = await buffer.put_new(samples)  # doctest: +SKIP
     """
     path = Path(path)
     return [
         _sample_from_line(record, f"{path}:{lineno}")
         for lineno, record in read_json_objects(path, BufferInputError)
     ]
+
+
+async def import_to_buffer(path: str | Path, url: str | Path) -> ImportReport:
+    """Add the samples of a JSONL file to a SQL buffer (created when absent), in one transaction,
+    skipping every sample the buffer already holds, pending or trained, and repeats within the
+    file (`SQLBuffer.put_new`); samples sharing a group (`group_id`, else `task_id`) form one
+    group.
+
+    Raises:
+        BufferInputError: a bad line (file, line and field named); nothing is stored.
+        BufferFormatError: the url is not a buffer this version can read.
+
+    Example:
+        >>> report = await import_to_buffer("samples.jsonl", "runs/b/buffer.db")  # doctest: +SKIP
+        >>> print(report.summary())  # doctest: +SKIP
+        imported 2 groups (8 samples); skipped 4 samples of 1 group that the buffer already ...
+    """
+    samples = import_samples(path)
+    buffer = SQLBuffer(url)
+    try:
+        return await buffer.put_new(samples)
+    finally:
+        await buffer.close()

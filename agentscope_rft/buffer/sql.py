@@ -25,6 +25,12 @@ from agentscope_rft.buffer.base import (
     timeout_message,
 )
 from agentscope_rft.buffer.codec import decode_sample, encode_sample, sample_where
+from agentscope_rft.buffer.importing import (
+    EncodedGroups,
+    ImportReport,
+    plan_import,
+    stored_states,
+)
 from agentscope_rft.buffer.replay import (
     ReplayCandidate,
     ReplayConfig,
@@ -61,6 +67,39 @@ class _Attempt:
     samples: list[Sample] = field(default_factory=list)
     ready: int = 0
     dropped: int = 0
+
+
+def _encode_groups(samples: list[Sample]) -> EncodedGroups:
+    """Samples by group with their storage rows; validates every sample first."""
+    by_group: EncodedGroups = {}
+    for index, sample in enumerate(samples):
+        row = encode_sample(sample, sample_where(sample, index))
+        by_group.setdefault(sample.group, []).append((sample, row))
+    return by_group
+
+
+def _insert_groups(conn: sa.Connection, groups: EncodedGroups) -> None:
+    """Insert each group as a new pending group with its samples (inside the caller's
+    transaction)."""
+    if not groups:
+        return
+    now = time.time()
+    rows: list[dict[str, Any]] = []
+    for key, members in groups.items():
+        inserted = conn.execute(
+            groups_table.insert().values(
+                group_key=key,
+                num_samples=len(members),
+                min_policy_version=min(s.policy_version for s, _ in members),
+                state=PENDING,
+                step=None,
+                created_at=now,
+                updated_at=now,
+            )
+        )
+        (group_ref,) = inserted.inserted_primary_key or (None,)
+        rows.extend({**row, "group_ref": group_ref} for _, row in members)
+    conn.execute(samples_table.insert(), rows)
 
 
 class SQLBuffer:
@@ -131,28 +170,49 @@ class SQLBuffer:
                 raise
 
     def _put(self, samples: list[Sample]) -> None:
-        by_group: dict[str, list[tuple[Sample, dict[str, Any]]]] = {}
-        for index, sample in enumerate(samples):
-            row = encode_sample(sample, sample_where(sample, index))
-            by_group.setdefault(sample.group, []).append((sample, row))
-        now = time.time()
-        rows: list[dict[str, Any]] = []
+        groups = _encode_groups(samples)
         with self._engine.begin() as conn:
-            for key, members in by_group.items():
-                inserted = conn.execute(
-                    groups_table.insert().values(
-                        group_key=key,
-                        num_samples=len(members),
-                        min_policy_version=min(s.policy_version for s, _ in members),
-                        state=PENDING,
-                        step=None,
-                        created_at=now,
-                        updated_at=now,
-                    )
-                )
-                (group_ref,) = inserted.inserted_primary_key or (None,)
-                rows.extend({**row, "group_ref": group_ref} for _, row in members)
-            conn.execute(samples_table.insert(), rows)
+            _insert_groups(conn, groups)
+
+    async def put_new(self, samples: Sequence[Sample]) -> ImportReport:
+        """Store the samples this buffer does not hold yet, in one transaction; what an import
+        uses, so that importing a file twice, or a file exported from this same buffer, never
+        makes a sample trainable twice.
+
+        A sample the buffer holds in any state (pending, trained, dropped), identified by
+        `rollout_id`, `task_id`, `token_ids` and `loss_mask`, is skipped, as is a repeat of a
+        sample earlier in `samples`; a group keeps its other samples. The check and the insert are
+        one transaction (on Postgres under a lock that keeps other writers out meanwhile).
+
+        Returns:
+            What was stored and, group by group, what was skipped and why.
+
+        Raises:
+            BufferInputError: a sample cannot be stored; nothing of the call is stored.
+
+        Example:
+            >>> report = await buffer.put_new(import_samples("samples.jsonl"))  # doctest: +SKIP
+            >>> print(report.summary())  # doctest: +SKIP
+            imported 3 groups (12 samples); skipped 8 samples of 2 groups ...
+        """
+        self._check_open()
+        work = asyncio.ensure_future(asyncio.to_thread(self._put_new, list(samples)))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await work
+            raise
+
+    def _put_new(self, samples: list[Sample]) -> ImportReport:
+        groups = _encode_groups(samples)
+        with self._engine.begin() as conn:
+            if conn.dialect.name == "postgresql":  # SQLite: BEGIN IMMEDIATE already excludes
+                conn.exec_driver_sql(f"LOCK TABLE {groups_table.name} IN EXCLUSIVE MODE")
+            held = stored_states(conn, (s.rollout_id for s in samples))
+            keep, report = plan_import(groups, held)
+            _insert_groups(conn, keep)
+        return report
 
     async def get(
         self,

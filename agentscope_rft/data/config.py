@@ -12,6 +12,8 @@ Short YAML works::
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, JsonValue, model_validator
@@ -26,13 +28,27 @@ class MixConfig(Section):
     """The task column naming each task's set (e.g. `source: gsm8k`)."""
     weights: dict[str, float] = Field(default_factory=dict)
     """Share of each set in a batch, by set name (normalised); sets not named get 0. Empty:
-    equal weights."""
+    equal weights. A column of numbers names its sets by their text: `{1: 3, 2: 1}` for
+    `difficulty: 1` and `difficulty: 2`."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _number_keys(cls, data: Any) -> Any:
+        # YAML reads `weights: {1: 3}` with integer keys; the sets of a numeric column are named
+        # by their text (`str(value)`), so the keys are too.
+        if isinstance(data, dict) and isinstance(data.get("weights"), dict):
+            weights = {
+                str(k) if isinstance(k, int | float | bool) else k: v
+                for k, v in data["weights"].items()
+            }
+            data = {**data, "weights": weights}
+        return data
 
     @model_validator(mode="after")
     def _non_negative(self) -> MixConfig:
-        bad = {k: v for k, v in self.weights.items() if v < 0}
+        bad = {k: v for k, v in self.weights.items() if not (0 <= v < math.inf)}
         if bad:
-            raise ValueError(f"mix.weights must be >= 0, got {bad}")
+            raise ValueError(f"mix.weights must be finite numbers >= 0, got {bad}")
         return self
 
 
@@ -89,10 +105,18 @@ class RewardRangeOp(Section):
     """Drop episodes whose reward is outside [min, max]."""
 
     type: Literal["reward_range"] = "reward_range"
-    min: float | None = None
+    min: float | None = Field(default=None, allow_inf_nan=False)
     """Lowest reward kept (null: no bound)."""
-    max: float | None = None
+    max: float | None = Field(default=None, allow_inf_nan=False)
     """Highest reward kept (null: no bound)."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RewardRangeOp:
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(
+                f"reward_range: min {self.min} > max {self.max} would drop every episode; swap them"
+            )
+        return self
 
 
 class LengthOp(Section):
@@ -104,6 +128,15 @@ class LengthOp(Section):
     max_tokens: int | None = Field(default=None, ge=1)
     """Most sampled tokens kept (null: no bound)."""
 
+    @model_validator(mode="after")
+    def _ordered(self) -> LengthOp:
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"length: min_tokens {self.min_tokens} > max_tokens {self.max_tokens} would drop "
+                "every episode; swap them"
+            )
+        return self
+
 
 class StatusOp(Section):
     """Drop episodes by how they ended."""
@@ -111,7 +144,7 @@ class StatusOp(Section):
     type: Literal["status"] = "status"
     drop: tuple[Literal["truncated"], ...] = ("truncated",)
     """Episode statuses dropped (failed and timed-out episodes never produce samples)."""
-    stop_reasons: list[str] = Field(default_factory=list)
+    stop_reasons: list[Literal["stop", "length", "tool_calls"]] = Field(default_factory=list)
     """Also drop episodes with a sample that stopped for one of these (e.g. `length`: a call hit
     its token limit)."""
 
@@ -124,8 +157,16 @@ class FormatOp(Section):
     """Python regex the response must contain (`re.search`, DOTALL)."""
     action: Literal["drop", "reward"] = "reward"
     """`drop`: drop failing episodes; `reward`: set their reward to `reward`."""
-    reward: float = 0.0
+    reward: float = Field(default=0.0, allow_inf_nan=False)
     """Reward of a failing episode (`action: reward`)."""
+
+    @model_validator(mode="after")
+    def _compiles(self) -> FormatOp:
+        try:
+            re.compile(self.pattern, re.DOTALL)
+        except re.error as exc:
+            raise ValueError(f"format: pattern {self.pattern!r} is not a regex ({exc})") from exc
+        return self
 
 
 class DedupOp(Section):

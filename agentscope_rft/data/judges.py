@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import secrets
+import socket
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -129,10 +130,7 @@ class JudgeClient:
             del body["response_format"]
             response = await self._post(body)
         response.raise_for_status()
-        content = response.json()["choices"][0]["message"]["content"]
-        if not isinstance(content, str):
-            raise ValueError("the judge's reply has no text content")
-        return content
+        return reply_text(response)
 
     async def _post(self, body: dict[str, Any]) -> httpx.Response:
         async with self._limit:
@@ -153,6 +151,27 @@ class JudgeClient:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+def reply_text(response: httpx.Response) -> str:
+    """The text of a chat completion's first choice.
+
+    Raises:
+        ValueError: the body is not a chat completion with text (a proxy's HTML error page, no
+            choices, null content): a failed try, like a timeout.
+    """
+    try:
+        data = response.json()
+    except ValueError:
+        raise ValueError(f"the judge's reply is not JSON: {response.text[:120]!r}") from None
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not choices:
+        raise ValueError(f"the judge's reply has no choices: {response.text[:120]!r}")
+    message = choices[0].get("message") if isinstance(choices[0], dict) else None
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, str):
+        raise ValueError("the judge's reply has no text content")
+    return content
 
 
 def extract_json(text: str) -> Any:
@@ -221,6 +240,8 @@ def scores_schema(keys: Sequence[str]) -> dict[str, Any]:
 
 
 def _score(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"score {value!r} is not a number")
     score = float(value)
     if not 0.0 <= score <= 1.0:
         raise ValueError(f"score {score} is outside [0, 1]")
@@ -367,17 +388,38 @@ class RubricJudge(_JudgeOperator):
         self.rubric_field = rubric_field
 
     def rubric_for(self, task: Mapping[str, Any]) -> dict[str, float]:
-        own = task.get(self.rubric_field) if self.rubric_field else None
-        if isinstance(own, str):
-            own = json.loads(own)
-        if isinstance(own, Mapping) and own:
-            return {str(k): float(v) for k, v in own.items()}
-        if not self.rubric:
-            raise JudgeError(f"the task has no rubric in column {self.rubric_field!r}")
-        return self.rubric
+        """The task's own rubric (`rubric_field`), else the configured one.
 
-    def messages(self, task: Mapping[str, Any], episode: Episode) -> list[dict[str, str]]:
-        rubric = self.rubric_for(task)
+        Raises:
+            JudgeError: the task's rubric is not a JSON object of criterion -> weight >= 0 with
+                a positive sum, or there is none (the group is then not judged, and counted).
+        """
+        own = task.get(self.rubric_field) if self.rubric_field else None
+        if own is None or own == "" or own == {}:
+            if not self.rubric:
+                raise JudgeError(f"the task has no rubric in column {self.rubric_field!r}")
+            return self.rubric
+        where = f"the task's rubric (column {self.rubric_field!r})"
+        if isinstance(own, str):
+            try:
+                own = json.loads(own)
+            except json.JSONDecodeError as exc:
+                raise JudgeError(f"{where} is not JSON ({exc.msg}): {own[:80]!r}") from None
+        if not isinstance(own, Mapping):
+            raise JudgeError(f"{where} must be an object of criterion -> weight, got {own!r:.80}")
+        weights = list(own.values())
+        if not all(isinstance(w, int | float) and not isinstance(w, bool) for w in weights):
+            raise JudgeError(f"{where}: weights must be numbers, got {dict(own)!r:.120}")
+        if any(not 0 <= w < float("inf") for w in weights):
+            raise JudgeError(f"{where}: weights must be >= 0, got {dict(own)!r:.120}")
+        if sum(weights) <= 0:
+            raise JudgeError(f"{where}: weights need a positive sum, got {dict(own)!r:.120}")
+        return {str(k): float(v) for k, v in own.items()}
+
+    def messages(
+        self, task: Mapping[str, Any], episode: Episode, rubric: Mapping[str, float] | None = None
+    ) -> list[dict[str, str]]:
+        rubric = self.rubric_for(task) if rubric is None else rubric
         text = _shorten(episode.response, self.max_response_chars)
         tag = _fresh_tag([text])
         criteria = "\n".join(f"{i}. {c}" for i, c in enumerate(rubric))
@@ -390,8 +432,10 @@ class RubricJudge(_JudgeOperator):
         )
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
-    async def judge_episode(self, task: Mapping[str, Any], episode: Episode) -> Episode:
-        rubric = self.rubric_for(task)
+    async def judge_episode(
+        self, task: Mapping[str, Any], episode: Episode, rubric: Mapping[str, float] | None = None
+    ) -> Episode:
+        rubric = self.rubric_for(task) if rubric is None else rubric
         weights = list(rubric.values())
 
         def check(answer: Any) -> float:
@@ -402,14 +446,20 @@ class RubricJudge(_JudgeOperator):
             return sum(w * v for w, v in zip(weights, values, strict=True)) / sum(weights)
 
         schema = scores_schema([str(i) for i in range(len(weights))])
-        score = await self.client.ask_json(self.messages(task, episode), check, schema)
+        score = await self.client.ask_json(self.messages(task, episode, rubric), check, schema)
         return self._mix(episode, score)
 
     async def judge_group(self, group: Group) -> Group:
-        episodes = await asyncio.gather(
-            *(self.judge_episode(group.task, e) for e in group.episodes)
+        rubric = self.rubric_for(group.task)
+        # every episode's calls end before the group fails: none is left running unobserved
+        judged = await asyncio.gather(
+            *(self.judge_episode(group.task, e, rubric) for e in group.episodes),
+            return_exceptions=True,
         )
-        return group.keep(episodes)
+        for outcome in judged:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return group.keep([e for e in judged if isinstance(e, Episode)])
 
 
 def judge_api_key(env: str | None, policy_key: str | None, is_policy: bool) -> str | None:
@@ -420,3 +470,32 @@ def judge_api_key(env: str | None, policy_key: str | None, is_policy: bool) -> s
             raise ValueError(f"judge endpoint.api_key_env: ${env} is not set")
         return key
     return policy_key if is_policy else None
+
+
+def check_endpoint(endpoint_url: str, api_key_env: str | None, where: str) -> None:
+    """Fail fast on a judge that cannot be asked at all: its key's variable is unset, or nothing
+    accepts a connection at its host and port (a transient failure later is a failed try).
+
+    Raises:
+        ValueError: naming `where` (the operator), the URL or variable, and the fix.
+
+    Example:
+        >>> check_endpoint("http://127.0.0.1:1/v1", None, "data.operators[0]")
+        Traceback (most recent call last):
+        ValueError: data.operators[0]: nothing answers at http://127.0.0.1:1/v1 ...
+    """
+    if api_key_env is not None and not os.environ.get(api_key_env):
+        raise ValueError(
+            f"{where}: endpoint.api_key_env names ${api_key_env}, which is not set; export it "
+            "or remove api_key_env"
+        )
+    url = httpx.URL(endpoint_url)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.host, port), timeout=5.0).close()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ValueError(
+            f"{where}: nothing answers at {endpoint_url} ({reason}); start the judge's server "
+            "or fix endpoint.base_url"
+        ) from None

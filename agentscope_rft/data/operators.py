@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import inspect
+import math
+import numbers
 import re
 import struct
 import time
@@ -237,7 +239,23 @@ class CustomOperator:
                 f"custom operator {self.name!r} must return a list of Group, got "
                 f"{type(result).__name__}"
             )
+        for group in result:
+            for episode in group.episodes:
+                rewards = [episode.reward, *(s.reward for s in episode.samples)]
+                if not all(_finite_number(r) for r in rewards):
+                    raise ValueError(
+                        f"custom operator {self.name!r} gave episode {episode.rollout_id!r} of "
+                        f"group {group.group_id!r} the reward {episode.reward!r} (samples: "
+                        f"{[s.reward for s in episode.samples]!r:.80}); rewards must be finite "
+                        "numbers (set them with Episode.with_reward)"
+                    )
         return result
+
+
+def _finite_number(value: object) -> bool:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    return math.isfinite(float(value))
 
 
 @dataclass

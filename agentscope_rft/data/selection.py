@@ -24,6 +24,7 @@ import array
 import copy
 import json
 import math
+import numbers
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -126,7 +127,15 @@ class _StatsKeeper:
                     f"selector.mix.field {field!r}: task {task.id!r} has no such column (it has "
                     f"{sorted(task.data)}); add it to every task or change the field"
                 )
-            self.sets.setdefault(str(task.data[field]), []).append(index)
+            value = task.data[field]
+            if not isinstance(value, str | numbers.Real):
+                shown = json.dumps(value, default=str)
+                shown = shown if len(shown) <= 60 else shown[:57] + "..."
+                raise TaskSetError(
+                    f"selector.mix.field {field!r}: task {task.id!r} has {shown} there; every "
+                    "task needs a task set name (a string or a number) in it"
+                )
+            self.sets.setdefault(str(value), []).append(index)
         unknown = sorted(set(weights) - set(self.sets))
         if unknown:
             raise TaskSetError(

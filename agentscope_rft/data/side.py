@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from agentscope_rft.api import load_callable
+from agentscope_rft.config_base import did_you_mean
 from agentscope_rft.data.config import (
     CurriculumSelectorConfig,
     CustomOp,
@@ -32,7 +33,13 @@ from agentscope_rft.data.config import (
     StatusOp,
     UniformSelectorConfig,
 )
-from agentscope_rft.data.judges import GroupJudge, JudgeClient, RubricJudge, judge_api_key
+from agentscope_rft.data.judges import (
+    GroupJudge,
+    JudgeClient,
+    RubricJudge,
+    check_endpoint,
+    judge_api_key,
+)
 from agentscope_rft.data.operators import (
     CustomOperator,
     Episode,
@@ -88,7 +95,14 @@ def build_selector(
         )
     assert isinstance(config, CustomSelectorConfig)
     cls = load_callable(config.path, "data.selector.path")
-    selector = cls(list(tasks), seed=seed, **config.args)
+    try:
+        selector = cls(list(tasks), seed=seed, **config.args)
+    except Exception as exc:  # the user's class: its error is the message, not a traceback
+        raise TaskSetError(
+            f"data.selector {config.path!r} could not be made as {config.path.rpartition(':')[2]}"
+            f"(tasks, seed={seed}, **args) with args {sorted(config.args)}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
     missing = [
         m
         for m in ("next_batch", "observe", "state_dict", "load_state_dict", "task_stats")
@@ -99,7 +113,50 @@ def build_selector(
             f"data.selector {config.path!r} lacks {missing}: a selector implements "
             "agentscope_rft.data.selection.TaskSelector"
         )
-    return selector
+    return CheckedSelector(selector, tasks, config.path)
+
+
+class CheckedSelector:
+    """A user's selector whose batches are checked: `size` tasks of the task set, so that a
+    wrong return value is named at the selector, not deep inside the explorer."""
+
+    def __init__(self, selector: Any, tasks: Sequence[Task], path: str) -> None:
+        self.inner = selector
+        self.path = path
+        self._ids = {task.id for task in tasks}
+
+    def next_batch(self, size: int) -> list[Task]:
+        batch = self.inner.next_batch(size)
+        ok = isinstance(batch, list) and len(batch) == size
+        bad = (
+            next((t for t in batch if not isinstance(t, Task) or t.id not in self._ids), None)
+            if ok
+            else None
+        )
+        if not ok or bad is not None:
+            got = (
+                f"{type(batch).__name__} of {len(batch)}"
+                if isinstance(batch, list | tuple)
+                else type(batch).__name__
+            )
+            what = f"; {bad!r:.80} is not one of its Task objects" if bad is not None else ""
+            raise TaskSetError(
+                f"data.selector {self.path!r}: next_batch({size}) returned a {got}{what}; it must "
+                f"return a list of {size} Task objects from the tasks it was given"
+            )
+        return batch
+
+    def observe(self, task_id: str, rewards: Sequence[float]) -> None:
+        self.inner.observe(task_id, rewards)
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.inner.state_dict())
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.inner.load_state_dict(state)
+
+    def task_stats(self) -> list[dict[str, Any]]:
+        return list(self.inner.task_stats())
 
 
 def build_operator(
@@ -160,6 +217,57 @@ def check_data(config: DataConfig, tasks: Sequence[Task], *, seed: int) -> None:
     for op in [*config.operators, *config.offline_operators]:
         if isinstance(op, CustomOp):
             load_callable(op.path, "data operator")
+    for index, op in enumerate(config.operators):
+        if isinstance(op, GroupJudgeOp | RubricJudgeOp):
+            _check_judge_columns(op, f"data.operators[{index}] ({op.type})", tasks)
+
+
+def _check_judge_columns(
+    op: GroupJudgeOp | RubricJudgeOp, where: str, tasks: Sequence[Task]
+) -> None:
+    """A judge column that no task has is a typo: the judge would never see a reference (or a
+    rubric); a question column that none has shows the judge each task's whole JSON instead."""
+    columns = sorted({key for task in tasks for key in task.data})
+    wanted = [("reference_field", op.reference_field)]
+    if isinstance(op, RubricJudgeOp) and not op.rubric:
+        wanted.append(("rubric_field", op.rubric_field))
+    for key, column in wanted:
+        if column is not None and not any(column in task.data for task in tasks):
+            hint = did_you_mean(column, columns)
+            raise TaskSetError(
+                f"{where}: {key} {column!r} is a column of no training task{hint} (columns: "
+                f"{', '.join(columns)})"
+            )
+    if not any(op.question_field in task.data for task in tasks):
+        logger.warning(
+            "%s: question_field %r is a column of no training task (columns: %s); the judge is "
+            "shown each task's whole JSON instead",
+            where,
+            op.question_field,
+            ", ".join(columns),
+        )
+
+
+def check_judges(config: DataConfig) -> None:
+    """Fail fast on a judge with an endpoint URL that cannot be asked: nothing listens there, or
+    its API key variable is unset (`policy` judges use the run's own gateway).
+
+    Raises:
+        ConfigError: naming the operator (`data.operators[2] (group_judge)`) and the fix.
+    """
+    from agentscope_rft.config import ConfigError  # (the config module imports this package)
+
+    for key, ops in (
+        ("operators", config.operators),
+        ("offline_operators", config.offline_operators),
+    ):
+        for index, op in enumerate(ops):
+            if isinstance(op, GroupJudgeOp | RubricJudgeOp) and op.endpoint.base_url != "policy":
+                where = f"data.{key}[{index}] ({op.type})"
+                try:
+                    check_endpoint(op.endpoint.base_url, op.endpoint.api_key_env, where)
+                except ValueError as exc:
+                    raise ConfigError(str(exc)) from None
 
 
 def groups_from_explored(
@@ -234,27 +342,43 @@ class DataSide:
     async def after_explore(
         self, step: int, rollouts: Sequence[Rollout], groups: list[list[Sample]]
     ) -> tuple[list[list[Sample]], dict[str, float]]:
-        """Observe the step's rewards, export task statistics, run the operators: the groups
-        that go into the buffer and the step's `data/*` metrics."""
+        """Run the operators, then tell the selector each explored task's rewards and export
+        task statistics: the groups that go into the buffer and the step's `data/*` metrics.
+
+        The selector hears the rewards that are trained: those of the task's episodes the
+        operators kept, as they left them (a judge's scores); a task whose episodes were all
+        dropped is heard with its episodes' own rewards.
+        """
+        metrics: dict[str, float] = {}
+        trained: dict[str, float] = {}
+        if self.pipeline and groups:
+            kept, op_metrics = await self.pipeline(groups_from_explored(rollouts, groups))
+            metrics.update(op_metrics)
+            groups = [g.samples for g in kept]
+            trained = {e.rollout_id: e.reward for g in kept for e in g.episodes}
         rewards: dict[str, list[float]] = {}
+        kept_rewards: dict[str, list[float]] = {}
         for rollout in rollouts:
             if rollout.ok:
                 rewards.setdefault(rollout.task_id, []).append(rollout.reward)
+                if rollout.rollout_id in trained:
+                    kept_rewards.setdefault(rollout.task_id, []).append(trained[rollout.rollout_id])
         for task_id, values in rewards.items():
-            self.selector.observe(task_id, values)
+            self.selector.observe(task_id, kept_rewards.get(task_id) or values)
         write_task_stats(self.run_dir, self.selector, step)
-        metrics = {"data/tasks_observed": float(len(rewards))}
-        if not self.pipeline or not groups:
-            return groups, metrics
-        kept, op_metrics = await self.pipeline(groups_from_explored(rollouts, groups))
-        metrics.update(op_metrics)
-        return [g.samples for g in kept], metrics
+        metrics["data/tasks_observed"] = float(len(rewards))
+        return groups, metrics
 
     async def close(self) -> None:
-        for op in self.pipeline.operators:
-            closer = getattr(op, "close", None)
-            if closer is not None:
-                await closer()
+        await close_operators(self.pipeline)
+
+
+async def close_operators(pipeline: Pipeline) -> None:
+    """Release what the operators hold (the judges' HTTP clients)."""
+    for op in pipeline.operators:
+        closer = getattr(op, "close", None)
+        if closer is not None:
+            await closer()
 
 
 def apply_offline_operators(

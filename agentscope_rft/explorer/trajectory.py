@@ -28,6 +28,12 @@ from agentscope_rft.types import Call, Rollout, Sample
 
 RewardSpread = Literal["outcome", "last_call", "each_call", "discounted"]
 
+EPISODE_REWARD = "episode_reward"
+EPISODE_SUCCESS = "episode_success"
+"""`Sample.metrics` keys: the episode's reward as the workflow gave it (before any reward spread
+or data operator) and whether it succeeded (1/0), so that a process that only reads the buffer
+(`run.mode: train_only`) can report the episodes' rewards like an exploring run."""
+
 
 @dataclass
 class _Chain:
@@ -192,7 +198,10 @@ def build_samples(
                         [states.get(c.request_id, "") for c in chain.calls] if states else None
                     ),
                     sample_id=f"{rollout.rollout_id}:{agent or '-'}:{k}",
-                    metrics={"episode_reward": rollout.reward},
+                    metrics={
+                        EPISODE_REWARD: rollout.reward,
+                        EPISODE_SUCCESS: float(rollout.success),
+                    },
                 )
             )
     stats.samples = len(samples)
@@ -254,4 +263,38 @@ def _token_rewards(
     elif spread == "discounted":
         for k, request in enumerate(requests):
             out[request] += rollout.reward * gamma ** (len(requests) - 1 - k)
+    return out
+
+
+def episode_reward_metrics(samples: Sequence[Sample]) -> dict[str, float]:
+    """`reward/mean`, `reward/std`, `reward/min`, `reward/max` and `success_rate` over the
+    episodes whose samples these are, as an exploring step logs them for its episodes: one value
+    per rollout, the workflow's reward (`EPISODE_REWARD`, else the sample's `reward`). Only
+    policy samples (`kind: rl`) count; `success_rate` needs `EPISODE_SUCCESS` on every episode
+    (samples written before it existed have none). Empty when there is no policy sample.
+
+    Example:
+        >>> make = lambda r, rid: Sample([1, 2], [0, 1], [0.0, -1.0], r, rid, "t",
+        ...                              metrics={EPISODE_REWARD: r, EPISODE_SUCCESS: r})
+        >>> m = episode_reward_metrics([make(1.0, "a"), make(1.0, "a"), make(0.0, "b")])
+        >>> m["reward/mean"], m["reward/std"], m["success_rate"]
+        (0.5, 0.5, 0.5)
+    """
+    episodes: dict[str, Sample] = {}
+    for sample in samples:
+        if sample.kind == "rl":
+            episodes.setdefault(sample.rollout_id, sample)
+    if not episodes:
+        return {}
+    rewards = [float(s.metrics.get(EPISODE_REWARD, s.reward)) for s in episodes.values()]
+    mean = sum(rewards) / len(rewards)
+    out = {
+        "reward/mean": mean,
+        "reward/std": (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5,
+        "reward/min": min(rewards),
+        "reward/max": max(rewards),
+    }
+    successes = [s.metrics.get(EPISODE_SUCCESS) for s in episodes.values()]
+    if all(v is not None for v in successes):
+        out["success_rate"] = sum(float(v or 0.0) for v in successes) / len(successes)
     return out

@@ -1,8 +1,8 @@
 """`agentscope-rft explore`: run a workflow over a task set without training (a baseline).
 
 Samples go to the buffer (an SQLite file by default, so they can be exported or trained on
-later with `run.mode: train_only`), per-task results to `results.jsonl`, a summary to
-`summary.json`.
+later with `run.mode: train_only`) after `data.operators` (filters, judges), per-task results (the
+workflow's own rewards) to `results.jsonl`, a summary to `summary.json`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,13 @@ from agentscope_rft.api import load_workflow
 from agentscope_rft.buffer.base import group_samples
 from agentscope_rft.buffer.config import BufferConfig, build_buffer
 from agentscope_rft.config import RunConfig, dump_config
+from agentscope_rft.data.operators import Pipeline
+from agentscope_rft.data.side import (
+    build_operator,
+    check_judges,
+    close_operators,
+    groups_from_explored,
+)
 from agentscope_rft.engines.base import engine_metrics
 from agentscope_rft.engines.factory import build_engine
 from agentscope_rft.explorer.diagnosis import RunDiagnosis
@@ -136,6 +143,7 @@ async def _explore(
             "explore keeps its samples: buffer.type memory -> sql (%s)", out_dir / "buffer.db"
         )
         buffer_config = BufferConfig(type="sql")
+    check_judges(config.data)
     buffer = build_buffer(buffer_config, out_dir)
     engine = build_engine(config.model, config.engine, out_dir / "logs", config.gpus)
     if ray_runtime is not None:
@@ -146,6 +154,7 @@ async def _explore(
     log = RolloutLog(out_dir / "rollouts.jsonl")
     log.path.write_text("")
     all_rollouts: list[Rollout] = []
+    data_metrics: dict[str, float] = {}
     stats = TrajectoryStats()
     started = time.perf_counter()
     rules = sampling_rules(config)
@@ -170,6 +179,18 @@ async def _explore(
                 model = ModelSettings(engine.model_name, settings.model_stream, settings.max_tokens)
                 runner = await ray_runtime.episode_runner(config, model, gateway.port)
             explorer = Explorer(workflow, gateway, settings, runner=runner)
+            # data.operators act on what enters the buffer, as in a training run
+            pipeline = Pipeline(
+                [
+                    build_operator(
+                        op,
+                        policy_url=gateway.base_url,
+                        policy_model=engine.model_name,
+                        policy_key=gateway.api_key,
+                    )
+                    for op in config.data.operators
+                ]
+            )
             chunk = max(1, config.explorer.max_concurrency // groups)
             columns = [
                 TextColumn("exploring"),
@@ -194,13 +215,22 @@ async def _explore(
                     log.write(0, split, result)
                     stats.merge(result.trajectory)
                     all_rollouts.extend(result.rollouts)
-                    for group in group_samples(result.samples).values():
+                    groups_now = list(group_samples(result.samples).values())
+                    if pipeline and groups_now:
+                        kept, op_metrics = await pipeline(
+                            groups_from_explored(result.rollouts, groups_now)
+                        )
+                        groups_now = [g.samples for g in kept]
+                        for key, value in op_metrics.items():
+                            data_metrics[key] = data_metrics.get(key, 0.0) + value
+                    for group in groups_now:
                         await buffer.put(group)
                     with open(results_path, "a") as handle:
                         for task in tasks[first : first + chunk]:
                             mine = [r for r in result.rollouts if r.task_id == task.id]
                             handle.write(json.dumps(_task_result(task.id, mine)) + "\n")
             await explorer.close()
+            await close_operators(pipeline)
         counters = engine_metrics(engine)
     finally:
         await engine.close()
@@ -209,6 +239,7 @@ async def _explore(
     if config.tasks.stratify_field:
         summary.update(stratum_metrics(all_rollouts, config.tasks.stratify_field))
     summary.update(counters)
+    summary.update(data_metrics)
     summary.update(RunDiagnosis(out_dir).first(0, split, all_rollouts))
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     if stop.requested:

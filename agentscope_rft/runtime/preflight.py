@@ -164,6 +164,14 @@ def preflight(config: RunConfig) -> Checked:
             )
     if config.uses_offline_data():
         _check_offline_path(config)
+    from agentscope_rft.data.side import check_judges
+
+    check_judges(config.data)
+    if config.buffer.replay is not None:  # a custom priority imports now, not after the model
+        try:
+            config.buffer.replay.priority_fn()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
     if config.model.chat_template is not None:
         from agentscope_rft.engines.factory import read_chat_template
 

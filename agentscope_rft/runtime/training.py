@@ -22,7 +22,7 @@ from typing import Any
 
 from agentscope_rft.buffer.base import BufferTimeout
 from agentscope_rft.buffer.config import build_buffer
-from agentscope_rft.buffer.replay import replay_metrics
+from agentscope_rft.buffer.replay import REUSE_KEY, replay_metrics
 from agentscope_rft.config import EXPLORING_MODES, RunConfig
 from agentscope_rft.data.selection import TaskSelector
 from agentscope_rft.data.side import DataSide
@@ -32,6 +32,7 @@ from agentscope_rft.engines.threads import in_own_thread
 from agentscope_rft.explorer.diagnosis import RunDiagnosis
 from agentscope_rft.explorer.explorer import Explorer, stratum_metrics
 from agentscope_rft.explorer.tasks import Task
+from agentscope_rft.explorer.trajectory import episode_reward_metrics
 from agentscope_rft.gateway.server import Gateway
 from agentscope_rft.health.rollback import RollbackState
 from agentscope_rft.health.watcher import (
@@ -408,6 +409,10 @@ class TrainingRun:
                 f"run.max_staleness={self.stale_limit} behind the trainer's {self.policy_version};"
                 " an explorer serving older weights needs a larger run.max_staleness)"
             ) from exc
+        if self.mode == "train_only":  # the explorer's metrics stayed in its own process
+            metrics.update(
+                episode_reward_metrics([s for s in samples if REUSE_KEY not in s.metrics])
+            )
         metrics.update(replay_metrics(samples))
         if self.mix_demos and self.offline is not None:  # CHORD: demonstrations beside rollouts
             samples = [*samples, *next(self.offline)]

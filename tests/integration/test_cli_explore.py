@@ -120,3 +120,39 @@ def test_explore_with_a_broken_workflow_path_fails_clearly(tmp_path):
     )
     assert done.returncode == 2
     assert "no_such_module:run" in done.stderr and "does not import" in done.stderr
+
+
+async def test_explore_runs_the_data_operators_before_the_buffer(calc_model_path, tmp_path):
+    """`data.operators` filter what `explore` stores, as in a training run (they were ignored: a
+    buffer filled for `train_only` held episodes the config's filters drop)."""
+    from agentscope_rft.buffer import iter_stored_samples
+    from agentscope_rft.config import load_config
+    from agentscope_rft.runtime.explore import explore
+
+    tasks = tmp_path / "tasks.jsonl"
+    rows = [{"id": "q0", "question": "What is (2+3)*4?", "answer": "20"}]
+    rows.append(
+        {"id": "q1", "question": "What is 2+2?", "answer": "7777"}
+    )  # never solved: reward 0
+    tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = load_config(
+        None,
+        [
+            f"model.name_or_path={calc_model_path}",
+            "engine.dtype=float32",
+            "workflow=tests.integration.test_explorer:calc_workflow",
+            f"tasks.train={tasks}",
+            "explorer.group_size=2",
+            "explorer.sampling.temperature=0.0",
+            "data.operators=[{type: reward_range, min: 0.5}]",
+        ],
+    )
+    summary = await explore(config, tmp_path / "explore")
+    assert summary["data/reward_range/episodes_dropped"] == 2.0
+    assert summary["data/reward_range/groups_dropped"] == 1.0
+    stored = list(iter_stored_samples(tmp_path / "explore" / "buffer.db"))
+    assert {s.task_id for s in stored} == {"q0"} and all(s.reward == 1.0 for s in stored)
+    results = [
+        json.loads(x) for x in (tmp_path / "explore" / "results.jsonl").read_text().splitlines()
+    ]
+    assert [r["rewards"] for r in results] == [[1.0, 1.0], [0.0, 0.0]]  # the workflow's own

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 
 from agentscope_rft.buffer.sql import SQLBuffer
 from agentscope_rft.config import load_config
+from agentscope_rft.explorer.trajectory import EPISODE_REWARD, EPISODE_SUCCESS
 from agentscope_rft.runtime.components import write_state
 from agentscope_rft.runtime.local import train
 from agentscope_rft.types import Sample
@@ -140,3 +142,33 @@ async def test_groups_older_than_the_staleness_bound_are_dropped_and_the_error_n
     stats = await buffer.stats()
     await buffer.close()
     assert (stats["consumed_groups"], stats["dropped_groups"], stats["pending_groups"]) == (3, 2, 0)
+
+
+async def test_train_only_logs_the_reward_metrics_of_the_episodes_it_trains(
+    tiny_model_path, tmp_path
+):
+    """Each step logs `reward/*` and `success_rate` of its episodes, as an exploring step does:
+    one value per rollout (a rollout of two samples counts once), the workflow's reward even
+    where the sample's `reward` is 0 (`explorer.reward_spread: last_call`)."""
+    rewards = [[0.0, 0.5, 1.0, 1.0], [0.0, 0.0, 0.25, 1.0]]
+    buffer = SQLBuffer(f"sqlite:///{tmp_path / 'shared.db'}")
+    for g, group in enumerate(groups(2)):
+        spread = []
+        for e, sample in enumerate(group):
+            marks = {EPISODE_REWARD: rewards[g][e], EPISODE_SUCCESS: float(rewards[g][e] >= 1)}
+            spread.append(dataclasses.replace(sample, reward=0.0, metrics=marks))
+        # the second sample of episode 0 (a second agent): the same episode, counted once
+        spread.append(dataclasses.replace(spread[0], sample_id=f"g{g}.0b"))
+        await buffer.put(spread)
+    await buffer.close()
+    run_dir = tmp_path / "run"
+    await train(config(tiny_model_path, f"sqlite:///{tmp_path / 'shared.db'}", run_dir, 2), run_dir)
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    logged = [r for r in rows if r.get("phase") == "train" and "reward/mean" in r]
+    assert [r["step"] for r in logged] == [0, 1]
+    for row, values in zip(logged, rewards, strict=True):
+        mean = sum(values) / 4
+        assert row["reward/mean"] == pytest.approx(mean)
+        assert row["reward/std"] == pytest.approx((sum((v - mean) ** 2 for v in values) / 4) ** 0.5)
+        assert (row["reward/min"], row["reward/max"]) == (min(values), max(values))
+        assert row["success_rate"] == pytest.approx(sum(v >= 1 for v in values) / 4)

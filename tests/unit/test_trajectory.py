@@ -147,6 +147,7 @@ def test_reward_spread_puts_the_episode_reward_where_it_says(spread, gamma, at_e
     [sample], _ = build_samples(rollout(LOOP, reward=2.0), reward_spread=spread, gamma=gamma)
     assert sample.reward == outcome
     assert sample.metrics["episode_reward"] == 2.0
+    assert sample.metrics["episode_success"] == 0.0  # (the rollout did not succeed)
     if at_ends is None:
         assert sample.token_rewards is None
         return
@@ -154,6 +155,11 @@ def test_reward_spread_puts_the_episode_reward_where_it_says(spread, gamma, at_e
     for end, value in zip(ENDS, at_ends, strict=True):
         expected[end] = value
     assert list(sample.token_rewards or []) == pytest.approx(expected)
+
+
+def test_samples_carry_whether_their_episode_succeeded():
+    [sample], _ = build_samples(rollout(LOOP, reward=0.5, success=True))
+    assert sample.metrics == {"episode_reward": 0.5, "episode_success": 1.0}
 
 
 def test_emitted_step_rewards_land_at_the_end_of_their_call_in_any_spread():

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from buffer_helpers import make_group, stored_form
+from buffer_helpers import make_group, make_sample, postgres_url, reset_postgres, stored_form
 from typer.testing import CliRunner
 
 from agentscope_rft.buffer import (
@@ -17,6 +17,7 @@ from agentscope_rft.buffer import (
     SQLBuffer,
     export_samples,
     import_samples,
+    import_to_buffer,
 )
 from agentscope_rft.buffer.cli import buffer_app
 from agentscope_rft.buffer.export import SAMPLE_FIELDS
@@ -139,3 +140,109 @@ def test_cli_errors_are_one_clear_line(tmp_path: Path) -> None:
         buffer_app, ["export", "--url", str(tmp_path / "x.db"), "--out", "o", "--fields", "bogus"]
     )
     assert result.exit_code == 2 and "unknown sample field 'bogus'" in result.output
+
+
+async def stats_of(path: Path | str) -> dict[str, float]:
+    buffer = SQLBuffer(path, create=False)
+    try:
+        return await buffer.stats()
+    finally:
+        await buffer.close()
+
+
+@pytest.mark.parametrize("fields", [DEFAULT_EXPORT_FIELDS, SAMPLE_FIELDS])
+async def test_importing_an_export_into_its_own_buffer_adds_nothing(
+    filled: Path, tmp_path: Path, fields: tuple[str, ...]
+) -> None:
+    out = tmp_path / "all.jsonl"
+    export_samples(filled, out, fields)
+    before = await stats_of(filled)
+    report = await import_to_buffer(out, filled)
+    assert (report.groups, report.samples, report.skipped_samples) == (0, 0, 6)
+    assert [s.line() for s in report.skipped] == [
+        "group a: 2 of 2 samples already in the buffer (trained by step 1)",
+        "group b: 2 of 2 samples already in the buffer (pending)",
+        "group c: 2 of 2 samples already in the buffer (pending)",
+    ]
+    assert await stats_of(filled) == before  # group a is not pending again: never trained twice
+
+
+async def test_a_second_import_and_repeats_in_the_file_are_skipped(
+    filled: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "all.jsonl"
+    export_samples(filled, out, SAMPLE_FIELDS)
+    twice = tmp_path / "twice.jsonl"
+    twice.write_text(out.read_text() + out.read_text())
+    other = tmp_path / "other.db"
+    first = await import_to_buffer(twice, other)
+    assert (first.groups, first.samples) == (3, 6)
+    assert {s.line() for s in first.skipped} == {
+        f"group {g}: 2 of 4 samples repeated in the file; its other 2 were imported as a new group"
+        for g in "abc"
+    }
+    second = await import_to_buffer(out, other)
+    assert (second.groups, second.samples, second.skipped_samples) == (0, 0, 6)
+    assert (await stats_of(other))["pending_samples"] == 6
+    assert export_samples(other, tmp_path / "again.jsonl", SAMPLE_FIELDS) == 6
+    assert (tmp_path / "again.jsonl").read_text() == out.read_text()
+
+
+async def test_an_import_keeps_the_new_samples_of_a_group_partly_held(
+    filled: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "a.jsonl"
+    export_samples(filled, out, SAMPLE_FIELDS, state="consumed")  # group a, trained by step 1
+    extra = stored_form(make_sample("a", 7))
+    out.write_text(out.read_text() + json.dumps(extra.to_dict()) + "\n")
+    report = await import_to_buffer(out, filled)
+    assert (report.groups, report.samples) == (1, 1)
+    assert [s.line() for s in report.skipped] == [
+        "group a: 2 of 3 samples already in the buffer (trained by step 1); its other 1 was "
+        "imported as a new group"
+    ]
+    buffer = SQLBuffer(filled)
+    batch = await buffer.get(3, step=2, timeout=1)  # b, c and the new sample of a
+    await buffer.close()
+    assert [s.rollout_id for s in batch] == ["b-r0", "b-r1", "c-r0", "c-r1", "a-r7"]
+
+
+def test_cli_import_says_what_it_skipped_and_why(filled: Path, tmp_path: Path) -> None:
+    out = tmp_path / "s.jsonl"
+    export_samples(filled, out)
+    result = runner.invoke(buffer_app, ["import", "--url", str(filled), "--input", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"{out}: imported 0 groups (0 samples); skipped 6 samples of 3 groups" in (
+        " ".join(result.output.split())
+    )
+    assert "group a: 2 of 2 samples already in the buffer (trained by step 1)" in result.output
+
+
+async def test_importing_into_postgres_skips_what_it_holds(tmp_path: Path) -> None:
+    url = postgres_url()
+    reset_postgres(url)
+    buffer = SQLBuffer(url)
+    for name in "ab":
+        await buffer.put(make_group(name, 2))
+    await buffer.get(1, step=1, timeout=1)
+    await buffer.close()
+    out = tmp_path / "all.jsonl"
+    export_samples(url, out, SAMPLE_FIELDS)
+    report = await import_to_buffer(out, url)
+    assert (report.groups, report.skipped_samples) == (0, 4)
+    assert (await stats_of(url))["pending_groups"] == 1
+
+
+async def test_an_import_looks_samples_up_by_an_index(filled: Path, tmp_path: Path) -> None:
+    import sqlalchemy as sa
+
+    out = tmp_path / "all.jsonl"
+    export_samples(filled, out)
+    await import_to_buffer(out, filled)
+    engine = sa.create_engine(f"sqlite:///{filled}")
+    with engine.connect() as conn:
+        plan = conn.exec_driver_sql(
+            "EXPLAIN QUERY PLAN SELECT id FROM buffer_samples WHERE rollout_id IN ('a-r0', 'b-r1')"
+        ).all()
+    engine.dispose()
+    assert "ix_buffer_samples_rollout_id" in " ".join(str(row) for row in plan)

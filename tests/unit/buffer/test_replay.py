@@ -189,3 +189,50 @@ def test_config_shorthand_and_custom_priority(tmp_path) -> None:
 
 def by_size(candidate: ReplayCandidate) -> float:
     return float(len(candidate.rewards))
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["explorer.tasks_per_step=1", "buffer.replay={ratio: 0.3}"], r"rounds to 0 replayed"),
+        (["explorer.tasks_per_step=4", "buffer.replay={ratio: 0.1}"], r"set ratio >= 0\.125"),
+        (
+            [
+                "run.mode=offline",
+                "offline.path=d.jsonl",
+                "algorithm.objective=sft",
+                "buffer.replay={}",
+            ],
+            "run.mode 'offline' trains from offline files without the buffer",
+        ),
+    ],
+)
+def test_a_replay_that_can_never_happen_is_a_config_error(sets: list[str], message: str) -> None:
+    from agentscope_rft.config import ConfigError, load_config
+
+    base = ["workflow=app.py:run", "tasks.train=t.jsonl"]
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [*base, *sets])
+    ok = load_config(None, [*base, "explorer.tasks_per_step=1", "buffer.replay={ratio: 0.5}"])
+    assert ok.buffer.replay is not None and replay_count(ok.buffer.replay, 1) == 1
+
+
+def test_a_custom_priority_that_does_not_import_stops_the_run_at_preflight(tmp_path) -> None:
+    from agentscope_rft.api import WorkflowError
+    from agentscope_rft.config import load_config
+    from agentscope_rft.runtime.preflight import preflight
+
+    app = tmp_path / "app.py"
+    app.write_text("async def run(task, model):\n    return 1.0\n")
+    (tmp_path / "t.jsonl").write_text('{"id": "a"}\n')
+    config = load_config(
+        None,
+        [
+            f"workflow={app}:run",
+            f"tasks.train={tmp_path / 't.jsonl'}",
+            "model.name_or_path=/no/such/model",  # preflight stops before it reaches the model
+            "buffer.replay={priority: no_such_module_here:fn}",
+        ],
+    )
+    with pytest.raises(WorkflowError, match=r"buffer\.replay\.priority 'no_such_module_here:fn'"):
+        preflight(config)

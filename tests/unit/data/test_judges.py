@@ -13,11 +13,21 @@ from typing import Any
 
 import pytest
 
+from agentscope_rft.config import ConfigError
 from agentscope_rft.data.config import DataConfig
 from agentscope_rft.data.judges import GroupJudge, JudgeClient, RubricJudge, extract_json
 from agentscope_rft.data.operators import Episode, Group, Pipeline
-from agentscope_rft.data.side import build_operator
+from agentscope_rft.data.side import build_operator, check_judges
 from agentscope_rft.types import Sample
+
+GARBAGE = {
+    "html": b"<html><body>502 Bad Gateway</body></html>",
+    "no_choices": b'{"choices": []}',
+    "null_content": b'{"choices": [{"message": {"content": null}}]}',
+    "not_an_object": b"[1, 2, 3]",
+    "bool_scores": b'{"choices": [{"message": {"content": "{\\"scores\\": [true, false, 1]}"}}]}',
+}
+"""Bodies of 200 answers that are not a usable chat completion (replies as given)."""
 
 
 class JudgeServer:
@@ -55,8 +65,11 @@ class JudgeServer:
                     self.send_response(500)
                     self.end_headers()
                     return
-                content = server.reply(mode, body["messages"][-1]["content"])
-                data = json.dumps({"choices": [{"message": {"content": content}}]}).encode()
+                if mode in GARBAGE:
+                    data = GARBAGE[mode]
+                else:
+                    content = server.reply(mode, body["messages"][-1]["content"])
+                    data = json.dumps({"choices": [{"message": {"content": content}}]}).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -263,6 +276,55 @@ async def test_rubric_from_a_task_column(server: JudgeServer) -> None:
     assert kept[0].episodes[0].reward == 0.75
 
 
+@pytest.mark.parametrize("server", [[*GARBAGE, "good"]], indirect=True)
+async def test_an_answer_that_is_no_chat_completion_is_a_failed_try(server: JudgeServer) -> None:
+    judge = GroupJudge(client(server, max_retries=len(GARBAGE)))
+    kept, metrics = await Pipeline([judge])([a_group()])
+    assert [e.reward for e in kept[0].episodes] == [1.0, 0.2, 0.2]
+    assert metrics["data/group_judge/retries"] == len(GARBAGE)
+
+
+@pytest.mark.parametrize("server", [["no_choices"]], indirect=True)
+async def test_garbage_every_time_keeps_the_group_and_says_why(server: JudgeServer) -> None:
+    judge = GroupJudge(client(server, max_retries=1))
+    kept, metrics = await Pipeline([judge])([a_group()])
+    assert [e.reward for e in kept[0].episodes] == [0.0, 0.0, 0.0]
+    assert metrics["data/group_judge/failed_groups"] == 1.0
+    assert "no choices" in (judge.last_error or "")
+
+
+async def test_a_dead_endpoint_fails_each_group_without_raising() -> None:
+    dead = JudgeServer(["good"])
+    dead.close()  # nothing listens on its port any more
+    judge = GroupJudge(JudgeClient(dead.url, model="m", timeout=2.0, max_retries=1))
+    kept, metrics = await Pipeline([judge])([a_group()])
+    assert [e.reward for e in kept[0].episodes] == [0.0, 0.0, 0.0]
+    assert metrics["data/group_judge/failed_groups"] == 1.0
+    assert "ConnectError" in (judge.last_error or "")
+
+
+@pytest.mark.parametrize(
+    ("rubric", "why"),
+    [
+        ("{not json", "is not JSON"),
+        (json.dumps({"ok": "heavy"}), "weights must be numbers"),
+        (json.dumps({"ok": 0, "fine": 0}), "positive sum"),
+        (json.dumps({"ok": -1, "fine": 2}), "weights must be >= 0"),
+        (json.dumps(["ok"]), "must be an object"),
+    ],
+)
+async def test_a_bad_rubric_in_a_task_fails_that_group_not_the_step(
+    server: JudgeServer, rubric: str, why: str
+) -> None:
+    judge = RubricJudge(client(server), rubric_field="rubric")
+    task = {"question": "q", "rubric": rubric}
+    kept, metrics = await Pipeline([judge])([Group("g", task, (episode("r0", 0.5, "Paris"),))])
+    assert kept[0].episodes[0].reward == 0.5
+    assert metrics["data/rubric_judge/failed_groups"] == 1.0
+    assert "column 'rubric'" in (judge.last_error or "") and why in (judge.last_error or "")
+    assert server.requests == []  # nothing asked of the judge
+
+
 def test_judge_configs_build_from_yaml_shapes(server: JudgeServer) -> None:
     config = DataConfig.model_validate(
         {
@@ -291,3 +353,58 @@ def test_extract_json() -> None:
     assert extract_json('{bad} {"scores": [0.5]}') == {"scores": [0.5]}
     with pytest.raises(ValueError, match="no JSON object"):
         extract_json("no json here")
+
+
+def test_a_judge_that_cannot_be_asked_stops_the_run_before_it_starts(
+    server: JudgeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dead = JudgeServer(["good"])
+    dead.close()
+
+    def config(url: str, **endpoint: str) -> DataConfig:
+        ops = [
+            {"type": "format", "pattern": "x"},
+            {"type": "rubric_judge", "rubric": {"ok": 1}},  # the policy: the run's own gateway
+            {"type": "group_judge", "endpoint": {"base_url": url, "model": "m", **endpoint}},
+        ]
+        return DataConfig.model_validate({"operators": ops})
+
+    check_judges(config(server.url))  # a live endpoint passes
+    with pytest.raises(
+        ConfigError, match=r"data\.operators\[2\] \(group_judge\): nothing answers at"
+    ):
+        check_judges(config(dead.url))
+    monkeypatch.delenv("JUDGE_KEY_FOR_TEST", raising=False)
+    with pytest.raises(ConfigError, match=r"api_key_env names \$JUDGE_KEY_FOR_TEST, which is not"):
+        check_judges(config(server.url, api_key_env="JUDGE_KEY_FOR_TEST"))
+    assert server.requests == []  # a connection, not a judge call
+
+
+def test_a_judge_column_that_no_task_has_stops_the_run_at_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from agentscope_rft.data.side import check_data
+    from agentscope_rft.explorer.tasks import TaskSetError, load_tasks
+
+    tasks = load_tasks([{"id": "a", "prompt": "2+2?", "answer": "4"}])
+
+    def config(**judge: object) -> DataConfig:
+        return DataConfig.model_validate({"operators": [{"type": "group_judge", **judge}]})
+
+    with pytest.raises(
+        TaskSetError,
+        match=r"data\.operators\[0\] \(group_judge\): reference_field 'answr' is a column of no "
+        r"training task; did you mean 'answer'\?",
+    ):
+        check_data(config(reference_field="answr"), tasks, seed=0)
+    rubric = DataConfig.model_validate(
+        {"operators": [{"type": "rubric_judge", "rubric_field": "rubric"}]}
+    )
+    with pytest.raises(TaskSetError, match=r"rubric_field 'rubric' is a column of no training"):
+        check_data(rubric, tasks, seed=0)
+    caplog.clear()
+    check_data(config(reference_field="answer"), tasks, seed=0)  # question_field: the default
+    assert "question_field 'question' is a column of no training task" in caplog.text
+    caplog.clear()
+    check_data(config(reference_field="answer", question_field="prompt"), tasks, seed=0)
+    assert "question_field" not in caplog.text

@@ -102,6 +102,28 @@ async def test_format_rewards_or_drops_what_does_not_match() -> None:
         FormatCheck("(", "drop", 0.0)
 
 
+@pytest.mark.parametrize(
+    ("operator", "message"),
+    [
+        ({"type": "reward_range", "min": 1, "max": 0}, "min 1.0 > max 0.0 would drop every"),
+        ({"type": "reward_range", "min": float("nan")}, "finite number"),
+        ({"type": "length", "min_tokens": 9, "max_tokens": 5}, "min_tokens 9 > max_tokens 5"),
+        (
+            {"type": "format", "pattern": "<answer>(.+"},
+            "pattern '<answer>\\(\\.\\+' is not a regex",
+        ),
+        ({"type": "format", "pattern": "x", "reward": float("inf")}, "finite number"),
+        ({"type": "status", "stop_reasons": ["lenght"]}, "'stop', 'length' or 'tool_calls'"),
+    ],
+)
+def test_an_operator_that_cannot_work_is_refused_by_the_config(
+    operator: dict, message: str
+) -> None:
+    # (each used to pass and then drop every episode, or none, in silence)
+    with pytest.raises(ValueError, match=message):
+        DataConfig.model_validate({"operators": [operator]})
+
+
 TEXT = "the quick brown fox jumps over the lazy dog near the river bank today"
 
 
@@ -210,3 +232,66 @@ def test_offline_operators_filter_units_by_their_decoded_text() -> None:
     decode = lambda ids: " ".join(str(i) for i in ids) + f" {len(ids)}"  # noqa: E731
     kept = apply_offline_operators(config.offline_operators, units, decode)
     assert list(kept) == ["u0"]
+
+
+def nan_reward(groups: list[Group], args: dict) -> list[Group]:
+    return [g.keep([e.with_reward(float("nan")) for e in g.episodes]) for g in groups]
+
+
+async def test_a_custom_operator_that_gives_a_reward_that_is_not_a_number_is_named() -> None:
+    # (the step failed at the buffer, naming a sample but not the operator that set it)
+    config = DataConfig.model_validate(
+        {"operators": [{"type": "custom", "path": f"{__name__}:nan_reward", "name": "mine"}]}
+    )
+    groups = [group("a", episode("a0", 1.0))]
+    with pytest.raises(ValueError, match=r"custom operator 'mine' gave episode 'a0' of group"):
+        await Pipeline([build_operator(config.operators[0])])(groups)
+
+
+def score_by_length(groups: list[Group], args: dict) -> list[Group]:
+    """A stand-in judge: scores each episode by its response's length."""
+    return [g.keep([e.with_reward(len(e.response) / 10) for e in g.episodes]) for g in groups]
+
+
+async def test_the_selector_hears_the_rewards_the_operators_leave(tmp_path) -> None:
+    """A judge gives the rewards that train: the curriculum must learn from them, not from the
+    environment's (all 0 here: every task would look like one with nothing to learn)."""
+    from agentscope_rft.data.selection import CurriculumSelector
+    from agentscope_rft.data.side import DataSide
+    from agentscope_rft.explorer.tasks import load_tasks
+
+    config = DataConfig.model_validate(
+        {"operators": [{"type": "custom", "path": f"{__name__}:score_by_length"},
+                       {"type": "reward_range", "max": 0.5}]}
+    )  # fmt: skip
+    selector = CurriculumSelector(load_tasks([{"id": "t"}, {"id": "u"}]), decay=1.0)
+    side = DataSide(selector, Pipeline([build_operator(op) for op in config.operators]), tmp_path)
+    rollouts = [
+        Rollout("r0", "t", {}, [call("a")], 0.0),
+        Rollout("r1", "t", {}, [call("abc")], 0.0),
+        Rollout("r2", "t", {}, [call("too long to keep")], 0.0),
+        Rollout("r3", "u", {}, [call("far too long to keep")], 0.0),
+    ]
+    groups = [[sample("r0", 0.0), sample("r1", 0.0), sample("r2", 0.0)], [sample("r3", 0.0)]]
+    kept, metrics = await side.after_explore(0, rollouts, groups)
+    assert [[s.rollout_id for s in g] for g in kept] == [["r0", "r1"]]
+    assert metrics["data/tasks_observed"] == 2.0
+    stats = {row["task_id"]: row for row in selector.task_stats()}
+    # t: heard the kept episodes' scores 0.1 and 0.3 (they differ: informative)
+    assert stats["t"]["episodes"] == 2 and stats["t"]["informative_groups"] == 1.0
+    assert stats["t"]["mean_reward"] == pytest.approx(0.2)
+    # u: every episode dropped: heard with its own reward
+    assert stats["u"]["episodes"] == 1 and stats["u"]["mean_reward"] == 0.0
+
+
+def test_reward_setting_operators_and_dynamic_sampling_are_refused_together() -> None:
+    from agentscope_rft.config import ConfigError, load_config
+
+    base = ["workflow=app.py:run", "tasks.train=t.jsonl", "explorer.dynamic_sampling={}"]
+    for op in ("{type: group_judge}", "{type: format, pattern: x}"):
+        with pytest.raises(ConfigError, match=r"dynamic_sampling keeps the groups whose workflow"):
+            load_config(None, [*base, f"data.operators=[{op}]"])
+    filtered = load_config(
+        None, [*base, "data.operators=[{type: format, pattern: x, action: drop}]"]
+    )
+    assert filtered.explorer.dynamic_sampling is not None  # a filter alone is fine

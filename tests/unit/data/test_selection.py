@@ -6,8 +6,14 @@ import json
 import random
 
 import pytest
+import yaml
 
-from agentscope_rft.data.config import CurriculumSelectorConfig, CustomSelectorConfig, MixConfig
+from agentscope_rft.data.config import (
+    CurriculumSelectorConfig,
+    CustomSelectorConfig,
+    MixConfig,
+    UniformSelectorConfig,
+)
 from agentscope_rft.data.selection import (
     CurriculumSelector,
     UniformSelector,
@@ -221,6 +227,26 @@ def test_mix_errors_name_the_column_and_sets() -> None:
         UniformSelector(tasks(2, source=["a", "b"]), mix_field="source", mix_weights={"c": 1})
 
 
+@pytest.mark.parametrize(
+    ("value", "shown"), [(None, "null"), (["x"], r'\["x"\]'), ({"k": 1}, r'\{"k": 1\}')]
+)
+def test_a_mix_column_that_holds_no_set_name_is_named(value: object, shown: str) -> None:
+    # (a `source: null` task used to form a set "None" that named weights gave weight 0: never
+    # explored, silently)
+    with pytest.raises(TaskSetError, match=rf"task 't1' has {shown} there; every task needs"):
+        UniformSelector(tasks(2, source=["a", value]), mix_field="source")
+
+
+def test_a_numeric_mix_column_is_weighted_by_its_values_as_yaml_writes_them() -> None:
+    mix = MixConfig.model_validate(yaml.safe_load("{field: difficulty, weights: {1: 3, 2: 0}}"))
+    assert mix.weights == {"1": 3.0, "2": 0.0}
+    selector = build_selector(UniformSelectorConfig(mix=mix), tasks(4, difficulty=[1, 2, 1, 2]))
+    assert sorted(t.data["difficulty"] for t in selector.next_batch(6)) == [1] * 6
+    for bad in (float("nan"), float("inf"), -1):
+        with pytest.raises(ValueError, match=r"mix\.weights must be finite numbers >= 0"):
+            MixConfig.model_validate({"weights": {"a": bad}})
+
+
 def test_curriculum_within_a_mix_picks_from_the_drawn_set() -> None:
     selector = build_selector(
         CurriculumSelectorConfig(
@@ -301,3 +327,33 @@ def test_custom_selector_by_import_path() -> None:
     assert ids(selector.next_batch(2)) == ["t1", "t2"]
     with pytest.raises(TaskSetError, match=r"lacks \['next_batch'"):
         build_selector(CustomSelectorConfig(path=f"{__name__}:NotASelector"), tasks(2))
+
+
+class ReturnsIds(FirstTasks):
+    def next_batch(self, size):
+        return [t.id for t in self.tasks[:size]]
+
+
+def test_a_custom_selector_that_breaks_its_contract_is_named() -> None:
+    with pytest.raises(
+        TaskSetError,
+        match=r"made as FirstTasks\(tasks, seed=0, \*\*args\) with args \['ofset'\]: TypeError",
+    ):
+        build_selector(
+            CustomSelectorConfig(path=f"{__name__}:FirstTasks", args={"ofset": 1}), tasks(4)
+        )
+    short = build_selector(
+        CustomSelectorConfig(path=f"{__name__}:FirstTasks", args={"offset": 3}), tasks(4)
+    )
+    with pytest.raises(
+        TaskSetError, match=r"next_batch\(2\) returned a list of 1; it must return a list of 2 Task"
+    ):
+        short.next_batch(2)
+    wrong = build_selector(CustomSelectorConfig(path=f"{__name__}:ReturnsIds"), tasks(4))
+    with pytest.raises(
+        TaskSetError, match=r"next_batch\(2\) returned a list of 2; 't0' is not one of its Task"
+    ):
+        wrong.next_batch(2)
+    ok = build_selector(CustomSelectorConfig(path=f"{__name__}:FirstTasks"), tasks(4))
+    ok.observe("t0", [1.0])
+    assert ok.state_dict() == {"seen": {"t0": 1}} and ok.task_stats()[0]["episodes"] == 1
