@@ -145,12 +145,12 @@ def _staleness(config: RunConfig, keys: set[str]) -> list[NoEffect]:
 
 def _offline_mode(config: RunConfig, keys: set[str]) -> list[NoEffect]:
     # runtime/training.py `_next_batch`: an offline run trains batches of its files; it never
-    # takes groups from the buffer (get_timeout, replay) nor explores batches (tasks_per_step),
-    # and `explore` reads none of these either.
+    # takes groups from the buffer (get_timeout) nor explores batches (tasks_per_step), and
+    # `explore` reads neither (buffer.replay there is refused by RunConfig).
     if config.run.mode != "offline":
         return []
     why = "run.mode 'offline' trains batches of offline.path and takes no explored groups"
-    idle_keys = ("run.get_timeout", "buffer.replay", "explorer.tasks_per_step")
+    idle_keys = ("run.get_timeout", "explorer.tasks_per_step")
     return idle(keys, why, "remove it (offline.batch_size sizes the batches)", *idle_keys)
 
 

@@ -36,11 +36,6 @@ CASES = [
         ["run.get_timeout=60"],
     ),
     (
-        "buffer.replay.ratio",
-        [*OFFLINE_SFT, "buffer.replay={ratio: 0.25}"],
-        ["buffer.replay={ratio: 0.25}"],
-    ),
-    (
         "explorer.tasks_per_step",
         [*OFFLINE_SFT, "explorer.tasks_per_step=4"],
         ["run.mode=train_only", "buffer.type=sql", "explorer.tasks_per_step=4"],
