@@ -462,13 +462,24 @@ class _Exchange:
         await asyncio.wait({self._pump})
 
 
-async def _complete(exchange: _Exchange) -> JSONResponse:
+async def _abort_when_gone(request: Request, exchange: _Exchange) -> None:
+    """Abort the exchange when its client disconnects (a client timeout, a killed app), so the
+    engine stops generating what nobody will read, as vLLM does; a stream notices by itself."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    exchange.state.counters["requests_disconnected"] += 1
+    exchange.abort(RequestError("the client disconnected", status=499, code="client_disconnected"))
+
+
+async def _complete(exchange: _Exchange, request: Request) -> JSONResponse:
     ok = False
+    watcher = asyncio.create_task(_abort_when_gone(request, exchange))
     try:
         while await exchange.next_event() is not None:
             pass
         ok = True
     finally:
+        watcher.cancel()
         exchange.finish(ok)
         await exchange.aclose()
     assert exchange.prompt is not None
@@ -594,7 +605,7 @@ def create_app(state: GatewayState) -> FastAPI:
         )
         exchange = _Exchange(state, body, chat)
         if not body.stream:
-            return await _complete(exchange)
+            return await _complete(exchange, request)
         # Pull the first event before answering 200, so request errors are proper 4xx.
         try:
             first = await exchange.next_event()

@@ -227,6 +227,37 @@ async def test_what_vllm_refuses_is_counted_and_logged_once(tiny_gateway, caplog
     assert "it samples at most" in logged[1]
 
 
+async def _engine_idle(gateway, seconds: float = 60.0) -> None:
+    for _ in range(int(seconds * 10)):
+        if gateway.engine.metrics()["running"] == 0 and not gateway.state.exchanges:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("the engine still generates for a client that left")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_client_that_disconnects_frees_its_engine_slot(tiny_gateway, stream):
+    """A client that gives up (its timeout, a killed app) stops the generation, as in vLLM: the
+    slot is not held until max_tokens for a reply nobody reads (an OpenAI client retrying after
+    its timeout would otherwise pile up generations)."""
+    base = f"http://127.0.0.1:{tiny_gateway.port}"
+    body = {"model": "m", "messages": HI, "max_tokens": 470, "ignore_eos": True, "stream": stream}
+    decoded = tiny_gateway.engine.metrics()["decode_tokens"]
+    async with httpx.AsyncClient(timeout=httpx.Timeout(60, read=0.3)) as http:
+        if stream:
+            async with http.stream("POST", f"{base}/rollouts/gone/v1/chat/completions", json=body):
+                pass  # read nothing, hang up
+        else:
+            with pytest.raises(httpx.ReadTimeout):
+                await http.post(f"{base}/rollouts/gone/v1/chat/completions", json=body)
+    await _engine_idle(tiny_gateway)
+    assert tiny_gateway.engine.metrics()["decode_tokens"] - decoded < 470  # stopped early
+    assert tiny_gateway.recorder.calls("gone") == []  # the client never got it
+    assert tiny_gateway.state.counters["requests_failed"] == 1
+    async with httpx.AsyncClient(timeout=60) as http:  # and the gateway serves on
+        assert (await http.post(f"{base}/v1/chat/completions", content=_body())).status_code == 200
+
+
 TOOLS = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
 
 
