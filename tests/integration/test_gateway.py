@@ -227,6 +227,22 @@ async def test_what_vllm_refuses_is_counted_and_logged_once(tiny_gateway, caplog
     assert "it samples at most" in logged[1]
 
 
+async def test_null_parameters_mean_their_defaults(tiny_gateway):
+    """OpenAI takes null for any optional parameter (clients send it for one left unset)."""
+    nulls = {
+        "n": None, "stream": None, "logprobs": None, "presence_penalty": None,
+        "frequency_penalty": None, "logit_bias": None, "seed": None, "stop": None,
+        "temperature": None, "top_logprobs": None, "tools": None, "response_format": None,
+    }  # fmt: skip
+    async with httpx.AsyncClient(timeout=60) as http:
+        r = await http.post(
+            f"http://127.0.0.1:{tiny_gateway.port}/v1/chat/completions", content=_body(**nulls)
+        )
+    assert r.status_code == 200, r.text
+    (choice,) = r.json()["choices"]
+    assert choice["logprobs"] is None
+
+
 async def _engine_idle(gateway, seconds: float = 60.0) -> None:
     for _ in range(int(seconds * 10)):
         if gateway.engine.metrics()["running"] == 0 and not gateway.state.exchanges:
