@@ -122,7 +122,8 @@ async def check_workflow(
             )
             try:
                 [loaded] = load_tasks([task])
-                rollout = await explorer.run_episode(loaded, "check")
+                async with explorer.loop_monitor.watching():  # warns if the app blocks it
+                    rollout = await explorer.run_episode(loaded, "check")
             finally:
                 await explorer.close()
     finally:

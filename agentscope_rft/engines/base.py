@@ -33,6 +33,27 @@ class ContextWindowError(EngineError):
     """The prompt does not fit the model's context window."""
 
 
+def completion_room(prompt_len: int, max_model_len: int, max_tokens: int | None) -> int:
+    """How many tokens a request may sample after its prompt: `max_tokens` (or all the room
+    left), cut to the context window (the gateway counts the cut, see `note_context_cap`).
+
+    Raises:
+        ContextWindowError: the prompt fills the window.
+
+    Example:
+        >>> completion_room(100, 512, 1000)
+        412
+    """
+    room = max_model_len - prompt_len
+    if room < 1:
+        raise ContextWindowError(
+            f"the conversation is {prompt_len} tokens, longer than the context window "
+            f"of {max_model_len} tokens; shorten the messages",
+            param="messages",
+        )
+    return min(max_tokens or room, room)
+
+
 @dataclass(slots=True)
 class GenerationOutput:
     """One sampled continuation of a prompt."""

@@ -30,10 +30,10 @@ from agentscope_rft.engines.base import (
     ChoiceDone,
     ChoiceResult,
     ContentDelta,
-    ContextWindowError,
     EngineError,
     GenerationOutput,
     PromptReady,
+    completion_room,
 )
 from agentscope_rft.engines.batcher import (
     ContinuousBatcher,
@@ -357,18 +357,12 @@ class EmbeddedEngine:
     # ------------------------------------------------------------------ generation
     def _job(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerationJob:
         batcher = self._running()
-        room = batcher.max_model_len - len(prompt_ids)
-        if room < 1:
-            raise ContextWindowError(
-                f"the conversation is {len(prompt_ids)} tokens, longer than the context window "
-                f"of {batcher.max_model_len} tokens; shorten the messages",
-                param="messages",
-            )
+        room = completion_room(len(prompt_ids), batcher.max_model_len, sampling.max_tokens)
         loop = asyncio.get_running_loop()
         return GenerationJob(
             prompt_ids=prompt_ids,
             sampling=sampling,
-            max_new_tokens=min(sampling.max_tokens or room, room),
+            max_new_tokens=room,
             loop=loop,
             done=loop.create_future(),
         )

@@ -50,10 +50,10 @@ from agentscope_rft.engines.base import (
     ChoiceDone,
     ChoiceResult,
     ContentDelta,
-    ContextWindowError,
     EngineError,
     GenerationOutput,
     PromptReady,
+    completion_room,
 )
 from agentscope_rft.engines.chat import PromptBuilder, assemble_choice
 from agentscope_rft.engines.vllm_env import find_vllm_python
@@ -462,16 +462,6 @@ class VLLMEngine:
             return response.text  # e.g. /v1/load_lora_adapter answers in plain text
         return response.json()
 
-    def _room(self, prompt_len: int) -> int:
-        room = self.max_model_len - prompt_len
-        if room < 1:
-            raise ContextWindowError(
-                f"the conversation is {prompt_len} tokens, longer than the context window "
-                f"of {self.max_model_len} tokens; shorten the messages",
-                param="messages",
-            )
-        return room
-
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams
     ) -> list[GenerationOutput]:
@@ -484,8 +474,7 @@ class VLLMEngine:
         rollout_id: str | None,
         response_format: JSON | None = None,
     ) -> list[GenerationOutput]:
-        room = self._room(len(prompt_ids))
-        max_tokens = min(sampling.max_tokens or room, room)
+        max_tokens = completion_room(len(prompt_ids), self.max_model_len, sampling.max_tokens)
         replica = self._pick(rollout_id)
         async with self._admitted(replica) as (version, model):
             body = wire.completions_body(model, prompt_ids, sampling, max_tokens)
@@ -504,7 +493,7 @@ class VLLMEngine:
             prompt_ids, reused = self.prompts.build(request)
         except ChatFormatError as exc:
             raise EngineError(str(exc), param=exc.param) from exc
-        self._room(len(prompt_ids))
+        completion_room(len(prompt_ids), self.max_model_len, request.sampling.max_tokens)
         yield PromptReady(prompt_ids=prompt_ids, reused_tokens=reused)
         outputs = await self._complete(
             prompt_ids, request.sampling, request.rollout_id, request.response_format

@@ -35,6 +35,7 @@ import httpx
 from agentscope.model import OpenAIChatModel
 
 from agentscope_rft.api import Workflow
+from agentscope_rft.explorer.loop_monitor import LoopMonitor, LoopStats
 from agentscope_rft.explorer.runner import (
     EpisodeFailed,
     EpisodeOutcome,
@@ -116,6 +117,8 @@ class ExploreResult:
     no_model_calls: list[str] = field(default_factory=list)
     runtime: dict[str, float] = field(default_factory=dict)
     """The episode runners' counters over this batch (e.g. `runtime/runner_deaths`)."""
+    loop: LoopStats | None = None
+    """What the event-loop monitor saw while the episodes ran here (None: they ran elsewhere)."""
 
     @classmethod
     def combine(cls, results: Sequence[ExploreResult]) -> ExploreResult:
@@ -124,8 +127,12 @@ class ExploreResult:
         runners and runner processes in use, taken at their largest)."""
         stats = TrajectoryStats()
         runtime: dict[str, float] = {}
+        loop: LoopStats | None = None
         for result in results:
             stats.merge(result.trajectory)
+            if result.loop is not None:
+                loop = loop or LoopStats()
+                loop.merge(result.loop)
             for key, value in result.runtime.items():
                 if key in _RUNTIME_GAUGES:
                     runtime[key] = max(runtime.get(key, value), value)
@@ -138,6 +145,7 @@ class ExploreResult:
             seconds=sum(result.seconds for result in results),
             no_model_calls=[t for result in results for t in result.no_model_calls],
             runtime=runtime,
+            loop=loop,
         )
 
     def metrics(self) -> dict[str, float]:
@@ -178,6 +186,8 @@ class ExploreResult:
         out.update(workflow_metrics(ok))
         out.update(self.trajectory.metrics())
         out.update(self.runtime)
+        if self.loop is not None:
+            out.update(self.loop.metrics())
         return out
 
 
@@ -259,6 +269,9 @@ class Explorer:
         self._warned_no_calls = False
         self._stragglers: set[asyncio.Task[Any]] = set()
         self._closures: dict[str, RolloutClosure] = {}
+        self.loop_monitor = LoopMonitor()
+        """Watches the event loop the episodes share (when they run here); the trainer loop
+        pauses it around work of its own in this process."""
 
     async def close(self) -> None:
         """Cancel episodes left behind at their deadline (bounded wait), close the HTTP pool."""
@@ -509,7 +522,12 @@ class Explorer:
         jobs = [
             one(task, i * group_size + g) for i, task in enumerate(tasks) for g in range(group_size)
         ]
-        rollouts = list(await asyncio.gather(*jobs))
+        loop: LoopStats | None = None
+        if self.runner is None:  # the episodes share this event loop: watch it
+            async with self.loop_monitor.watching() as loop:
+                rollouts = list(await asyncio.gather(*jobs))
+        else:
+            rollouts = list(await asyncio.gather(*jobs))
         for rollout in rollouts:
             if not rollout.ok:
                 continue
@@ -550,6 +568,7 @@ class Explorer:
             seconds=time.perf_counter() - started,
             no_model_calls=no_calls,
             runtime=self.runner.take_metrics() if self.runner is not None else {},
+            loop=loop,
         )
 
 

@@ -229,6 +229,54 @@ def sampled_tool_choice(
     return "auto"
 
 
+def count_lenient(
+    state: GatewayState, counter: str, message: str, level: int = logging.WARNING
+) -> None:
+    """Count (and log the first of) a request that vLLM refuses but the gateway serves: refusing
+    it would fail an episode, which teaches the model nothing."""
+    state.counters[counter] += 1
+    if state.counters[counter] == 1:
+        logger.log(level, "%s (counted in gateway_%s_total; logged once)", message, counter)
+
+
+def check_top_logprobs(state: GatewayState, body: ChatCompletionRequest, attributed: bool) -> None:
+    """`top_logprobs` without `logprobs: true`: a 400 as in OpenAI and vLLM, except on a training
+    call, where it is served without log-probs (as asked), counted and logged once."""
+    if not body.top_logprobs or body.logprobs:
+        return
+    if not attributed:
+        raise RequestError(
+            "top_logprobs needs logprobs: true (as in OpenAI and vLLM): set logprobs to true to "
+            "get log-probs, or drop top_logprobs",
+            param="top_logprobs",
+        )
+    count_lenient(
+        state,
+        "top_logprobs_without_logprobs",
+        "a training call set top_logprobs without logprobs: true (OpenAI and vLLM answer 400); "
+        "served without log-probs; set logprobs: true to get them",
+    )
+
+
+def note_context_cap(state: GatewayState, chat: ChatRequest, prompt_len: int) -> None:
+    """A call whose `max_tokens` reaches past the context window is cut to the room left (it
+    is an upper bound), counted and logged once. vLLM answers 400 instead; that would fail an
+    episode, or a judge at `base_url: policy` whose transcript is long, for nothing."""
+    max_tokens = chat.sampling.max_tokens
+    window = state.engine.max_model_len
+    if max_tokens is None or prompt_len + max_tokens <= window:
+        return
+    count_lenient(
+        state,
+        "max_tokens_capped",
+        f"a call's completion limit ({max_tokens}: its max_tokens, or on a training call "
+        f"explorer.max_tokens_per_call) reaches past the context window ({prompt_len} prompt "
+        f"tokens of {window}): it samples at most {window - prompt_len}, finish_reason 'length' "
+        "at the end of the window (vLLM answers 400)",
+        logging.INFO,
+    )
+
+
 def _overrides_for(state: GatewayState, rollout_id: str | None) -> JSON | None:
     if rollout_id is None:
         return None
@@ -379,6 +427,7 @@ class _Exchange:
             raise item
         if isinstance(item, PromptReady):
             self.prompt = item
+            note_context_cap(self.state, self.chat, len(item.prompt_ids))
         elif isinstance(item, ChoiceDone):
             self.choices.append(item.choice)
         return item
@@ -413,13 +462,24 @@ class _Exchange:
         await asyncio.wait({self._pump})
 
 
-async def _complete(exchange: _Exchange) -> JSONResponse:
+async def _abort_when_gone(request: Request, exchange: _Exchange) -> None:
+    """Abort the exchange when its client disconnects (a client timeout, a killed app), so the
+    engine stops generating what nobody will read, as vLLM does; a stream notices by itself."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    exchange.state.counters["requests_disconnected"] += 1
+    exchange.abort(RequestError("the client disconnected", status=499, code="client_disconnected"))
+
+
+async def _complete(exchange: _Exchange, request: Request) -> JSONResponse:
     ok = False
+    watcher = asyncio.create_task(_abort_when_gone(request, exchange))
     try:
         while await exchange.next_event() is not None:
             pass
         ok = True
     finally:
+        watcher.cancel()
         exchange.finish(ok)
         await exchange.aclose()
     assert exchange.prompt is not None
@@ -526,6 +586,7 @@ def create_app(state: GatewayState) -> FastAPI:
             )
         if rollout_id is not None and body.constraint is not None:
             raise constrained_training_call(rollout_id)
+        check_top_logprobs(state, body, attributed=rollout_id is not None)
         overrides = _overrides_for(state, rollout_id)
         messages = body.messages
         if state.runtime_state != "keep":
@@ -544,7 +605,7 @@ def create_app(state: GatewayState) -> FastAPI:
         )
         exchange = _Exchange(state, body, chat)
         if not body.stream:
-            return await _complete(exchange)
+            return await _complete(exchange, request)
         # Pull the first event before answering 200, so request errors are proper 4xx.
         try:
             first = await exchange.next_event()

@@ -22,6 +22,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from agentscope_rft.engines.base import ChoiceResult
@@ -102,6 +103,15 @@ class ChatCompletionRequest(BaseModel):
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     verbosity: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        """OpenAI's API takes `null` for every optional parameter (clients send it for a value
+        left unset, e.g. `n=None`): it means the default, not a wrong type."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None or k not in _DEFAULTED}
+        return data
 
     @field_validator("presence_penalty", "frequency_penalty")
     @classmethod
@@ -215,6 +225,14 @@ class ChatCompletionRequest(BaseModel):
             )
         except ValueError as exc:
             raise RequestError(str(exc)) from exc
+
+
+_DEFAULTED = frozenset(
+    name
+    for name, info in ChatCompletionRequest.model_fields.items()
+    if not info.is_required() and info.default is not None
+)
+"""Parameters whose default is not None: a `null` for them means that default."""
 
 
 def parse_request(body: bytes) -> ChatCompletionRequest:

@@ -461,12 +461,14 @@ class TrainingRun:
         log, and validate when due."""
         progress.reset("train", total=1)  # a step once begun finishes, even on a stop
         self._peak(metrics, "explore")  # (in a sync run: exploring the step's groups)
-        metrics.update(await self._trainer_step(samples, step))
+        with self._trainer_working():
+            metrics.update(await self._trainer_step(samples, step))
         self._peak(metrics, "train")
         progress.advance("train")
         done = step + 1
         if self.engine is not None and not self.stop.requested:
-            metrics["time/sync"] = await sync_weights(self.engine, self.trainer, version=done)
+            with self._trainer_working():
+                metrics["time/sync"] = await sync_weights(self.engine, self.trainer, version=done)
             self._peak(metrics, "sync")
         self.policy_version = done
         metrics["time/step"] = time.perf_counter() - started
@@ -493,7 +495,8 @@ class TrainingRun:
             or (self.checkpoint_every and done % self.checkpoint_every == 0)
         ):
             saving = time.perf_counter()
-            saved = await self._save_checkpoint(done)  # before the explorer moves on (sync mode)
+            with self._trainer_working():  # before the explorer moves on (sync mode)
+                saved = await self._save_checkpoint(done)
             metrics["time/checkpoint"] = time.perf_counter() - saving
             self._peak(metrics, "checkpoint")
         await self._finish_step(done)
@@ -506,6 +509,13 @@ class TrainingRun:
         eval_every = self.config.run.eval_every
         if eval_every and (done % eval_every == 0 or done == self.steps):
             await self.stop.until(self._evaluate(done))
+
+    def _trainer_working(self) -> contextlib.AbstractContextManager[None]:
+        """The explorer's event-loop monitor paused: the trainer's work in this process (its
+        thread) competes with the episodes for the GIL, which is not the app blocking the loop."""
+        if self.explorer is None:
+            return contextlib.nullcontext()
+        return self.explorer.loop_monitor.paused()
 
     async def _trainer_step(self, samples: list[Sample], step: int) -> dict[str, float]:
         """`trainer.step`; a non-finite gradient is a health event when the rule watches it."""

@@ -165,6 +165,13 @@ BAD_INPUTS = [
         "tools[0]",
     ),
     ("bad rollout id", "/rollouts/bad%20id/v1/chat/completions", _body(), 400, "rollout id"),
+    (
+        "top_logprobs without logprobs",
+        "/v1/chat/completions",
+        _body(top_logprobs=2),
+        400,
+        "top_logprobs needs logprobs: true",
+    ),
 ]
 
 
@@ -184,6 +191,87 @@ async def test_bad_input_gets_openai_style_4xx(tiny_gateway, name, path, body, s
             f"http://127.0.0.1:{tiny_gateway.port}/v1/chat/completions", content=_body()
         )
         assert ok.status_code == 200
+
+
+async def test_what_vllm_refuses_is_counted_and_logged_once(tiny_gateway, caplog):
+    """vLLM answers 400 to top_logprobs without logprobs, and to a max_tokens past the context
+    window. The first is a 400 on /v1 too, but served on a training call (without log-probs);
+    the second is cut to the room left on every route (a long judge transcript must not fail).
+    Both are counted and logged once."""
+    caplog.set_level("INFO", logger="agentscope_rft.gateway.app")
+    base = f"http://127.0.0.1:{tiny_gateway.port}"
+    url = f"{base}/rollouts/lenient/v1/chat/completions"
+    async with httpx.AsyncClient(timeout=120) as http:
+        for _ in range(2):
+            r = await http.post(url, content=_body(top_logprobs=2))
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["logprobs"] is None  # not asked for
+        for route in (url, f"{base}/v1/chat/completions"):
+            long = _body(max_completion_tokens=600, temperature=1.0, ignore_eos=True)
+            r = await http.post(route, content=long)
+            assert r.status_code == 200, r.text
+            usage = r.json()["usage"]
+            assert usage["prompt_tokens"] + usage["completion_tokens"] == 512
+            assert r.json()["choices"][0]["finish_reason"] == "length"
+        # Within the window: not counted.
+        r = await http.post(f"{base}/v1/chat/completions", content=_body(max_tokens=400))
+        assert r.status_code == 200, r.text
+        counters = (await http.get(f"{base}/metrics?format=json")).json()
+        text = (await http.get(f"{base}/metrics")).text
+    assert counters["top_logprobs_without_logprobs"] == 2
+    assert counters["max_tokens_capped"] == 2
+    assert "agentscope_rft_gateway_top_logprobs_without_logprobs_total 2" in text
+    logged = [r.getMessage() for r in caplog.records if "logged once" in r.getMessage()]
+    assert len(logged) == 2
+    assert "top_logprobs without logprobs: true" in logged[0]
+    assert "it samples at most" in logged[1]
+
+
+async def test_null_parameters_mean_their_defaults(tiny_gateway):
+    """OpenAI takes null for any optional parameter (clients send it for one left unset)."""
+    nulls = {
+        "n": None, "stream": None, "logprobs": None, "presence_penalty": None,
+        "frequency_penalty": None, "logit_bias": None, "seed": None, "stop": None,
+        "temperature": None, "top_logprobs": None, "tools": None, "response_format": None,
+    }  # fmt: skip
+    async with httpx.AsyncClient(timeout=60) as http:
+        r = await http.post(
+            f"http://127.0.0.1:{tiny_gateway.port}/v1/chat/completions", content=_body(**nulls)
+        )
+    assert r.status_code == 200, r.text
+    (choice,) = r.json()["choices"]
+    assert choice["logprobs"] is None
+
+
+async def _engine_idle(gateway, seconds: float = 60.0) -> None:
+    for _ in range(int(seconds * 10)):
+        if gateway.engine.metrics()["running"] == 0 and not gateway.state.exchanges:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("the engine still generates for a client that left")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_client_that_disconnects_frees_its_engine_slot(tiny_gateway, stream):
+    """A client that gives up (its timeout, a killed app) stops the generation, as in vLLM: the
+    slot is not held until max_tokens for a reply nobody reads (an OpenAI client retrying after
+    its timeout would otherwise pile up generations)."""
+    base = f"http://127.0.0.1:{tiny_gateway.port}"
+    body = {"model": "m", "messages": HI, "max_tokens": 470, "ignore_eos": True, "stream": stream}
+    decoded = tiny_gateway.engine.metrics()["decode_tokens"]
+    async with httpx.AsyncClient(timeout=httpx.Timeout(60, read=0.3)) as http:
+        if stream:
+            async with http.stream("POST", f"{base}/rollouts/gone/v1/chat/completions", json=body):
+                pass  # read nothing, hang up
+        else:
+            with pytest.raises(httpx.ReadTimeout):
+                await http.post(f"{base}/rollouts/gone/v1/chat/completions", json=body)
+    await _engine_idle(tiny_gateway)
+    assert tiny_gateway.engine.metrics()["decode_tokens"] - decoded < 470  # stopped early
+    assert tiny_gateway.recorder.calls("gone") == []  # the client never got it
+    assert tiny_gateway.state.counters["requests_failed"] == 1
+    async with httpx.AsyncClient(timeout=60) as http:  # and the gateway serves on
+        assert (await http.post(f"{base}/v1/chat/completions", content=_body())).status_code == 200
 
 
 TOOLS = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]

@@ -194,6 +194,13 @@ async def test_off_policy_modes_explore_ahead(tiny_model_path, toy_tasks, tmp_pa
     # (Not by comparing step and explore times: on a loaded machine that raced.)
     versions = [(r["step"], c["policy_version"]) for r in rollouts for c in r["calls"]]
     assert any(version < step for step, version in versions), versions
+    # The explorer's loop was watched beside the trainer's thread (paused while it worked): the
+    # toy app awaits, so nothing blocked it.
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train_lines = [m for m in lines if m.get("phase") == "train"]
+    assert len(train_lines) == 5
+    assert all(m["explore/loop_blocks"] == 0 for m in train_lines)
+    assert all(m["explore/loop_lag_max"] >= 0 for m in train_lines)
 
 
 async def test_a_run_whose_episodes_all_fail_stops_with_the_cause(
