@@ -180,6 +180,13 @@ def plan(
         num_nodes=config.nnodes,
     )
     use_ray = config.world_size > 1
+    unused = [f"ray.{k}" for k in ("address", "num_cpus") if getattr(config.ray, k) is not None]
+    if not use_ray and unused:
+        logger.warning(
+            "verl trainer: trainer.%s not used: one rank runs in this process without Ray (it "
+            "is for n_gpus_per_node x nnodes > 1)",
+            " and trainer.".join(unused),
+        )
     logger.info(
         "verl trainer: %d rank(s) -> %s",
         config.world_size,

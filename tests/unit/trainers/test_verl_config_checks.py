@@ -94,3 +94,14 @@ def test_flash_attention_is_checked_before_the_model_builds(monkeypatch: pytest.
         build("cuda")
     with pytest.raises(ValueError, match="attn_implementation"):
         VerlTrainerConfig(attn_implementation="spda")  # a typo is refused when the config loads
+
+
+def test_a_ray_section_for_one_rank_is_said_to_be_unused(caplog: pytest.LogCaptureFixture):
+    from agentscope_rft.algorithms import AlgorithmConfig
+    from agentscope_rft.config import VerlTrainerConfig
+    from agentscope_rft.trainers.verl.settings import plan
+
+    config = VerlTrainerConfig(device="cpu", ray={"address": "127.0.0.1:1"})
+    with caplog.at_level(logging.WARNING, logger="agentscope_rft.trainers.verl.settings"):
+        assert not plan(config, "unused", AlgorithmConfig(), optimizer_steps=1, seed=0).use_ray
+    assert "trainer.ray.address not used: one rank runs in this process" in caplog.text
