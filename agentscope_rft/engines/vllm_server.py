@@ -275,7 +275,8 @@ OnRestart = Callable[["VLLMServer"], Awaitable[None]]
 
 class VLLMServer:
     """One replica: a managed process (`command`, or `process` started elsewhere) or a remote
-    server (`url` only).
+    server (`url` only). A `command` runs guarded: its process group ends when this process
+    does, however it ends (a run killed with SIGKILL leaves no vLLM server holding its memory).
 
     Example:
         >>> server = VLLMServer("replica-0", url="http://127.0.0.1:8000")  # doctest: +SKIP
@@ -298,7 +299,7 @@ class VLLMServer:
         self.name = name
         self.url = url.rstrip("/")
         if process is None and command is not None:
-            process = LocalProcess(command, env, log_path)
+            process = LocalProcess(command, env, log_path, guarded=True)
         self.process = process
         self.startup_timeout = startup_timeout
         self.max_restarts = max_restarts
