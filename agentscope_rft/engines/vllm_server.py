@@ -53,7 +53,7 @@ class VLLMServerError(EngineError):
         """The message without the log tail: what failed, the log's first error, the log's path.
 
         Example:
-            >>> VLLMServerError("it crashed\n--- last lines of x.log ---\n...").summary
+            >>> VLLMServerError("it crashed" + TAIL_MARKER + "x.log ---").summary
             'it crashed'
         """
         return str(self).split(TAIL_MARKER, 1)[0]
