@@ -98,7 +98,8 @@ class VLLMEngineConfig(Section):
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables for the server processes."""
     startup_timeout: float = Field(default=600.0, gt=0)
-    """Seconds to wait for a server to become healthy."""
+    """Seconds to wait for a server to become healthy: one the engine starts, or one of
+    `urls`."""
     max_restarts: int = Field(default=3, ge=0)
     """Restarts of a crashed server before the engine gives up."""
     request_timeout: float = Field(default=600.0, gt=0)

@@ -428,6 +428,7 @@ class VLLMServer:
 
     async def _wait_healthy(self, deadline: float) -> None:
         last_error = "no answer yet"
+        said_waiting = False
         while True:
             code = self.exited()
             if code is not None:
@@ -450,11 +451,25 @@ class VLLMServer:
                 last_error = f"/health answered {response.status_code}"
             except httpx.HTTPError as exc:
                 last_error = f"{type(exc).__name__}"
+            if not self.managed and not said_waiting:
+                said_waiting = True  # a server of the user's: say why nothing happens yet
+                logger.info(
+                    "%s does not answer yet (%s); waiting up to %.0f s (engine.startup_timeout)",
+                    self.describe(),
+                    last_error,
+                    self.startup_timeout,
+                )
             if time.monotonic() > deadline:
+                fix = (
+                    "raise engine.startup_timeout if the machine is slow"
+                    if self.managed
+                    else "start that server, or fix engine.urls (engine.startup_timeout: how "
+                    "long to wait for it)"
+                )
                 raise VLLMServerError(
                     await self._with_log(
                         f"{self.describe()} was not healthy within {self.startup_timeout:.0f} s "
-                        f"({last_error}); raise startup_timeout if the machine is slow"
+                        f"({last_error}); {fix}"
                     )
                 )
             await asyncio.sleep(0.5)

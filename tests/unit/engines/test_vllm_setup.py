@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from pathlib import Path
@@ -145,3 +146,25 @@ def test_a_server_errors_summary_leaves_out_the_log_tail() -> None:
     error = VLLMServerError(f"replica-0 exited\nfirst error in the log: X{TAIL_MARKER}a.log ---\nY")
     assert error.summary == "replica-0 exited\nfirst error in the log: X"
     assert str(error).endswith("\nY")
+
+
+async def test_a_dead_url_waits_engine_startup_timeout_and_says_what_to_fix(
+    tiny_model_path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`engine.startup_timeout` applied to started servers only: a server of `urls` was waited
+    for 60 s, and the error said to raise a setting that did not apply to it."""
+    from agentscope_rft.engines.vllm_server import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    engine = VLLMEngine(tiny_model_path, urls=[url], startup_timeout=1.0)
+    with (
+        caplog.at_level("INFO", logger="agentscope_rft.engines.vllm_server"),
+        pytest.raises(VLLMServerError) as error,
+    ):
+        await asyncio.wait_for(engine.start(), timeout=30)
+    assert str(error.value) == (
+        f"vLLM server replica-0 at {url} was not healthy within 1 s (ConnectError); start that "
+        "server, or fix engine.urls (engine.startup_timeout: how long to wait for it)"
+    )
+    assert f"{url} does not answer yet (ConnectError); waiting up to 1 s" in caplog.text
+    assert engine.replicas == []
