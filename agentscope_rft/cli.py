@@ -61,6 +61,13 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(code=2)
 
 
+def _said(exc: BaseException) -> str:
+    """An error as the CLI shows it: a vLLM server's error without the copy of its log's tail
+    (the message names the log and its first error)."""
+    summary = getattr(exc, "summary", None)
+    return summary if isinstance(summary, str) else str(exc)
+
+
 @app.command()
 def serve(
     model: Annotated[
@@ -121,7 +128,7 @@ def serve(
         resolved = _checkpoint_or_model(model)
         built = build_engine(ModelConfig(name_or_path=resolved), engine_config)
     except (ValueError, RuntimeError) as exc:
-        raise fail(str(exc)) from exc
+        raise fail(_said(exc)) from exc
     # Clients may name the model as the user did (`runs/x:best`), not only as resolved.
     asyncio.run(_serve(built, host, port, api_key, aliases={model} - {resolved}))
 
@@ -162,7 +169,7 @@ def export_model(
     try:
         source = resolve_checkpoint(checkpoint)
     except CheckpointNotFoundError as exc:
-        raise fail(str(exc)) from exc
+        raise fail(_said(exc)) from exc
     shutil.copytree(source, target)
     console.print(f"[green]exported[/] {source} -> {target}")
 
@@ -176,7 +183,7 @@ async def _serve(
         await engine.start()
     except Exception as exc:
         await engine.close()
-        raise fail(f"the {type(engine).__name__} did not start: {exc}") from exc
+        raise fail(f"the {type(engine).__name__} did not start: {_said(exc)}") from exc
     gateway = Gateway(engine, host=host, port=port, api_key=api_key, model_aliases=aliases)
     try:
         await gateway.start()
@@ -220,6 +227,8 @@ _USER_ERRORS = {
     "agentscope_rft.buffer.base": ("BufferFormatError", "BufferTimeout"),
     "agentscope_rft.buffer.offline": ("OfflineDataError",),
     "agentscope_rft.config": ("ConfigError",),
+    "agentscope_rft.engines.vllm_env": ("VLLMNotFoundError",),
+    "agentscope_rft.engines.vllm_server": ("VLLMServerError",),
     "agentscope_rft.explorer.tasks": ("TaskSetError",),
     "agentscope_rft.models": ("ModelNotFoundError",),
     "agentscope_rft.review.training": ("ReviewDataError",),
@@ -370,7 +379,7 @@ def train(
     except RunStopped as exc:
         raise _stopped(exc) from exc
     except _user_errors() as exc:
-        raise fail(str(exc)) from exc
+        raise fail(_said(exc)) from exc
     finally:
         _end_leftovers()
     if resume is not None and not last:
@@ -486,7 +495,7 @@ def _train_sweep(
     except SweepStopped as exc:
         raise _stopped(exc) from exc
     except _user_errors(SweepError) as exc:
-        raise fail(str(exc)) from exc
+        raise fail(_said(exc)) from exc
     finally:
         _end_leftovers()
     console.print((sweep_dir / SUMMARY_MD).read_text(), markup=False, highlight=False)
@@ -514,7 +523,7 @@ def _export_artefacts(sweep_dir: Any, out: Any) -> None:
     try:
         written = export_artefacts(sweep_dir, out, command)
     except _user_errors(SweepError) as exc:
-        raise fail(str(exc)) from exc
+        raise fail(_said(exc)) from exc
     console.print(f"artefacts: {len(written)} files in {out} (index: {out / 'ARTEFACTS.md'})")
 
 
@@ -546,7 +555,7 @@ def sweep_summary(
     try:
         summary = summarize(folder, test=test)
     except _user_errors(SweepError) as exc:
-        raise fail(str(exc)) from exc
+        raise fail(_said(exc)) from exc
     console.print(markdown_table(summary, folder.name), markup=False, highlight=False)
     if artefacts is not None:
         _export_artefacts(folder, Path(artefacts))
@@ -602,7 +611,7 @@ def explore(
     except RunStopped as exc:
         raise _stopped(exc) from exc
     except _user_errors(ValueError) as exc:
-        raise fail(str(exc)) from exc
+        raise fail(_said(exc)) from exc
     finally:
         _end_leftovers()
     table = Table(title=f"explore {split}: {out_dir}")
@@ -635,7 +644,7 @@ def install_vllm(
     try:
         python = install(target, gpu=gpu)
     except (RuntimeError, OSError) as exc:
-        raise fail(str(exc)) from exc
+        raise fail(_said(exc)) from exc
     console.print(f"[green]vLLM environment ready:[/] {python}")
 
 

@@ -65,7 +65,8 @@ class ModelConfig(Section):
     chat_template: str | None = None
     """A Jinja chat template (text or a path to a .jinja file) replacing the tokenizer's."""
     max_model_len: int | None = Field(default=None, ge=16)
-    """Context window in tokens; default: the model's `max_position_embeddings`."""
+    """Context window in tokens; default and upper bound: the model's `max_position_embeddings`
+    (checked before anything starts)."""
 
 
 class GatewayConfig(Section):

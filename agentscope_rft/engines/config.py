@@ -15,7 +15,9 @@ class EmbeddedEngineConfig(Section):
     type: Literal["embedded"] = "embedded"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """`auto`: bf16 on CUDA; on CPU bf16 only where the CPU has bf16 instructions (x86:
-    avx512_bf16 or AMX) and it measures faster than fp32 there, else fp32."""
+    avx512_bf16 or AMX) and it measures faster than fp32 there, else fp32. The measurement is
+    made once per machine and kept in the cache folder (`cpu_bf16_speedup.json`), so every run,
+    its trainer and a resumed run decide alike."""
     device: str = "auto"
     """`auto` (CUDA if available), `cpu`, `cuda` or `cuda:N`."""
     max_batch_size: int = Field(default=32, ge=1, le=1024)
@@ -96,7 +98,8 @@ class VLLMEngineConfig(Section):
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables for the server processes."""
     startup_timeout: float = Field(default=600.0, gt=0)
-    """Seconds to wait for a server to become healthy."""
+    """Seconds to wait for a server to become healthy: one the engine starts, or one of
+    `urls`."""
     max_restarts: int = Field(default=3, ge=0)
     """Restarts of a crashed server before the engine gives up."""
     request_timeout: float = Field(default=600.0, gt=0)

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import platform
 import threading
 import time
 import uuid
@@ -42,6 +41,7 @@ from agentscope_rft.engines.batcher import (
     _WeightSwap,
 )
 from agentscope_rft.engines.chat import PromptBuilder, TextStream, assemble_choice
+from agentscope_rft.engines.cpu_dtype import pick_dtype
 from agentscope_rft.engines.fused import FusedDecoder, fused_decode_unsupported
 from agentscope_rft.engines.packed import pack_linear_weights, packing_unsupported, repack
 from agentscope_rft.engines.prefix_cache import PrefixCache
@@ -58,52 +58,6 @@ def pick_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
-
-
-def cpu_has_native_bf16() -> bool:
-    """False on an x86 CPU without bf16 instructions (`avx512_bf16` or AMX), where bf16 matmuls
-    are converted in software: a timing there is a near tie that flips between runs (measured
-    1.01-1.05x), and training in bf16 is slower. True elsewhere (other architectures: timed)."""
-    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
-        return True
-    cpu = getattr(torch, "cpu", None)
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    found = [getattr(cpu, name, None) for name in checks]
-    if not any(callable(check) for check in found):
-        return True  # a torch without these probes: time it as before
-    return any(callable(check) and bool(check()) for check in found)
-
-
-def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """Resolve `auto`: bf16 on CUDA; on CPU, bf16 only where its matmuls are faster here."""
-    named = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if dtype != "auto":
-        return named[dtype]
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if not cpu_has_native_bf16():
-        logger.info(
-            "engine dtype auto -> float32 (this x86 CPU has no native bf16, avx512_bf16 or AMX: "
-            "bf16 would be converted in software)"
-        )
-        return torch.float32
-    timings = {}
-    for candidate in (torch.float32, torch.bfloat16):
-        a = torch.randn(16, 576, dtype=candidate)
-        b = torch.randn(576, 1536, dtype=candidate)
-        for _ in range(3):
-            a @ b
-        start = time.perf_counter()
-        for _ in range(20):
-            a @ b
-        timings[candidate] = time.perf_counter() - start
-    chosen = torch.bfloat16 if timings[torch.bfloat16] < timings[torch.float32] else torch.float32
-    logger.info(
-        "engine dtype auto -> %s (bf16 matmul %.2fx the speed of fp32 on this CPU)",
-        str(chosen).removeprefix("torch."),
-        timings[torch.float32] / timings[torch.bfloat16],
-    )
-    return chosen
 
 
 def pick_threads(num_threads: int | None, device: torch.device) -> ThreadPolicy | None:

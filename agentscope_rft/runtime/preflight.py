@@ -13,6 +13,7 @@ so nothing is read twice.
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 from dataclasses import dataclass, field
@@ -192,6 +193,7 @@ def preflight(config: RunConfig) -> Checked:
     from agentscope_rft.models import resolve_model  # imports transformers: after the cheap checks
 
     model_path = resolve_model(config.model.name_or_path)
+    _check_context_window(config, model_path)
     offline_units = None
     if config.uses_offline_data():  # every line parsed and rendered: a bad one fails here
         from agentscope_rft.runtime.offline import load_offline_units
@@ -204,6 +206,27 @@ def preflight(config: RunConfig) -> Checked:
         eval_tasks=evals,
         val_tasks=vals,
         offline_units=offline_units,
+    )
+
+
+def _check_context_window(config: RunConfig, model_path: Path) -> None:
+    """`model.max_model_len` over the model's positions: vLLM refuses it after its start-up (tens
+    of seconds), the embedded engine would shorten it; both are said now instead."""
+    wanted = config.model.max_model_len
+    if wanted is None or "VLLM_ALLOW_LONG_MAX_MODEL_LEN" in getattr(config.engine, "env", {}):
+        return
+    try:
+        model_config = json.loads((model_path / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # the engine reports an unreadable model folder with its own error
+    text = model_config.get("text_config") or model_config
+    limit = text.get("max_position_embeddings")
+    if not isinstance(limit, int) or text.get("rope_scaling") or wanted <= limit:
+        return  # with rope scaling the engines derive a longer window themselves
+    raise ConfigError(
+        f"model.max_model_len {wanted} is longer than the model's context window "
+        f"(max_position_embeddings {limit} in {model_path / 'config.json'}); set it to at most "
+        f"{limit}, or leave it unset to use {limit}"
     )
 
 

@@ -59,6 +59,7 @@ from agentscope_rft.runtime.components import (
     write_state,
 )
 from agentscope_rft.runtime.deterministic import ordered
+from agentscope_rft.runtime.fork import rewind_step_logs
 from agentscope_rft.runtime.gpus import room_for_training
 from agentscope_rft.runtime.memory import (
     live_trainer_weights,
@@ -213,6 +214,8 @@ class TrainingRun:
             self.rollback = RollbackState.from_dict(state.get("health", {}))
             await self._apply_rollback_changes()
             logger.info("resuming %s after step %d", run_dir, self.start)
+            # The records of steps the crash cut off: those steps are explored again.
+            rewind_step_logs(run_dir, self.start)
             # Groups taken by the steps lost in the crash (`start` and later) go back.
             await self.buffer.requeue_after(self.start - 1)
             if self.mode != "train_only":  # explorers re-explore them from the saved position

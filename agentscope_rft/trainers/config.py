@@ -153,8 +153,9 @@ class VerlTrainerConfig(TrainerSettings):
     rows (no loss, no gradient), `trim` drops trailing samples. Both are logged."""
     remove_padding: bool = True
     """Pack each micro-batch into one sequence without padding (verl's `use_remove_padding`)."""
-    attn_implementation: str = "sdpa"
-    """The HF attention implementation (`sdpa`, `flash_attention_2`, `eager`)."""
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    """The HF attention implementation; `flash_attention_2` needs CUDA and the `flash-attn`
+    package (checked before anything starts)."""
     ray: VerlRayConfig = Field(default_factory=VerlRayConfig)
 
     @field_validator("fsdp_size")

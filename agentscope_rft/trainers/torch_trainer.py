@@ -33,7 +33,8 @@ from agentscope_rft.algorithms import (
     value_loss,
 )
 from agentscope_rft.config import TorchTrainerConfig
-from agentscope_rft.engines.embedded import pick_device, pick_dtype
+from agentscope_rft.engines.cpu_dtype import pick_dtype
+from agentscope_rft.engines.embedded import pick_device
 from agentscope_rft.models import load_causal_lm, load_tokenizer
 from agentscope_rft.trainers.attention import use_training_attention
 from agentscope_rft.trainers.batch import (

@@ -293,3 +293,29 @@ async def test_explore_stops_cleanly_with_the_finished_tasks_written(
     assert time.perf_counter() - started < 30
     assert len(results.read_text().splitlines()) == 2
     assert json.loads((out / "summary.json").read_text())["explore/rollouts"] == 2
+
+
+async def test_a_resume_drops_the_records_of_the_step_the_crash_cut_off(
+    tiny_model_path, toy_tasks, tmp_path
+):
+    """A run killed after exploring a step it never trained left that step's rollouts, samples
+    and diagnoses; the resumed run explored it again and the logs held the step twice."""
+    from agentscope_rft.runtime.components import load_resumed_config
+
+    run_dir = tmp_path / "run"
+    small = ("explorer.group_size=2", "explorer.tasks_per_step=2", "run.checkpoint_every=1")
+    await train(toy_config(tiny_model_path, toy_tasks, run_dir, *small, "run.steps=2"), run_dir)
+    for name in ("rollouts.jsonl", "samples.jsonl"):  # step 1 again: explored, not trained
+        lines = (run_dir / name).read_text().splitlines()
+        again = [json.dumps({**json.loads(x), "step": 2}) for x in lines if '"step": 1,' in x]
+        assert again
+        (run_dir / name).write_text("\n".join([*lines, *again, '{"step": 2, "pha']))  # torn
+    await train(load_resumed_config(run_dir, ["run.steps=3"]), run_dir, resume=True)
+
+    rollouts = [json.loads(x) for x in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+    per_step = [sum(r["step"] == step for r in rollouts) for step in range(3)]
+    assert per_step == [4, 4, 4]
+    samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert sorted({s["step"] for s in samples}) == [0, 1, 2]
+    step2 = {s["rollout_id"] for s in samples if s["step"] == 2}
+    assert step2 == {r["rollout_id"] for r in rollouts if r["step"] == 2}

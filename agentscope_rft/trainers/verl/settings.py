@@ -78,6 +78,25 @@ def check_algorithm(config: VerlTrainerConfig, algorithm: AlgorithmConfig) -> No
             )
 
 
+def check_attention(config: VerlTrainerConfig, device: Device) -> None:
+    """`flash_attention_2` fails inside verl's model build otherwise, as a traceback per rank."""
+    if config.attn_implementation != "flash_attention_2":
+        return
+    if device != "cuda":
+        raise VerlConfigError(
+            f"trainer.attn_implementation 'flash_attention_2' needs CUDA and the trainer runs on "
+            f"{device}; use 'sdpa' (the default)"
+        )
+    import importlib.util
+
+    if importlib.util.find_spec("flash_attn") is None:
+        raise VerlConfigError(
+            "trainer.attn_implementation 'flash_attention_2' needs the flash-attn package, which "
+            "is not installed: pip install flash-attn --no-build-isolation, or use 'sdpa' (the "
+            "default)"
+        )
+
+
 def plan(
     config: VerlTrainerConfig,
     model_path: str,
@@ -110,6 +129,7 @@ def plan(
     check_versions()
     check_algorithm(config, algorithm)
     device = _device(config)
+    check_attention(config, device)
     if config.micro_batch_size is None:
         logger.info(
             "verl trainer: micro_batch_size not set -> micro-batches of <= %d tokens per rank "
@@ -160,6 +180,13 @@ def plan(
         num_nodes=config.nnodes,
     )
     use_ray = config.world_size > 1
+    unused = [f"ray.{k}" for k in ("address", "num_cpus") if getattr(config.ray, k) is not None]
+    if not use_ray and unused:
+        logger.warning(
+            "verl trainer: trainer.%s not used: one rank runs in this process without Ray (it "
+            "is for n_gpus_per_node x nnodes > 1)",
+            " and trainer.".join(unused),
+        )
     logger.info(
         "verl trainer: %d rank(s) -> %s",
         config.world_size,

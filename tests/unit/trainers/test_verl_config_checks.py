@@ -70,3 +70,38 @@ def test_versions_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(compat, "installed_version", lambda package: None)
     with pytest.raises(compat.VerlVersionError, match=r"agentscope-rft\[verl\]"):
         compat.check_versions()
+
+
+def test_flash_attention_is_checked_before_the_model_builds(monkeypatch: pytest.MonkeyPatch):
+    """It failed inside verl's model build, a traceback per rank, after the run had started."""
+    import importlib.util
+
+    from agentscope_rft.algorithms import AlgorithmConfig
+    from agentscope_rft.config import VerlTrainerConfig
+    from agentscope_rft.trainers.verl.settings import plan
+
+    def build(device: str) -> None:
+        config = VerlTrainerConfig(device=device, attn_implementation="flash_attention_2")
+        plan(config, "unused", AlgorithmConfig(), optimizer_steps=1, seed=0, batch_size=4)
+
+    with pytest.raises(VerlConfigError, match="'flash_attention_2' needs CUDA and the trainer"):
+        build("cpu")
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: None if name == "flash_attn" else find_spec(name)
+    )
+    with pytest.raises(VerlConfigError, match="needs the flash-attn package, which is not"):
+        build("cuda")
+    with pytest.raises(ValueError, match="attn_implementation"):
+        VerlTrainerConfig(attn_implementation="spda")  # a typo is refused when the config loads
+
+
+def test_a_ray_section_for_one_rank_is_said_to_be_unused(caplog: pytest.LogCaptureFixture):
+    from agentscope_rft.algorithms import AlgorithmConfig
+    from agentscope_rft.config import VerlTrainerConfig
+    from agentscope_rft.trainers.verl.settings import plan
+
+    config = VerlTrainerConfig(device="cpu", ray={"address": "127.0.0.1:1"})
+    with caplog.at_level(logging.WARNING, logger="agentscope_rft.trainers.verl.settings"):
+        assert not plan(config, "unused", AlgorithmConfig(), optimizer_steps=1, seed=0).use_ray
+    assert "trainer.ray.address not used: one rank runs in this process" in caplog.text
