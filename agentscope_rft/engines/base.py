@@ -171,6 +171,18 @@ class Engine(Protocol):
         ...
 
 
+def check_engine(engine: Engine) -> None:
+    """Raise the engine's error when it reports it can no longer serve the run (an engine with a
+    `check()` method: vLLM's, when a replica crashed past `engine.max_restarts`); else nothing.
+
+    Example:
+        >>> check_engine(object())  # an engine that never fails for good
+    """
+    check = getattr(engine, "check", None)
+    if check is not None:
+        check()
+
+
 def engine_metrics(engine: Engine) -> dict[str, float]:
     """The engine's own counters (prefix cache hit rate, syncs, ...) under `engine/`, if any.
 

@@ -58,7 +58,7 @@ from agentscope_rft.engines.base import (
 from agentscope_rft.engines.chat import PromptBuilder, assemble_choice
 from agentscope_rft.engines.vllm_env import find_vllm_python
 from agentscope_rft.engines.vllm_launch import VLLMLaunch
-from agentscope_rft.engines.vllm_server import OnRestart, VLLMServer, free_port
+from agentscope_rft.engines.vllm_server import OnRestart, VLLMServer, VLLMServerError, free_port
 from agentscope_rft.models import load_tokenizer, resolve_model
 from agentscope_rft.types import JSON, SamplingParams
 
@@ -263,6 +263,22 @@ class VLLMEngine:
             "server_crashes": float(sum(r.server.crashes for r in self.replicas)),
             "server_restarts": float(sum(r.server.restarts for r in self.replicas)),
         }
+
+    def check(self) -> None:
+        """Raise `VLLMServerError` when a replica is gone for good (crashed past `max_restarts`,
+        or a restart failed): its rollouts are routed to it by id, so every later step would fail
+        its share of episodes.
+
+        Example:
+            >>> engine.check()  # doctest: +SKIP
+        """
+        failed = [r.server.failure for r in self.replicas if r.server.failure is not None]
+        if failed:
+            raise VLLMServerError(
+                f"{len(failed)} of {len(self.replicas)} vLLM replica(s) gone for good, so the run "
+                "stops here with its last checkpoint (fix the cause or raise engine.max_restarts, "
+                f"then --resume): {failed[0]}"
+            )
 
     @property
     def manages_servers(self) -> bool:

@@ -319,6 +319,11 @@ class VLLMServer:
         return self.process is not None
 
     @property
+    def failure(self) -> str | None:
+        """Why the server is gone for good (crashed past `max_restarts`, or a restart failed)."""
+        return self._failure
+
+    @property
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
 

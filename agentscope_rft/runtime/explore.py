@@ -27,7 +27,7 @@ from agentscope_rft.data.side import (
     close_operators,
     groups_from_explored,
 )
-from agentscope_rft.engines.base import engine_metrics
+from agentscope_rft.engines.base import check_engine, engine_metrics
 from agentscope_rft.engines.factory import build_engine
 from agentscope_rft.explorer.diagnosis import RunDiagnosis
 from agentscope_rft.explorer.explorer import Explorer, ExploreResult, stratum_metrics
@@ -229,6 +229,7 @@ async def _explore(
                         for task in tasks[first : first + chunk]:
                             mine = [r for r in result.rollouts if r.task_id == task.id]
                             handle.write(json.dumps(_task_result(task.id, mine)) + "\n")
+                    check_engine(engine)  # a dead server would fail every later episode
             await explorer.close()
             await close_operators(pipeline)
         counters = engine_metrics(engine)

@@ -26,7 +26,7 @@ from agentscope_rft.buffer.replay import REUSE_KEY, replay_metrics
 from agentscope_rft.config import EXPLORING_MODES, RunConfig
 from agentscope_rft.data.selection import TaskSelector
 from agentscope_rft.data.side import DataSide
-from agentscope_rft.engines.base import Engine, engine_metrics
+from agentscope_rft.engines.base import Engine, check_engine, engine_metrics
 from agentscope_rft.engines.factory import build_engine
 from agentscope_rft.engines.threads import in_own_thread
 from agentscope_rft.explorer.diagnosis import RunDiagnosis
@@ -357,6 +357,7 @@ class TrainingRun:
             )
             self.rollout_log.write(step, "train", result)
             self.sample_log.write(step, result)
+            check_engine(engine)  # episodes failing for good would only say so 3 steps later
             # the selector hears the rewards; operators filter and rescore before the buffer
             groups, data_metrics = await data.after_explore(step, result.rollouts, groups)
             for group in groups:

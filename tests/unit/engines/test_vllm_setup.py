@@ -168,3 +168,20 @@ async def test_a_dead_url_waits_engine_startup_timeout_and_says_what_to_fix(
     )
     assert f"{url} does not answer yet (ConnectError); waiting up to 1 s" in caplog.text
     assert engine.replicas == []
+
+
+def test_a_replica_gone_for_good_fails_the_engines_check(tiny_model_path: str) -> None:
+    # Rollouts are routed to replicas by id: a dead one would fail its share of every step.
+    engine = VLLMEngine(tiny_model_path, urls=["http://127.0.0.1:1", "http://127.0.0.1:2"])
+    engine.replicas = [_Replica(VLLMServer(f"r{i}", url=f"http://x{i}"), 10.0) for i in range(2)]
+    engine.check()  # both serving
+    engine.replicas[1].server._failure = (
+        "vLLM server r1 crashed (exit code -9) and was not restarted: max_restarts=3 reached"
+        f"{TAIL_MARKER}r1.log ---\nlast lines"
+    )
+    with pytest.raises(VLLMServerError) as err:
+        engine.check()
+    summary = err.value.summary
+    assert summary.startswith("1 of 2 vLLM replica(s) gone for good")
+    assert "max_restarts=3 reached" in summary and "--resume" in summary
+    assert "last lines" not in summary
