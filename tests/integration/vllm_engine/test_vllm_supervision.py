@@ -55,6 +55,7 @@ async def test_crashed_server_is_reported_and_restarted(vllm_engine: VLLMEngine)
     await asyncio.wait_for(server.ready(), timeout=600)  # restarted by the watchdog
     assert (server.crashes, server.restarts) == (crashes + 1, restarts + 1)
     assert vllm_engine.metrics()["server_restarts"] >= 1
+    vllm_engine.check()  # restarted: not gone for good, the run goes on
     [after] = choices_of(await collect(vllm_engine, FIXED))
     assert after.completion_ids == before.completion_ids
     assert after.policy_version == before.policy_version
