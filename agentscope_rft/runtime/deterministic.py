@@ -50,10 +50,11 @@ VARYING_METRICS = (
     "engine/waiting",
     "engine/threads/",
     "memory/",
+    "explore/loop_lag_max",
 )
 """Metric names (or prefixes) that `run.deterministic` does not make repeat: wall time and
-throughput, the process's memory, and the engine's queue and batching counters (timing decides
-them)."""
+throughput, the process's memory, the event loop's lag, and the engine's queue and batching
+counters (timing decides them)."""
 
 
 def repeats(name: str) -> bool:
