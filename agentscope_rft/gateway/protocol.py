@@ -165,7 +165,11 @@ class ChatCompletionRequest(BaseModel):
     @classmethod
     def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         if value:
-            raise ValueError("logit_bias is not supported (it changes the sampling distribution)")
+            raise ValueError(
+                "logit_bias is not supported: it changes the sampling distribution the trainer "
+                "must reproduce; leave it out (or send {}); to keep tokens out, use stop strings "
+                "or response_format"
+            )
         return value
 
     @field_validator("response_format")

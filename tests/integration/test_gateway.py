@@ -137,6 +137,14 @@ BAD_INPUTS = [
     ("max_tokens zero", "/v1/chat/completions", _body(max_tokens=0), 400, "max_tokens"),
     ("penalty", "/v1/chat/completions", _body(presence_penalty=1.0), 400, "penalties"),
     (
+        "logit_bias",
+        "/v1/chat/completions",
+        _body(logit_bias={"42": -100}),
+        400,
+        "logit_bias is not supported: it changes the sampling distribution the trainer must "
+        "reproduce; leave it out",
+    ),
+    (
         "bad role",
         "/v1/chat/completions",
         _body(messages=[{"role": "robot", "content": "x"}]),
