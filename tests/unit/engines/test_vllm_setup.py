@@ -185,3 +185,65 @@ def test_a_replica_gone_for_good_fails_the_engines_check(tiny_model_path: str) -
     assert summary.startswith("1 of 2 vLLM replica(s) gone for good")
     assert "max_restarts=3 reached" in summary and "--resume" in summary
     assert "last lines" not in summary
+
+
+async def test_vllm_rendering_takes_max_tokens_past_the_window_as_an_upper_bound(
+    tiny_model_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With chat_rendering: vllm only vLLM knows the prompt's length; it refuses a max_tokens
+    # past the window (a 400 the engine read as a prompt over the window: a truncated episode).
+    from agentscope_rft.engines.base import ChatRequest, ChoiceDone, ContextWindowError
+    from agentscope_rft.types import SamplingParams
+
+    engine = VLLMEngine(tiny_model_path, urls=["http://127.0.0.1:1"], chat_rendering="vllm")
+    engine.replicas = [_Replica(VLLMServer("r0", url="http://x0"), 10.0)]
+    engine._max_model_len = 128
+    sent: list[int] = []
+
+    async def post(replica, path, body=None, params=None):
+        sent.append(body["max_tokens"])
+        prompt_len = 100 if body["messages"][0]["content"] == "fits" else 200
+        if prompt_len >= 128 or body["max_tokens"] > 128 - prompt_len:
+            raise ContextWindowError(
+                f"'max_tokens' or 'max_completion_tokens' is too large: {body['max_tokens']}. "
+                f"This model's maximum context length is 128 tokens and your request has "
+                f"{prompt_len} input tokens ({body['max_tokens']} > 128 - {prompt_len}).",
+                status=400,
+                param="messages",
+            )
+        return {
+            "prompt_token_ids": list(range(prompt_len)),
+            "choices": [
+                {
+                    "index": 0,
+                    "token_ids": [5, 6],
+                    "logprobs": {
+                        "content": [
+                            {"token": "token_id:5", "logprob": -0.5},
+                            {"token": "token_id:6", "logprob": -0.25},
+                        ]
+                    },
+                    "message": {"role": "assistant", "content": "ab"},
+                    "finish_reason": "length",
+                }
+            ],
+        }
+
+    monkeypatch.setattr(engine, "_post", post)
+
+    def request(content: str, max_tokens: int | None) -> ChatRequest:
+        return ChatRequest(
+            messages=[{"role": "user", "content": content}],
+            sampling=SamplingParams(max_tokens=max_tokens),
+        )
+
+    events = [e async for e in engine.chat(request("fits", 64))]
+    [done] = [e for e in events if isinstance(e, ChoiceDone)]
+    assert done.choice.completion_ids == [5, 6] and sent == [64, 28]
+    sent.clear()
+    events = [e async for e in engine.chat(request("fits", None))]  # no max_tokens: the room
+    assert sent == [128, 28]
+    sent.clear()
+    with pytest.raises(ContextWindowError):  # a prompt over the window stays an error
+        _ = [e async for e in engine.chat(request("too long", 8))]
+    assert sent == [8]
