@@ -212,3 +212,24 @@ async def test_response_format_agrees_with_the_embedded_engine(
     jsonschema.validate(answer, ANSWER_SCHEMA)
     assert json.dumps(answer, separators=(",", ":"), ensure_ascii=False) == texts["embedded"]
     assert texts["engine"] == texts["vllm"] == texts["embedded"], texts
+
+
+@pytest.mark.parametrize("rendering", ["engine", "vllm"])
+async def test_max_tokens_past_the_window_is_an_upper_bound(
+    vllm_engine: VLLMEngine, rendering: str
+) -> None:
+    """vLLM refuses a max_tokens the prompt leaves no room for; in both renderings the call
+    samples what is left of the window instead (the engine's own rendering caps it before
+    sending; with vLLM's, the refusal names the prompt's length and the call is asked again)."""
+    window = vllm_engine.max_model_len
+    vllm_engine.chat_rendering = rendering  # type: ignore[assignment]
+    try:
+        request = ChatRequest(
+            messages=QUESTION, sampling=SamplingParams(temperature=0, max_tokens=window)
+        )
+        events = await collect(vllm_engine, request)
+    finally:
+        vllm_engine.chat_rendering = "engine"
+    assert isinstance(events[0], PromptReady)
+    [choice] = choices_of(events)
+    assert 0 < len(events[0].prompt_ids) + len(choice.completion_ids) <= window
