@@ -18,6 +18,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _wait_healthy(proc: subprocess.Popen, port: int) -> None:
+    """Until `serve` answers /health (at most 120 s), failing with its output if it exits."""
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+
+
 def test_serve_answers_openai_client_and_stops_cleanly(tiny_model_path):
     port = _free_port()
     proc = subprocess.Popen(
@@ -41,14 +53,7 @@ def test_serve_answers_openai_client_and_stops_cleanly(tiny_model_path):
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        _wait_healthy(proc, port)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k1")
         model = client.models.list().data[0].id
         r = client.chat.completions.create(
@@ -108,14 +113,7 @@ def test_a_served_checkpoint_answers_to_the_name_it_was_served_by(tiny_model_pat
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        _wait_healthy(proc, port)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0)
         listed = client.models.list().data[0].id
         assert listed.endswith("step-000002/model")
