@@ -118,7 +118,7 @@ class ExploreResult:
     runtime: dict[str, float] = field(default_factory=dict)
     """The episode runners' counters over this batch (e.g. `runtime/runner_deaths`)."""
     loop: LoopStats | None = None
-    """What the event-loop monitor saw while the episodes ran here (None: they ran elsewhere)."""
+    """What the event-loop monitors saw while the episodes ran (here, or in runner processes)."""
 
     @classmethod
     def combine(cls, results: Sequence[ExploreResult]) -> ExploreResult:
@@ -522,12 +522,12 @@ class Explorer:
         jobs = [
             one(task, i * group_size + g) for i, task in enumerate(tasks) for g in range(group_size)
         ]
-        loop: LoopStats | None = None
         if self.runner is None:  # the episodes share this event loop: watch it
             async with self.loop_monitor.watching() as loop:
                 rollouts = list(await asyncio.gather(*jobs))
-        else:
+        else:  # each runner process watches its own
             rollouts = list(await asyncio.gather(*jobs))
+            loop = self.runner.take_loop()
         for rollout in rollouts:
             if not rollout.ok:
                 continue

@@ -218,6 +218,20 @@ class LoopMonitor:
             if not self._windows:
                 await self._stop_watching()
 
+    def take(self, window: LoopStats) -> LoopStats:
+        """What `window` saw since the last take, the heartbeat in progress counted now (a stall
+        that just ended is the caller's); `window` starts over. For a window kept open across
+        many episodes (a runner process's), so each stall is reported once.
+
+        Example:
+            >>> stats = monitor.take(window)  # doctest: +SKIP
+        """
+        self._end_beat()
+        self._begin_beat()
+        taken = LoopStats(window.lag_max, window.blocks)
+        window.lag_max, window.blocks = 0.0, 0
+        return taken
+
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """Not watching meanwhile (a trainer step in this process competes for the GIL)."""

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from agentscope.model import OpenAIChatModel
 
 from agentscope_rft.api import Workflow
+from agentscope_rft.explorer.loop_monitor import LoopStats
 from agentscope_rft.integration.agentscope import RolloutScope, rollout_model, rollout_scope
 from agentscope_rft.types import Reward
 
@@ -128,6 +129,10 @@ class EpisodeRunner(Protocol):
 
     def take_metrics(self) -> dict[str, float]:
         """Counters since the last call (e.g. `runtime/runner_deaths`), for the step's metrics."""
+        ...
+
+    def take_loop(self) -> LoopStats:
+        """What the event loops running the attempts saw since the last call."""
         ...
 
     async def close(self) -> None: ...

@@ -12,7 +12,9 @@ with the fewest running. What can go wrong with a runner, and what the pool does
   is replaced once the ones it runs have finished.
 
 Every such event is counted (`runtime/runner_deaths`, `runtime/runners_stuck`,
-`runtime/runners_recycled`, `runtime/runners_started`) in the step's metrics.
+`runtime/runners_recycled`, `runtime/runners_started`) in the step's metrics. Each runner watches
+its own event loop, which its episodes share, as the local runtime watches the run's
+(`explore/loop_lag_max`, `explore/loop_blocks`; a blocking app is named in the runner's log).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentscope_rft.config import ConfigError
+from agentscope_rft.explorer.loop_monitor import LoopStats
 from agentscope_rft.explorer.runner import (
     EpisodeFailed,
     EpisodeOutcome,
@@ -98,6 +101,7 @@ class RayRunnerPool:
         self._counts: Counter[str] = Counter()
         self._processes: set[str] = set()
         self._broken: BaseException | None = None
+        self._loop = LoopStats()
 
     def _new_actor(self) -> Any:
         import ray
@@ -259,6 +263,7 @@ class RayRunnerPool:
             await self._release(runner)
             raise
         self._processes.add(runner.label)
+        self._loop.merge(LoopStats(result.loop_lag_max, result.loop_blocks))
         await self._release(runner, result.rss_mb)
         if result.status == "timeout":
             raise EpisodeTimeout(f"the episode exceeded episode_timeout={timeout}s", runner.label)
@@ -284,6 +289,12 @@ class RayRunnerPool:
         self._counts.clear()
         self._processes.clear()
         return out
+
+    def take_loop(self) -> LoopStats:
+        """What the runners' event loops saw since the last call (lag at its largest, blocks
+        summed), as their attempts reported it."""
+        loop, self._loop = self._loop, LoopStats()
+        return loop
 
     async def close(self) -> None:
         import ray

@@ -8,6 +8,7 @@ process: a crash, a segfault or a kill ends only this actor, which the pool repl
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import traceback
@@ -17,6 +18,7 @@ from typing import Any
 import httpx
 
 from agentscope_rft.api import load_workflow
+from agentscope_rft.explorer.loop_monitor import LoopMonitor, LoopStats
 from agentscope_rft.explorer.runner import ModelSettings, WorkflowReturnError, run_attempt
 from agentscope_rft.integration.agentscope import RolloutScope
 
@@ -48,6 +50,11 @@ class AttemptResult:
     error: str = ""
     rss_mb: float = 0.0
     """The runner's resident memory after the attempt (for `runtime.runner_memory_mb`)."""
+    loop_lag_max: float = 0.0
+    """The largest lag of the runner's event loop since its previous result (its episodes
+    share that loop, as local episodes share the run's)."""
+    loop_blocks: int = 0
+    """Blocking stalls of that loop since its previous result (`explore/loop_blocks`)."""
 
 
 def _error_text(exc: BaseException) -> str:
@@ -84,6 +91,9 @@ class EpisodeRunnerProcess:
         self.workflow = load_workflow(spec.workflow, spec.judge)
         self.model = spec.model
         self._http: httpx.AsyncClient | None = None
+        self._monitor = LoopMonitor()
+        self._watching: contextlib.AbstractAsyncContextManager[LoopStats] | None = None
+        self._loop_window: LoopStats | None = None
 
     def info(self) -> dict[str, Any]:
         """Where this runner lives."""
@@ -98,17 +108,30 @@ class EpisodeRunnerProcess:
         """Run one attempt; every failure of the workflow comes back as data."""
         if self._http is None:  # created on the actor's event loop
             self._http = httpx.AsyncClient(timeout=httpx.Timeout(3600.0, connect=10.0))
+        if self._loop_window is None:
+            # One window for the actor's life (it ends with the process): each result reports
+            # what the loop saw since the previous one, so a stall is counted once however many
+            # of this runner's episodes it held up.
+            self._watching = self._monitor.watching()  # kept: collected, it would end
+            self._loop_window = await self._watching.__aenter__()
+        result = await self._attempt(task, rollout_id, base_url, api_key, timeout)
+        loop = self._monitor.take(self._loop_window)
+        result.loop_lag_max, result.loop_blocks = loop.lag_max, loop.blocks
+        result.rss_mb = _rss_mb()
+        return result
+
+    async def _attempt(
+        self, task: dict[str, Any], rollout_id: str, base_url: str, api_key: str, timeout: float
+    ) -> AttemptResult:
         scope = RolloutScope(
             rollout_id=rollout_id, base_url=base_url, api_key=api_key, http_client=self._http
         )
         try:
             reward = await run_attempt(self.workflow, task, scope, self.model, timeout)
         except TimeoutError:
-            return AttemptResult("timeout", rss_mb=_rss_mb())
+            return AttemptResult("timeout")
         except WorkflowReturnError as exc:
-            return AttemptResult("bad_return", error=str(exc), rss_mb=_rss_mb())
+            return AttemptResult("bad_return", error=str(exc))
         except Exception as exc:
-            return AttemptResult("error", error=_error_text(exc), rss_mb=_rss_mb())
-        return AttemptResult(
-            "ok", reward, list(scope.step_rewards), list(scope.step_states), rss_mb=_rss_mb()
-        )
+            return AttemptResult("error", error=_error_text(exc))
+        return AttemptResult("ok", reward, list(scope.step_rewards), list(scope.step_states))

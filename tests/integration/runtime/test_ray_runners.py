@@ -84,6 +84,11 @@ async def test_a_blocking_episode_does_not_stall_the_other_runner(ray_driver, ti
     # All four ran on the other runner, while the blocked one slept.
     assert len({r.runner for r in quick}) == 1 and quick[0].runner != by_id["block"].runner
     assert max(r.finished_at for r in quick) < by_id["block"].finished_at
+    # The blocked runner's own loop monitor saw the stall and named it once (ray_apps.py's
+    # time.sleep); the other runner's loop kept going.
+    metrics = result.metrics()
+    assert metrics["explore/loop_blocks"] == 1, {k: v for k, v in metrics.items() if "loop" in k}
+    assert metrics["explore/loop_lag_max"] >= 5
 
 
 @pytest.mark.slow
