@@ -10,7 +10,8 @@ A review is one of:
 
 Every review can carry a `comment` and a `reviewer`. Lines are appended under an exclusive
 file lock and fsynced, so concurrent writers never interleave and a crash loses no accepted
-review; a torn last line (a power loss mid-write) is skipped by readers. A later review of the
+review; a torn last line (a writer killed mid-write) is skipped by readers and ended by the
+next writer, so the review appended after it is kept. A later review of the
 same target (same kind, episode, sample and call; or the same pair) supersedes an earlier one.
 """
 
@@ -148,9 +149,15 @@ class ReviewStore:
         review.id = uuid.uuid4().hex[:12]
         review.time = round(time.time(), 3)
         line = (review.model_dump_json() + "\n").encode("utf-8")
-        with open(self.path, "ab") as handle:
+        with open(self.path, "ab+") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
+                # A writer killed mid-line left a torn last line: end it, or this review would
+                # be glued to it and lost with it.
+                if handle.seek(0, os.SEEK_END) > 0:
+                    handle.seek(-1, os.SEEK_END)
+                    if handle.read(1) != b"\n":
+                        line = b"\n" + line
                 handle.write(line)
                 handle.flush()
                 os.fsync(handle.fileno())

@@ -173,3 +173,13 @@ def test_a_review_line_that_is_not_utf8_is_skipped_and_named(tmp_path, caplog):
         reviews = store.all()
     assert [r.rollout_id for r in reviews] == ["s0.0", "s0.1"]
     assert "reviews.jsonl: line(s) 2 are not reviews" in caplog.text
+
+
+def test_a_review_after_a_writer_killed_mid_line_is_kept(run):
+    store = ReviewStore(run)
+    store.add({"kind": "rating", "rollout_id": "s0.0", "score": 0.2})
+    with store.path.open("a") as handle:  # the dashboard killed in the middle of a line
+        handle.write('{"kind": "rating", "rollout_id": "s1.0", "sco')
+    after = store.add({"kind": "rating", "rollout_id": "s2.0", "score": 0.7})
+    assert [(r.rollout_id, r.score) for r in store.all()] == [("s0.0", 0.2), ("s2.0", 0.7)]
+    assert store.all()[-1].id == after.id
