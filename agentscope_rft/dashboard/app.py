@@ -35,6 +35,8 @@ from agentscope_rft.dashboard.runs import (
 from agentscope_rft.monitor.records import MetricsFileError
 from agentscope_rft.review.store import ReviewError, ReviewStore, parse_review
 
+MAX_REVIEW_BYTES = 1 << 20
+"""A review request larger than this is refused (413) before it is parsed or stored."""
 STATIC_FILES = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
 
 
@@ -146,8 +148,17 @@ def create_app(root: Path, *, token: str, open_reads: bool = True) -> FastAPI:
     @app.post("/api/run/reviews")
     async def add_review(run_id: str, request: Request) -> JSONResponse:
         ref = run(run_id)
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > MAX_REVIEW_BYTES:
+                raise HTTPException(
+                    413,
+                    f"review not stored: the request is over {MAX_REVIEW_BYTES // 1024} KiB; "
+                    "a review is a score, a comment or a corrected answer",
+                )
         try:
-            body = await request.json()
+            body = json.loads(raw)
         except ValueError:
             raise HTTPException(400, "the review must be a JSON object") from None
         if not isinstance(body, dict):

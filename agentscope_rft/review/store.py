@@ -60,7 +60,7 @@ class Review(BaseModel):
     """Rating: the reward the reviewer gives (any finite number; thumbs give 1 or 0)."""
     thumbs: Literal["up", "down"] | None = None
     """Rating: thumbs up (score 1) or down (score 0)."""
-    text: str | None = None
+    text: str | None = Field(default=None, max_length=100_000)
     """Correction: the answer the call should have given."""
     chosen: str | None = None
     """Preference: the better episode's rollout id."""

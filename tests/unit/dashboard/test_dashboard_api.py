@@ -302,3 +302,17 @@ def test_the_command_refuses_an_open_bind_without_a_token_and_exports_reviews(ru
     assert exported.exit_code == 0, exported.output
     (line,) = [json.loads(x) for x in out.read_text().splitlines()]
     assert line["score"] == 1.0 and line["rollout_id_episode"]["task_id"] == "t1"
+
+
+def test_a_huge_review_is_refused_and_not_stored(runs):
+    c = client(runs)
+    huge = {"kind": "correction", "rollout_id": "s0.0", "sample_id": "s0.0:solver:0", "call": 0,
+            "text": "A" * 5_000_000}  # fmt: skip
+    refused = c.post("/api/run/reviews", params={"run_id": "done"}, json=huge, headers=AUTH)
+    assert refused.status_code == 413 and "over 1024 KiB" in refused.json()["error"]
+    long = {**huge, "text": "A" * 200_000}  # under the body limit, over the answer's
+    refused = c.post("/api/run/reviews", params={"run_id": "done"}, json=long, headers=AUTH)
+    assert refused.status_code == 422 and "text" in refused.json()["error"]
+    assert not (runs / "done" / "reviews.jsonl").exists()
+    fine = {**huge, "text": "4"}
+    assert c.post("/api/run/reviews", params={"run_id": "done"}, json=fine, headers=AUTH).is_success
