@@ -54,9 +54,9 @@ class Review(BaseModel):
     """The episode reviewed (rating, correction)."""
     sample_id: str | None = None
     """The training sample holding the call (a call rating, a correction)."""
-    call: int | None = Field(default=None, ge=0)
+    call: int | None = Field(default=None, ge=0, strict=True)
     """Index of the call's completion within `sample_id` (0: its first call)."""
-    score: float | None = None
+    score: float | None = Field(default=None, strict=True)
     """Rating: the reward the reviewer gives (any finite number; thumbs give 1 or 0)."""
     thumbs: Literal["up", "down"] | None = None
     """Rating: thumbs up (score 1) or down (score 0)."""
@@ -82,8 +82,14 @@ class Review(BaseModel):
         if self.kind == "rating":
             if self.rollout_id is None:
                 raise ValueError("a rating needs `rollout_id` (the episode rated)")
-            if self.thumbs is not None and self.score is None:
-                self.score = 1.0 if self.thumbs == "up" else 0.0
+            if self.thumbs is not None:
+                thumbs_score = 1.0 if self.thumbs == "up" else 0.0
+                if self.score is not None and self.score != thumbs_score:
+                    raise ValueError(
+                        f"a rating gives `score` {self.score} and `thumbs` {self.thumbs!r} "
+                        f"(score {thumbs_score:g}): give one of them"
+                    )
+                self.score = thumbs_score
             if self.score is None or not math.isfinite(self.score):
                 raise ValueError("a rating needs a finite `score` or `thumbs` ('up'/'down')")
             if (self.call is None) != (self.sample_id is None):

@@ -183,3 +183,23 @@ def test_a_review_after_a_writer_killed_mid_line_is_kept(run):
     after = store.add({"kind": "rating", "rollout_id": "s2.0", "score": 0.7})
     assert [(r.rollout_id, r.score) for r in store.all()] == [("s0.0", 0.2), ("s2.0", 0.7)]
     assert store.all()[-1].id == after.id
+
+
+@pytest.mark.parametrize(
+    ("fields", "fragment"),
+    [
+        ({"score": 1, "thumbs": "down"}, "give one of them"),
+        ({"score": True}, "score: Input should be a valid number"),
+        ({"score": "0.5"}, "score: Input should be a valid number"),
+        ({"score": 1, "sample_id": "s0.0:solver:0", "call": True}, "call: Input should be"),
+        ({"score": 1, "sample_id": "s0.0:solver:0", "call": "0"}, "call: Input should be"),
+    ],
+)
+def test_a_rating_of_the_wrong_type_or_contradicting_itself_is_refused(run, fields, fragment):
+    with pytest.raises(ReviewError, match=fragment):
+        ReviewStore(run).add({"kind": "rating", "rollout_id": "s0.0", **fields})
+    assert ReviewStore(run).all() == []
+    agreeing = ReviewStore(run).add(
+        {"kind": "rating", "rollout_id": "s0.0", "score": 1, "thumbs": "up"}
+    )
+    assert ReviewStore(run).all() == [agreeing] and agreeing.score == 1.0
