@@ -15,6 +15,7 @@ What a run takes from the reviewed run folder depends on its `algorithm.objectiv
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Literal
@@ -22,6 +23,8 @@ from typing import Any, Literal
 from agentscope_rft.monitor.samples_file import SAMPLES_FILE, read_sample_lines
 from agentscope_rft.review.store import Review, ReviewStore
 from agentscope_rft.types import Sample
+
+logger = logging.getLogger(__name__)
 
 ReviewUse = Literal["sft", "dpo", "rewards"]
 SAMPLE_FIELDS = frozenset(Sample.__dataclass_fields__)
@@ -72,12 +75,43 @@ def load_review_samples(run_dir: str | Path, use: ReviewUse, tokenizer: Any) -> 
         samples = _rated_groups([r for r in reviews if r.kind == "rating"], by_id, records)
         wanted = "ratings (a score or thumbs for an episode or call)"
     found = [s for s in samples if s is not None]
+    _say_untrained(run_dir, reviews, use, records)
     if not found:
         raise ReviewDataError(
             f"{run_dir}: none of its {len(reviews)} reviews gives {use} data; it takes "
             f"{wanted} of episodes logged in {SAMPLES_FILE}"
         )
     return found
+
+
+def _say_untrained(
+    run_dir: Path, reviews: list[Review], use: ReviewUse, records: list[dict[str, Any]]
+) -> None:
+    """Warn about the ratings and preferences of `use` that name episodes without a logged
+    training sample: they are accepted by the dashboard but give no data."""
+    trained = {r.get("rollout_id") for r in records if r.get("phase") == "train"}
+    samples = {r.get("sample_id") for r in records if r.get("phase") == "train"}
+    kind = {"rewards": "rating", "dpo": "preference"}.get(use)
+    untrained = [
+        r
+        for r in reviews
+        if r.kind == kind
+        and (
+            (r.sample_id is not None and r.sample_id not in samples)
+            or not {r.rollout_id, r.chosen, r.rejected} - {None} <= trained
+        )
+    ]
+    if untrained:
+        named = [r.rollout_id or f"{r.chosen} over {r.rejected}" for r in untrained]
+        logger.warning(
+            "%s: %d %s review(s) are not trained on: their episodes have no training sample in "
+            "%s (eval episodes, failed ones and those beyond monitor.sample_log have none): %s",
+            run_dir,
+            len(untrained),
+            kind,
+            SAMPLES_FILE,
+            ", ".join(named[:10]) + (", ..." if len(named) > 10 else ""),
+        )
 
 
 def _sample(record: dict[str, Any], **changes: Any) -> Sample:

@@ -203,3 +203,21 @@ def test_a_rating_of_the_wrong_type_or_contradicting_itself_is_refused(run, fiel
         {"kind": "rating", "rollout_id": "s0.0", "score": 1, "thumbs": "up"}
     )
     assert ReviewStore(run).all() == [agreeing] and agreeing.score == 1.0
+
+
+def test_reviews_of_episodes_without_training_samples_are_named_when_training(run, caplog):
+    store = ReviewStore(run)
+    store.add({"kind": "rating", "rollout_id": "s1.1", "score": 5.0})
+    store.add({"kind": "rating", "rollout_id": "eval3.0", "score": 1.0})  # an eval episode
+    store.add({"kind": "preference", "chosen": "eval3.0", "rejected": "eval3.1"})
+    store.add({"kind": "preference", "chosen": "s0.0", "rejected": "s0.1"})
+    with caplog.at_level("WARNING", logger="agentscope_rft.review.training"):
+        rated = load_review_samples(run, "rewards", CharTokenizer())
+    assert {s.rollout_id for s in rated} == {"s1.0", "s1.1"}
+    assert "1 rating review(s) are not trained on" in caplog.text and "eval3.0" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="agentscope_rft.review.training"):
+        pairs = load_review_samples(run, "dpo", CharTokenizer())
+    assert {s.rollout_id for s in pairs} == {"s0.0", "s0.1"}
+    assert "1 preference review(s) are not trained on" in caplog.text
+    assert "eval3.0 over eval3.1" in caplog.text
