@@ -316,3 +316,18 @@ def test_a_huge_review_is_refused_and_not_stored(runs):
     assert not (runs / "done" / "reviews.jsonl").exists()
     fine = {**huge, "text": "4"}
     assert c.post("/api/run/reviews", params={"run_id": "done"}, json=fine, headers=AUTH).is_success
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("run: [unclosed\n", "config.yaml is unreadable (line 2: expected ',' or ']'"),
+        ("- a list\n", "not a YAML mapping"),
+    ],
+)
+def test_a_run_with_a_broken_config_shows_the_error_in_the_runs_list(runs, text, fragment):
+    (runs / "done" / "config.yaml").write_text(text)
+    (runs / "done" / "status.json").write_text(json.dumps({"state": "ended", "error": None}))
+    done = client(runs).get("/api/runs").json()["runs"][0]
+    assert fragment in (done["error"] or "") and done["steps_done"] == 3
+    assert done["status_detail"] == "stopped after 3 steps: resume with --resume"
