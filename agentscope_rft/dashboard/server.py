@@ -128,5 +128,11 @@ def _export(run_folder: Path, out: Path) -> None:
     if not is_run_folder(run_folder):
         raise fail(f"--export-reviews: {run_folder} is not a run folder (give runs/<name>)")
     records = export_reviews(RunRef(run_folder.name, run_folder))
-    out.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    try:
+        out.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    except OSError as exc:
+        raise fail(
+            f"--export-reviews: cannot write {out} ({exc.strerror or exc}): give a file path "
+            "in a folder that exists and you can write to"
+        ) from exc
     typer.echo(f"{len(records)} reviews -> {out}")

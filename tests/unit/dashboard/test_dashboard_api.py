@@ -331,3 +331,18 @@ def test_a_run_with_a_broken_config_shows_the_error_in_the_runs_list(runs, text,
     done = client(runs).get("/api/runs").json()["runs"][0]
     assert fragment in (done["error"] or "") and done["steps_done"] == 3
     assert done["status_detail"] == "stopped after 3 steps: resume with --resume"
+
+
+@pytest.mark.parametrize("where", ["missing/folder/out.jsonl", "."])
+def test_exporting_reviews_to_a_path_that_cannot_be_written_is_one_clear_error(runs, where):
+    from typer.testing import CliRunner
+
+    from agentscope_rft.cli import app
+
+    out = runs.parent / where
+    result = CliRunner().invoke(
+        app, ["dashboard", str(runs / "done"), "--export-reviews", str(out)]
+    )
+    assert result.exit_code == 2, result.output
+    unwrapped = "".join(result.output.split())  # the error is wrapped to the terminal width
+    assert f"cannotwrite{out}" in unwrapped and "Traceback" not in result.output
