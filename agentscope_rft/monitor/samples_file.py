@@ -12,13 +12,14 @@ SAMPLES_FILE = "samples.jsonl"
 
 def read_sample_lines(path: Path, rollout_id: str | None = None) -> list[dict[str, Any]]:
     """The records of a `samples.jsonl` (those of one rollout when given), the last of each
-    sample id; a torn last line (the run is writing it) and lines that are not JSON objects are
-    skipped."""
+    sample id; a torn last line (the run is writing it) and lines that are not JSON objects (or
+    not UTF-8) are skipped."""
     if not path.is_file():
         return []
     needle = json.dumps(rollout_id) if rollout_id is not None else None
     out: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as handle:
+    # errors="replace": a stray non-UTF-8 byte spoils only its line (skipped below as not JSON).
+    with path.open(encoding="utf-8", errors="replace") as handle:
         for line in handle:
             if needle is not None and needle not in line:
                 continue

@@ -346,3 +346,15 @@ def test_exporting_reviews_to_a_path_that_cannot_be_written_is_one_clear_error(r
     assert result.exit_code == 2, result.output
     unwrapped = "".join(result.output.split())  # the error is wrapped to the terminal width
     assert f"cannotwrite{out}" in unwrapped and "Traceback" not in result.output
+
+
+def test_a_samples_log_with_bytes_that_are_not_utf8_spoils_only_their_line(runs):
+    with (runs / "done" / "samples.jsonl").open("ab") as handle:
+        handle.write(b'\xff\xfe{"sample_id": "junk"}\n')
+    c = client(runs)
+    episode = c.get("/api/run/episode", params={"run_id": "done", "rollout_id": "s0.0"})
+    assert episode.status_code == 200 and len(episode.json()["samples"]) == 1
+    review = {"kind": "rating", "rollout_id": "s0.0", "sample_id": "s0.0:solver:0", "call": 0,
+              "score": 1}  # fmt: skip
+    stored = c.post("/api/run/reviews", params={"run_id": "done"}, json=review, headers=AUTH)
+    assert stored.status_code == 201, stored.text
