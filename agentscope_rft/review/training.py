@@ -9,8 +9,9 @@ What a run takes from the reviewed run folder depends on its `algorithm.objectiv
   each trained on its sampled tokens), and each correction a pair of the corrected answer over
   the answer the policy gave;
 - an RL objective (`rl`): every advantage group holding a rated episode is trained again with
-  the reviewer's scores as rewards: an episode rating replaces the episode's reward, a call
-  rating adds a reward at the end of that call; the group's unrated episodes keep theirs.
+  the reviewer's scores as rewards: an episode rating replaces the episode's whole reward (its
+  outcome and any token rewards the run gave it), a call rating adds a reward at the end of that
+  call; the group's unrated episodes keep theirs.
 """
 
 from __future__ import annotations
@@ -210,8 +211,11 @@ def _rated_groups(
         key = (record["step"], record.get("group_id") or record["task_id"])
         if record.get("phase") != "train" or key not in groups:
             continue
-        reward = episode_score.get(record["rollout_id"], record["reward"])
-        token_rewards = record.get("token_rewards")
+        rated_episode = record["rollout_id"] in episode_score
+        reward = episode_score[record["rollout_id"]] if rated_episode else record["reward"]
+        # The reviewer's score is the rated episode's whole reward: the run's token rewards
+        # (its reward spread over calls, emitted step rewards) would be counted on top of it.
+        token_rewards = None if rated_episode else record.get("token_rewards")
         scores = call_scores.get(record["sample_id"], {})
         if scores:
             token_rewards = list(token_rewards or [0.0] * len(record["token_ids"]))

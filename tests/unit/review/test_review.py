@@ -221,3 +221,24 @@ def test_reviews_of_episodes_without_training_samples_are_named_when_training(ru
     assert {s.rollout_id for s in pairs} == {"s0.0", "s0.1"}
     assert "1 preference review(s) are not trained on" in caplog.text
     assert "eval3.0 over eval3.1" in caplog.text
+
+
+def test_an_episode_rating_is_the_whole_reward_when_the_run_spread_it_over_calls(run):
+    """A run with `explorer.reward_spread: last_call` (or emitted step rewards) logs the reward
+    as token rewards and 0 as the outcome: the reviewer's score replaces them, not adds to them."""
+    lines = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    for line in lines:
+        line["token_rewards"] = [0, 0, 0, 0, line["reward"], 0]
+        line["reward"] = 0.0
+    (run / "samples.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    store = ReviewStore(run)
+    store.add({"kind": "rating", "rollout_id": "s1.0", "score": 0.0})  # logged reward 1
+    store.add({"kind": "rating", "rollout_id": "s1.0", "sample_id": "s1.0:solver:0", "call": 0,
+               "score": 0.25})  # fmt: skip
+    by_rollout = {s.rollout_id: s for s in load_review_samples(run, "rewards", CharTokenizer())}
+
+    def total(sample):
+        return sample.reward + sum(sample.token_rewards or [])
+
+    assert total(by_rollout["s1.0"]) == 0.25  # the score 0, plus the call's 0.25
+    assert total(by_rollout["s1.1"]) == 0.0  # unrated: its own spread reward
