@@ -64,7 +64,8 @@ def create_app(root: Path, *, token: str, open_reads: bool = True) -> FastAPI:
         bearer = request.headers.get("authorization", "")
         if bearer.lower().startswith("bearer "):
             given = bearer[7:].strip()
-        return bool(given) and secrets.compare_digest(str(given), token)
+        # As bytes: compare_digest refuses str with non-ASCII characters (a 500, not a 401).
+        return bool(given) and secrets.compare_digest(str(given).encode(), token.encode())
 
     @app.middleware("http")
     async def guard(request: Request, call_next: Any) -> Response:

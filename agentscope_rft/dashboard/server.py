@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import secrets
 import socket
 from pathlib import Path
@@ -33,7 +34,8 @@ def dashboard_token(host: str, token: str | None) -> str:
     fresh random one. A bind beyond loopback must be given one explicitly.
 
     Raises:
-        DashboardError: a non-loopback host without a token, or a token under 16 characters.
+        DashboardError: a non-loopback host without a token, or a token under 16 characters
+            or with characters a URL or a header would not carry as they are.
     """
     token = token or os.environ.get(TOKEN_ENV) or None
     if token is None:
@@ -46,6 +48,11 @@ def dashboard_token(host: str, token: str | None) -> str:
         return secrets.token_urlsafe(18)
     if len(token) < 16:
         raise DashboardError("the dashboard token must be at least 16 characters")
+    if not re.fullmatch(r"[A-Za-z0-9._~-]+", token):
+        raise DashboardError(
+            "the dashboard token travels in the URL and a header: use letters, digits, '-', '_', "
+            "'.' and '~' only"
+        )
     return token
 
 

@@ -358,3 +358,17 @@ def test_a_samples_log_with_bytes_that_are_not_utf8_spoils_only_their_line(runs)
               "score": 1}  # fmt: skip
     stored = c.post("/api/run/reviews", params={"run_id": "done"}, json=review, headers=AUTH)
     assert stored.status_code == 201, stored.text
+
+
+def test_a_token_that_a_url_or_header_would_not_carry_is_refused_and_a_bad_one_is_a_401(runs):
+    for token in ("pässwort-lang-genug-1", "has spaces in it 1234", "a&b=c#d%e+f?g/h-12"):
+        with pytest.raises(DashboardError, match="letters, digits"):
+            dashboard_token("127.0.0.1", token)
+    assert dashboard_token("127.0.0.1", "Ok.token_with~dash-1") == "Ok.token_with~dash-1"
+    c = client(runs)
+    review = {"kind": "rating", "rollout_id": "s0.0", "score": 1}
+    in_query = {"params": {"run_id": "done", "token": "été-été-été-été-été"}}
+    in_header = {"params": {"run_id": "done"}, "headers": {"X-Dashboard-Token": "été".encode()}}
+    for given in (in_query, in_header):
+        refused = c.post("/api/run/reviews", json=review, **given)
+        assert refused.status_code == 401 and "token" in refused.json()["error"]
