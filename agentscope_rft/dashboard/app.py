@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentscope_rft.dashboard.episodes import (
     EpisodeNotFound,
@@ -93,8 +94,9 @@ def create_app(root: Path, *, token: str, open_reads: bool = True) -> FastAPI:
         except RunNotFound as exc:
             raise HTTPException(404, str(exc)) from None
 
-    @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+    # Starlette's own (an unknown path, a wrong method) answer in the same shape as ours.
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
 
     @app.exception_handler(RequestValidationError)

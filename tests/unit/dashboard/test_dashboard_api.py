@@ -372,3 +372,12 @@ def test_a_token_that_a_url_or_header_would_not_carry_is_refused_and_a_bad_one_i
     for given in (in_query, in_header):
         refused = c.post("/api/run/reviews", json=review, **given)
         assert refused.status_code == 401 and "token" in refused.json()["error"]
+
+
+@pytest.mark.parametrize(
+    "path", ["/static/..%2f..%2fapp.py", "/static/app.py", "/static/%2e%2e/runs.py", "/nope"]
+)
+def test_no_file_outside_the_assets_is_served_and_the_404_is_in_the_dashboards_shape(runs, path):
+    response = client(runs).get(path)
+    assert response.status_code == 404 and "error" in response.json()
+    assert "import" not in response.text
