@@ -39,5 +39,7 @@ def latest_per_key(records: list[dict[str, Any]], key: str) -> list[dict[str, An
     under the same ids and appends them again), in the order of their first appearance."""
     latest: dict[Any, dict[str, Any]] = {}
     for record in records:
-        latest[record.get(key, id(record))] = record
+        value = record.get(key)
+        # A record without the key, or with one that is not an id (a hand edit), stands alone.
+        latest[value if isinstance(value, str | int) else id(record)] = record
     return list(latest.values())

@@ -381,3 +381,29 @@ def test_no_file_outside_the_assets_is_served_and_the_404_is_in_the_dashboards_s
     response = client(runs).get(path)
     assert response.status_code == 404 and "error" in response.json()
     assert "import" not in response.text
+
+
+def test_log_lines_with_fields_of_the_wrong_type_do_not_take_the_run_down(runs):
+    """Valid JSON of the wrong shape (a hand edit): the run's other episodes still show."""
+    with (runs / "done" / "rollouts.jsonl").open("a") as handle:
+        lines = [
+            {"rollout_id": ["a list"]},
+            {"rollout_id": "odd", "calls": {"agent": "x"}, "error": 5},
+            {"rollout_id": "odder", "calls": [1, {"completion_tokens": "2"}]},
+        ]
+        handle.write("".join(json.dumps(line) + "\n" for line in lines))
+    with (runs / "done" / "samples.jsonl").open("a") as handle:
+        handle.write(json.dumps({"rollout_id": "s0.0", "sample_id": ["a list"]}) + "\n")
+    c = client(runs)
+    listed = c.get("/api/run/episodes", params={"run_id": "done"})
+    assert listed.status_code == 200, listed.text
+    by_id = {e["rollout_id"]: e for e in listed.json()["episodes"]}
+    assert by_id["odd"]["calls"] == 0 and by_id["odd"]["error"] == "5"
+    assert by_id["odder"]["calls"] == 1 and by_id["odder"]["length"] == 0 and "s0.0" in by_id
+    for rollout_id in ("odd", "s0.0"):
+        episode = c.get("/api/run/episode", params={"run_id": "done", "rollout_id": rollout_id})
+        assert episode.status_code == 200 and isinstance(episode.json()["episode"]["calls"], list)
+    review = {"kind": "rating", "rollout_id": "s0.0", "score": 1}
+    assert c.post(
+        "/api/run/reviews", params={"run_id": "done"}, json=review, headers=AUTH
+    ).is_success
