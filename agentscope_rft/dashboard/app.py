@@ -8,10 +8,12 @@ folder: anything that would leave it is refused.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -178,11 +180,16 @@ def create_app(root: Path, *, token: str, open_reads: bool = True) -> FastAPI:
     async def reviews_export(run_id: str) -> Response:
         ref = run(run_id)
         text = "".join(json.dumps(r) + "\n" for r in export_reviews(ref))
-        name = ref.id.replace("/", "_")
+        name = ref.id.replace("/", "_") + "-reviews.jsonl"
+        # A header is Latin-1: the plain name is ASCII, RFC 6266's `filename*` the exact one.
+        plain = re.sub(r"[^A-Za-z0-9._-]", "_", name)
         return Response(
             text,
             media_type="application/x-ndjson",
-            headers={"Content-Disposition": f'attachment; filename="{name}-reviews.jsonl"'},
+            headers={
+                "Content-Disposition": f'attachment; filename="{plain}"; '
+                f"filename*=UTF-8''{quote(name, safe='')}"
+            },
         )
 
     @app.get("/favicon.ico")

@@ -2,6 +2,7 @@
 
 import json
 import socket
+import urllib.parse
 
 import pytest
 from fastapi.testclient import TestClient
@@ -407,3 +408,13 @@ def test_log_lines_with_fields_of_the_wrong_type_do_not_take_the_run_down(runs):
     assert c.post(
         "/api/run/reviews", params={"run_id": "done"}, json=review, headers=AUTH
     ).is_success
+
+
+@pytest.mark.parametrize("name", ["实验", 'a"b', "plain"])
+def test_the_reviews_of_a_run_with_any_folder_name_download(runs, name):
+    write_run(runs / name)
+    response = client(runs).get("/api/run/reviews.jsonl", params={"run_id": name})
+    assert response.status_code == 200
+    disposition = response.headers["content-disposition"]
+    assert disposition.count('"') == 2 and disposition.isascii()
+    assert urllib.parse.quote(f"{name}-reviews.jsonl", safe="") in disposition
