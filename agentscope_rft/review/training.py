@@ -162,7 +162,11 @@ def _pair(
     if review.kind == "correction":
         chosen = _corrected(review, by_id, tokenizer)
         record, start, end = _call_span(review, by_id)
-        length = end + (1 if end < len(record["token_ids"]) else 0)  # the end-of-turn token
+        # The answer as the chosen side has it: up to its end-of-turn token, which a call that
+        # stopped sampled itself; after a cut-off call it is the next token of the sample.
+        ids = record["token_ids"]
+        stopped = ids[end - 1] == tokenizer.eos_token_id
+        length = end + (1 if end < len(ids) and not stopped else 0)
         rejected = _sample(
             record,
             token_ids=record["token_ids"][:length],

@@ -242,3 +242,17 @@ def test_an_episode_rating_is_the_whole_reward_when_the_run_spread_it_over_calls
 
     assert total(by_rollout["s1.0"]) == 0.25  # the score 0, plus the call's 0.25
     assert total(by_rollout["s1.1"]) == 0.0  # unrated: its own spread reward
+
+
+def test_a_corrected_calls_rejected_side_ends_at_the_end_of_turn_the_call_sampled(run):
+    """Call 0 of a two-call sample stopped on its own end-of-turn token (id 2, trained): the
+    rejected answer ends there, as the chosen one does, not one template token later."""
+    lines = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    lines[0].update(token_ids=[5, 6, 8, 2, 10, 11, 9, 2], loss_mask=[0, 0, 1, 1, 0, 0, 1, 1],
+                    logprobs=[0] * 8, advantages=[0] * 8, call_spans=[[2, 4], [6, 8]])  # fmt: skip
+    (run / "samples.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    ReviewStore(run).add({"kind": "correction", "rollout_id": "s0.0",
+                          "sample_id": "s0.0:solver:0", "call": 0, "text": "Z"})  # fmt: skip
+    chosen, rejected = load_review_samples(run, "dpo", CharTokenizer())
+    assert list(chosen.token_ids) == [5, 6, ord("Z"), 2]
+    assert list(rejected.token_ids) == [5, 6, 8, 2] and list(rejected.loss_mask) == [0, 0, 1, 1]
