@@ -104,6 +104,11 @@ def dashboard_command(
     # error, and with --port 0 the URL shows the port picked.
     try:
         listening = _bind(host, port)
+    except socket.gaierror as exc:
+        raise fail(
+            f"cannot listen on --host {host} ({exc.strerror or exc}): give an address or name of "
+            "this machine (127.0.0.1, the default, for this machine only)"
+        ) from exc
     except OSError as exc:
         raise fail(
             f"cannot listen on {host}:{port} ({exc.strerror or exc}): pick another --port "

@@ -418,3 +418,16 @@ def test_the_reviews_of_a_run_with_any_folder_name_download(runs, name):
     disposition = response.headers["content-disposition"]
     assert disposition.count('"') == 2 and disposition.isascii()
     assert urllib.parse.quote(f"{name}-reviews.jsonl", safe="") in disposition
+
+
+def test_a_host_that_does_not_resolve_is_named_not_blamed_on_the_port(runs):
+    from typer.testing import CliRunner
+
+    from agentscope_rft.cli import app
+
+    result = CliRunner().invoke(
+        app, ["dashboard", str(runs), "--host", "no-such-host.invalid", "--token", TOKEN]
+    )
+    unwrapped = " ".join(result.output.split())
+    assert result.exit_code == 2 and "--host no-such-host.invalid" in unwrapped, result.output
+    assert "pick another --port" not in unwrapped
