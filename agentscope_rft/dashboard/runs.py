@@ -199,7 +199,10 @@ def read_config(path: Path) -> tuple[dict[str, Any], str | None]:
 def summarize(ref: RunRef) -> dict[str, Any]:
     """What the runs list shows for one run."""
     config, config_problem = read_config(ref.path)
-    total = config.get("run.steps")
+    status = read_json(ref.path / STATUS_FILE)
+    status = status if isinstance(status, dict) else {}
+    # status.json records run.steps too: the runs list still knows it when config.yaml is broken.
+    total = config.get("run.steps", status.get("steps"))
     summary: dict[str, Any] = {
         "id": ref.id,
         "name": config.get("run.name") or ref.path.name,
@@ -218,8 +221,6 @@ def summarize(ref: RunRef) -> dict[str, Any]:
     train_steps = [r.step for r in records if r.phase == "train"]
     summary["steps_done"] = max(train_steps) + 1 if train_steps else 0
     times = [r.time for r in records if r.time is not None]
-    status = read_json(ref.path / STATUS_FILE)
-    status = status if isinstance(status, dict) else {}
     summary["started"] = status.get("started") or (min(times) if times else None)
     summary["updated"] = max(times) if times else None
     summary["status"], summary["status_detail"] = run_status(ref.path, status, summary)

@@ -332,6 +332,10 @@ def test_a_run_with_a_broken_config_shows_the_error_in_the_runs_list(runs, text,
     done = client(runs).get("/api/runs").json()["runs"][0]
     assert fragment in (done["error"] or "") and done["steps_done"] == 3
     assert done["status_detail"] == "stopped after 3 steps: resume with --resume"
+    ended = {"state": "ended", "error": None, "steps": 3}  # status.json knows run.steps too
+    (runs / "done" / "status.json").write_text(json.dumps(ended))
+    done = client(runs).get("/api/runs").json()["runs"][0]
+    assert done["status"] == "finished" and done["total_steps"] == 3
 
 
 @pytest.mark.parametrize("where", ["missing/folder/out.jsonl", "."])
