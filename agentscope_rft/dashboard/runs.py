@@ -148,13 +148,28 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def metric_history(path: Path) -> list[MetricRecord]:
-    """The surviving metrics records of a run (resume markers applied).
+    """The surviving metrics records of a run (resume markers applied); none yet when the run
+    has not finished writing its first line (the file is created when the run starts).
 
     Raises:
-        MetricsFileError: a missing, empty or malformed `metrics.jsonl` (a half-written last
-            line is skipped, not an error).
+        MetricsFileError: a missing or malformed `metrics.jsonl` (a half-written last line is
+            skipped, not an error).
     """
-    return surviving_history(read_metrics(path / METRICS_FILE))
+    file = path / METRICS_FILE
+    try:
+        return surviving_history(read_metrics(file))
+    except MetricsFileError:
+        if file.is_file() and not _has_a_whole_line(file):
+            return []
+        raise
+
+
+def _has_a_whole_line(file: Path) -> bool:
+    try:
+        data = file.read_bytes()
+    except OSError:
+        return False
+    return bool(data[: data.rfind(b"\n") + 1].strip())
 
 
 def flat_config(path: Path) -> dict[str, Any]:

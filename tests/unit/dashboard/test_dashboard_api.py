@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 from agentscope_rft.dashboard.app import create_app
 from agentscope_rft.dashboard.runs import discover_runs
 from agentscope_rft.dashboard.server import DashboardError, dashboard_token
+from agentscope_rft.monitor.status import run_started
 
 from .runs_on_disk import write_run
 
@@ -435,3 +436,20 @@ def test_a_host_that_does_not_resolve_is_named_not_blamed_on_the_port(runs):
     unwrapped = " ".join(result.output.split())
     assert result.exit_code == 2 and "--host no-such-host.invalid" in unwrapped, result.output
     assert "pick another --port" not in unwrapped
+
+
+@pytest.mark.parametrize("written", ["", '{"step": 0, "time": 1000.0, "pha'])
+def test_a_run_that_has_not_logged_its_first_step_yet_is_not_an_error(runs, written):
+    """`metrics.jsonl` exists from the run's start; its first line comes after the first step."""
+    fresh = runs / "fresh"
+    fresh.mkdir()
+    (fresh / "config.yaml").write_text("run: {steps: 5}\n")
+    (fresh / "metrics.jsonl").write_text(written)
+    run_started(fresh, steps=5)  # this process: alive
+    c = client(runs)
+    listed = next(r for r in c.get("/api/runs").json()["runs"] if r["id"] == "fresh")
+    assert listed["error"] is None and listed["status"] == "running" and listed["steps_done"] == 0
+    metrics = c.get("/api/run/metrics", params={"run_id": "fresh"})
+    assert metrics.status_code == 200 and metrics.json()["records"] == []
+    (fresh / "metrics.jsonl").write_text("not json\n")  # a whole line that is wrong still is
+    assert c.get("/api/run/metrics", params={"run_id": "fresh"}).status_code == 422
