@@ -173,7 +173,15 @@ def create_app(root: Path, *, token: str, open_reads: bool = True) -> FastAPI:
             check_review_targets(ref, review)
         except ReviewError as exc:
             raise HTTPException(422, str(exc)) from None
-        review = ReviewStore(ref.path).append(review)
+        store = ReviewStore(ref.path)
+        try:
+            review = store.append(review)
+        except OSError as exc:  # a read-only run folder, a full disk
+            raise HTTPException(
+                500,
+                f"review not stored: cannot write {store.path} ({exc.strerror or exc}); make the "
+                "run folder writable for the dashboard, or free disk space",
+            ) from None
         return JSONResponse(review.model_dump(), status_code=201)
 
     @app.get("/api/run/reviews.jsonl")

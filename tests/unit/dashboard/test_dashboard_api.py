@@ -453,3 +453,13 @@ def test_a_run_that_has_not_logged_its_first_step_yet_is_not_an_error(runs, writ
     assert metrics.status_code == 200 and metrics.json()["records"] == []
     (fresh / "metrics.jsonl").write_text("not json\n")  # a whole line that is wrong still is
     assert c.get("/api/run/metrics", params={"run_id": "fresh"}).status_code == 422
+
+
+def test_a_review_that_cannot_be_written_is_a_clear_error(runs):
+    (runs / "done" / "reviews.jsonl").mkdir()  # stands for a read-only folder (tests run as root)
+    review = {"kind": "rating", "rollout_id": "s0.0", "score": 1}
+    response = client(runs).post(
+        "/api/run/reviews", params={"run_id": "done"}, json=review, headers=AUTH
+    )
+    assert response.status_code == 500
+    assert "review not stored: cannot write" in response.json()["error"]
