@@ -8,14 +8,17 @@ folder: anything that would leave it is refused.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentscope_rft.dashboard.episodes import (
     EpisodeNotFound,
@@ -35,6 +38,8 @@ from agentscope_rft.dashboard.runs import (
 from agentscope_rft.monitor.records import MetricsFileError
 from agentscope_rft.review.store import ReviewError, ReviewStore, parse_review
 
+MAX_REVIEW_BYTES = 1 << 20
+"""A review request larger than this is refused (413) before it is parsed or stored."""
 STATIC_FILES = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
 
 
@@ -62,7 +67,8 @@ def create_app(root: Path, *, token: str, open_reads: bool = True) -> FastAPI:
         bearer = request.headers.get("authorization", "")
         if bearer.lower().startswith("bearer "):
             given = bearer[7:].strip()
-        return bool(given) and secrets.compare_digest(str(given), token)
+        # As bytes: compare_digest refuses str with non-ASCII characters (a 500, not a 401).
+        return bool(given) and secrets.compare_digest(str(given).encode(), token.encode())
 
     @app.middleware("http")
     async def guard(request: Request, call_next: Any) -> Response:
@@ -90,8 +96,9 @@ def create_app(root: Path, *, token: str, open_reads: bool = True) -> FastAPI:
         except RunNotFound as exc:
             raise HTTPException(404, str(exc)) from None
 
-    @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+    # Starlette's own (an unknown path, a wrong method) answer in the same shape as ours.
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
 
     @app.exception_handler(RequestValidationError)
@@ -146,8 +153,17 @@ def create_app(root: Path, *, token: str, open_reads: bool = True) -> FastAPI:
     @app.post("/api/run/reviews")
     async def add_review(run_id: str, request: Request) -> JSONResponse:
         ref = run(run_id)
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > MAX_REVIEW_BYTES:
+                raise HTTPException(
+                    413,
+                    f"review not stored: the request is over {MAX_REVIEW_BYTES // 1024} KiB; "
+                    "a review is a score, a comment or a corrected answer",
+                )
         try:
-            body = await request.json()
+            body = json.loads(raw)
         except ValueError:
             raise HTTPException(400, "the review must be a JSON object") from None
         if not isinstance(body, dict):
@@ -157,18 +173,31 @@ def create_app(root: Path, *, token: str, open_reads: bool = True) -> FastAPI:
             check_review_targets(ref, review)
         except ReviewError as exc:
             raise HTTPException(422, str(exc)) from None
-        review = ReviewStore(ref.path).append(review)
+        store = ReviewStore(ref.path)
+        try:
+            review = store.append(review)
+        except OSError as exc:  # a read-only run folder, a full disk
+            raise HTTPException(
+                500,
+                f"review not stored: cannot write {store.path} ({exc.strerror or exc}); make the "
+                "run folder writable for the dashboard, or free disk space",
+            ) from None
         return JSONResponse(review.model_dump(), status_code=201)
 
     @app.get("/api/run/reviews.jsonl")
     async def reviews_export(run_id: str) -> Response:
         ref = run(run_id)
         text = "".join(json.dumps(r) + "\n" for r in export_reviews(ref))
-        name = ref.id.replace("/", "_")
+        name = ref.id.replace("/", "_") + "-reviews.jsonl"
+        # A header is Latin-1: the plain name is ASCII, RFC 6266's `filename*` the exact one.
+        plain = re.sub(r"[^A-Za-z0-9._-]", "_", name)
         return Response(
             text,
             media_type="application/x-ndjson",
-            headers={"Content-Disposition": f'attachment; filename="{name}-reviews.jsonl"'},
+            headers={
+                "Content-Disposition": f'attachment; filename="{plain}"; '
+                f"filename*=UTF-8''{quote(name, safe='')}"
+            },
         )
 
     @app.get("/favicon.ico")

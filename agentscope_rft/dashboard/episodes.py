@@ -23,8 +23,8 @@ class EpisodeNotFound(LookupError):
 
 
 def episode_summary(line: dict[str, Any]) -> dict[str, Any]:
-    calls = line.get("calls") or []
-    agents = sorted({str(c.get("agent") or "-") for c in calls})
+    calls = _calls(line)
+    error = line.get("error")
     return {
         "step": line.get("step"),
         "phase": line.get("phase"),
@@ -33,11 +33,21 @@ def episode_summary(line: dict[str, Any]) -> dict[str, Any]:
         "reward": line.get("reward"),
         "success": line.get("success"),
         "status": line.get("status"),
-        "error": (line.get("error") or "")[-300:] or None,
-        "agents": agents,
+        "error": (str(error) if error else "")[-300:] or None,
+        "agents": sorted({str(c.get("agent") or "-") for c in calls}),
         "calls": len(calls),
-        "length": sum(int(c.get("completion_tokens") or 0) for c in calls),
+        "length": sum(_count(c.get("completion_tokens")) for c in calls),
     }
+
+
+def _calls(line: dict[str, Any]) -> list[dict[str, Any]]:
+    """The episode's calls; a hand-edited line's entries that are not calls are left out."""
+    calls = line.get("calls")
+    return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def list_episodes(ref: RunRef, step: int | None = None, phase: str | None = None) -> dict[str, Any]:
@@ -59,7 +69,10 @@ def list_episodes(ref: RunRef, step: int | None = None, phase: str | None = None
 
 
 def _rollouts(ref: RunRef) -> list[dict[str, Any]]:
-    return latest_per_key(read_jsonl(ref.path / "rollouts.jsonl"), "rollout_id")
+    """The run's episodes, the last line of each rollout id; a line without a string
+    `rollout_id` (a hand edit) cannot be addressed and is left out."""
+    lines = read_jsonl(ref.path / "rollouts.jsonl")
+    return latest_per_key([x for x in lines if isinstance(x.get("rollout_id"), str)], "rollout_id")
 
 
 def find_episode(ref: RunRef, rollout_id: str) -> dict[str, Any]:
@@ -111,6 +124,7 @@ def check_review_targets(ref: RunRef, review: Review) -> None:
 def episode_detail(ref: RunRef, rollout_id: str) -> dict[str, Any]:
     """One episode: its calls in order and its training samples with decoded tokens."""
     line = find_episode(ref, rollout_id)
+    line = {**line, "calls": _calls(line)}
     samples = read_sample_lines(ref.path / SAMPLES_FILE, rollout_id)
     decode = _decoder(ref.path)
     for sample in samples:

@@ -148,21 +148,56 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def metric_history(path: Path) -> list[MetricRecord]:
-    """The surviving metrics records of a run (resume markers applied).
+    """The surviving metrics records of a run (resume markers applied); none yet when the run
+    has not finished writing its first line (the file is created when the run starts).
 
     Raises:
-        MetricsFileError: a missing, empty or malformed `metrics.jsonl` (a half-written last
-            line is skipped, not an error).
+        MetricsFileError: a missing or malformed `metrics.jsonl` (a half-written last line is
+            skipped, not an error).
     """
-    return surviving_history(read_metrics(path / METRICS_FILE))
+    file = path / METRICS_FILE
+    try:
+        return surviving_history(read_metrics(file))
+    except MetricsFileError:
+        if file.is_file() and not _has_a_whole_line(file):
+            return []
+        raise
+
+
+def _has_a_whole_line(file: Path) -> bool:
+    try:
+        data = file.read_bytes()
+    except OSError:
+        return False
+    return bool(data[: data.rfind(b"\n") + 1].strip())
 
 
 def flat_config(path: Path) -> dict[str, Any]:
     """The run's resolved `config.yaml` as `{"trainer.lr": 2e-5, ...}` (empty if unreadable)."""
+    return read_config(path)[0]
+
+
+def read_config(path: Path) -> tuple[dict[str, Any], str | None]:
+    """The run's flat `config.yaml` (see `flat_config`) and, when the file is there but is not
+    a YAML mapping, what is wrong with it."""
+    file = path / "config.yaml"
     try:
-        data = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return {}
+        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}, None
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        mark = getattr(exc, "problem_mark", None)
+        reason = (
+            f"line {mark.line + 1}: {getattr(exc, 'problem', None) or 'not YAML'}"
+            if mark is not None
+            else str(exc) or type(exc).__name__
+        )
+        return {}, f"{file} is unreadable ({reason}): its settings and model are not shown"
+    if not isinstance(data, dict):
+        return {}, (
+            f"{file} is not a YAML mapping (got {type(data).__name__}): its settings and model "
+            "are not shown"
+        )
     flat: dict[str, Any] = {}
 
     def walk(prefix: str, value: Any) -> None:
@@ -172,15 +207,17 @@ def flat_config(path: Path) -> dict[str, Any]:
         else:
             flat[prefix] = value
 
-    if isinstance(data, dict):
-        walk("", data)
-    return flat
+    walk("", data)
+    return flat, None
 
 
 def summarize(ref: RunRef) -> dict[str, Any]:
     """What the runs list shows for one run."""
-    config = flat_config(ref.path)
-    total = config.get("run.steps")
+    config, config_problem = read_config(ref.path)
+    status = read_json(ref.path / STATUS_FILE)
+    status = status if isinstance(status, dict) else {}
+    # status.json records run.steps too: the runs list still knows it when config.yaml is broken.
+    total = config.get("run.steps", status.get("steps"))
     summary: dict[str, Any] = {
         "id": ref.id,
         "name": config.get("run.name") or ref.path.name,
@@ -188,19 +225,17 @@ def summarize(ref: RunRef) -> dict[str, Any]:
         "seed": ref.seed if ref.seed is not None else config.get("run.seed"),
         "total_steps": total,
         "config": config,
-        "error": None,
+        "error": config_problem,
     }
     records: list[MetricRecord] = []
     try:
         records = metric_history(ref.path)
     except MetricsFileError as exc:
         if (ref.path / METRICS_FILE).is_file():
-            summary["error"] = str(exc)
+            summary["error"] = "; ".join(filter(None, (config_problem, str(exc))))
     train_steps = [r.step for r in records if r.phase == "train"]
     summary["steps_done"] = max(train_steps) + 1 if train_steps else 0
     times = [r.time for r in records if r.time is not None]
-    status = read_json(ref.path / STATUS_FILE)
-    status = status if isinstance(status, dict) else {}
     summary["started"] = status.get("started") or (min(times) if times else None)
     summary["updated"] = max(times) if times else None
     summary["status"], summary["status_detail"] = run_status(ref.path, status, summary)
@@ -223,7 +258,8 @@ def run_status(path: Path, status: dict[str, Any], summary: dict[str, Any]) -> t
             return "failed", str(status["error"])
         if isinstance(total, int) and done >= total:
             return "finished", f"{done} of {total} steps"
-        return "stopped", f"stopped after {done} of {total} steps: resume with --resume"
+        of = f" of {total}" if isinstance(total, int) else ""
+        return "stopped", f"stopped after {done}{of} steps: resume with --resume"
     # An older run without a status file: judge by its checkpoint and how fresh its files are.
     state = read_json(path / "state.json")
     if isinstance(total, int) and isinstance(state, dict) and state.get("step", 0) >= total:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import secrets
 import socket
 from pathlib import Path
@@ -33,7 +34,8 @@ def dashboard_token(host: str, token: str | None) -> str:
     fresh random one. A bind beyond loopback must be given one explicitly.
 
     Raises:
-        DashboardError: a non-loopback host without a token, or a token under 16 characters.
+        DashboardError: a non-loopback host without a token, or a token under 16 characters
+            or with characters a URL or a header would not carry as they are.
     """
     token = token or os.environ.get(TOKEN_ENV) or None
     if token is None:
@@ -46,6 +48,11 @@ def dashboard_token(host: str, token: str | None) -> str:
         return secrets.token_urlsafe(18)
     if len(token) < 16:
         raise DashboardError("the dashboard token must be at least 16 characters")
+    if not re.fullmatch(r"[A-Za-z0-9._~-]+", token):
+        raise DashboardError(
+            "the dashboard token travels in the URL and a header: use letters, digits, '-', '_', "
+            "'.' and '~' only"
+        )
     return token
 
 
@@ -97,6 +104,11 @@ def dashboard_command(
     # error, and with --port 0 the URL shows the port picked.
     try:
         listening = _bind(host, port)
+    except socket.gaierror as exc:
+        raise fail(
+            f"cannot listen on --host {host} ({exc.strerror or exc}): give an address or name of "
+            "this machine (127.0.0.1, the default, for this machine only)"
+        ) from exc
     except OSError as exc:
         raise fail(
             f"cannot listen on {host}:{port} ({exc.strerror or exc}): pick another --port "
@@ -128,5 +140,11 @@ def _export(run_folder: Path, out: Path) -> None:
     if not is_run_folder(run_folder):
         raise fail(f"--export-reviews: {run_folder} is not a run folder (give runs/<name>)")
     records = export_reviews(RunRef(run_folder.name, run_folder))
-    out.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    try:
+        out.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    except OSError as exc:
+        raise fail(
+            f"--export-reviews: cannot write {out} ({exc.strerror or exc}): give a file path "
+            "in a folder that exists and you can write to"
+        ) from exc
     typer.echo(f"{len(records)} reviews -> {out}")

@@ -12,13 +12,14 @@ SAMPLES_FILE = "samples.jsonl"
 
 def read_sample_lines(path: Path, rollout_id: str | None = None) -> list[dict[str, Any]]:
     """The records of a `samples.jsonl` (those of one rollout when given), the last of each
-    sample id; a torn last line (the run is writing it) and lines that are not JSON objects are
-    skipped."""
+    sample id; a torn last line (the run is writing it) and lines that are not JSON objects (or
+    not UTF-8) are skipped."""
     if not path.is_file():
         return []
     needle = json.dumps(rollout_id) if rollout_id is not None else None
     out: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as handle:
+    # errors="replace": a stray non-UTF-8 byte spoils only its line (skipped below as not JSON).
+    with path.open(encoding="utf-8", errors="replace") as handle:
         for line in handle:
             if needle is not None and needle not in line:
                 continue
@@ -38,5 +39,7 @@ def latest_per_key(records: list[dict[str, Any]], key: str) -> list[dict[str, An
     under the same ids and appends them again), in the order of their first appearance."""
     latest: dict[Any, dict[str, Any]] = {}
     for record in records:
-        latest[record.get(key, id(record))] = record
+        value = record.get(key)
+        # A record without the key, or with one that is not an id (a hand edit), stands alone.
+        latest[value if isinstance(value, str | int) else id(record)] = record
     return list(latest.values())

@@ -10,7 +10,8 @@ A review is one of:
 
 Every review can carry a `comment` and a `reviewer`. Lines are appended under an exclusive
 file lock and fsynced, so concurrent writers never interleave and a crash loses no accepted
-review; a torn last line (a power loss mid-write) is skipped by readers. A later review of the
+review; a torn last line (a writer killed mid-write) is skipped by readers and ended by the
+next writer, so the review appended after it is kept. A later review of the
 same target (same kind, episode, sample and call; or the same pair) supersedes an earlier one.
 """
 
@@ -53,13 +54,13 @@ class Review(BaseModel):
     """The episode reviewed (rating, correction)."""
     sample_id: str | None = None
     """The training sample holding the call (a call rating, a correction)."""
-    call: int | None = Field(default=None, ge=0)
+    call: int | None = Field(default=None, ge=0, strict=True)
     """Index of the call's completion within `sample_id` (0: its first call)."""
-    score: float | None = None
+    score: float | None = Field(default=None, strict=True)
     """Rating: the reward the reviewer gives (any finite number; thumbs give 1 or 0)."""
     thumbs: Literal["up", "down"] | None = None
     """Rating: thumbs up (score 1) or down (score 0)."""
-    text: str | None = None
+    text: str | None = Field(default=None, max_length=100_000)
     """Correction: the answer the call should have given."""
     chosen: str | None = None
     """Preference: the better episode's rollout id."""
@@ -81,8 +82,14 @@ class Review(BaseModel):
         if self.kind == "rating":
             if self.rollout_id is None:
                 raise ValueError("a rating needs `rollout_id` (the episode rated)")
-            if self.thumbs is not None and self.score is None:
-                self.score = 1.0 if self.thumbs == "up" else 0.0
+            if self.thumbs is not None:
+                thumbs_score = 1.0 if self.thumbs == "up" else 0.0
+                if self.score is not None and self.score != thumbs_score:
+                    raise ValueError(
+                        f"a rating gives `score` {self.score} and `thumbs` {self.thumbs!r} "
+                        f"(score {thumbs_score:g}): give one of them"
+                    )
+                self.score = thumbs_score
             if self.score is None or not math.isfinite(self.score):
                 raise ValueError("a rating needs a finite `score` or `thumbs` ('up'/'down')")
             if (self.call is None) != (self.sample_id is None):
@@ -148,9 +155,15 @@ class ReviewStore:
         review.id = uuid.uuid4().hex[:12]
         review.time = round(time.time(), 3)
         line = (review.model_dump_json() + "\n").encode("utf-8")
-        with open(self.path, "ab") as handle:
+        with open(self.path, "ab+") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
+                # A writer killed mid-line left a torn last line: end it, or this review would
+                # be glued to it and lost with it.
+                if handle.seek(0, os.SEEK_END) > 0:
+                    handle.seek(-1, os.SEEK_END)
+                    if handle.read(1) != b"\n":
+                        line = b"\n" + line
                 handle.write(line)
                 handle.flush()
                 os.fsync(handle.fileno())

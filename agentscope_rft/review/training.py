@@ -9,12 +9,14 @@ What a run takes from the reviewed run folder depends on its `algorithm.objectiv
   each trained on its sampled tokens), and each correction a pair of the corrected answer over
   the answer the policy gave;
 - an RL objective (`rl`): every advantage group holding a rated episode is trained again with
-  the reviewer's scores as rewards: an episode rating replaces the episode's reward, a call
-  rating adds a reward at the end of that call; the group's unrated episodes keep theirs.
+  the reviewer's scores as rewards: an episode rating replaces the episode's whole reward (its
+  outcome and any token rewards the run gave it), a call rating adds a reward at the end of that
+  call; the group's unrated episodes keep theirs.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Literal
@@ -22,6 +24,8 @@ from typing import Any, Literal
 from agentscope_rft.monitor.samples_file import SAMPLES_FILE, read_sample_lines
 from agentscope_rft.review.store import Review, ReviewStore
 from agentscope_rft.types import Sample
+
+logger = logging.getLogger(__name__)
 
 ReviewUse = Literal["sft", "dpo", "rewards"]
 SAMPLE_FIELDS = frozenset(Sample.__dataclass_fields__)
@@ -72,12 +76,43 @@ def load_review_samples(run_dir: str | Path, use: ReviewUse, tokenizer: Any) -> 
         samples = _rated_groups([r for r in reviews if r.kind == "rating"], by_id, records)
         wanted = "ratings (a score or thumbs for an episode or call)"
     found = [s for s in samples if s is not None]
+    _say_untrained(run_dir, reviews, use, records)
     if not found:
         raise ReviewDataError(
             f"{run_dir}: none of its {len(reviews)} reviews gives {use} data; it takes "
             f"{wanted} of episodes logged in {SAMPLES_FILE}"
         )
     return found
+
+
+def _say_untrained(
+    run_dir: Path, reviews: list[Review], use: ReviewUse, records: list[dict[str, Any]]
+) -> None:
+    """Warn about the ratings and preferences of `use` that name episodes without a logged
+    training sample: they are accepted by the dashboard but give no data."""
+    trained = {r.get("rollout_id") for r in records if r.get("phase") == "train"}
+    samples = {r.get("sample_id") for r in records if r.get("phase") == "train"}
+    kind = {"rewards": "rating", "dpo": "preference"}.get(use)
+    untrained = [
+        r
+        for r in reviews
+        if r.kind == kind
+        and (
+            (r.sample_id is not None and r.sample_id not in samples)
+            or not {r.rollout_id, r.chosen, r.rejected} - {None} <= trained
+        )
+    ]
+    if untrained:
+        named = [r.rollout_id or f"{r.chosen} over {r.rejected}" for r in untrained]
+        logger.warning(
+            "%s: %d %s review(s) are not trained on: their episodes have no training sample in "
+            "%s (eval episodes, failed ones and those beyond monitor.sample_log have none): %s",
+            run_dir,
+            len(untrained),
+            kind,
+            SAMPLES_FILE,
+            ", ".join(named[:10]) + (", ..." if len(named) > 10 else ""),
+        )
 
 
 def _sample(record: dict[str, Any], **changes: Any) -> Sample:
@@ -127,7 +162,11 @@ def _pair(
     if review.kind == "correction":
         chosen = _corrected(review, by_id, tokenizer)
         record, start, end = _call_span(review, by_id)
-        length = end + (1 if end < len(record["token_ids"]) else 0)  # the end-of-turn token
+        # The answer as the chosen side has it: up to its end-of-turn token, which a call that
+        # stopped sampled itself; after a cut-off call it is the next token of the sample.
+        ids = record["token_ids"]
+        stopped = ids[end - 1] == tokenizer.eos_token_id
+        length = end + (1 if end < len(ids) and not stopped else 0)
         rejected = _sample(
             record,
             token_ids=record["token_ids"][:length],
@@ -176,8 +215,11 @@ def _rated_groups(
         key = (record["step"], record.get("group_id") or record["task_id"])
         if record.get("phase") != "train" or key not in groups:
             continue
-        reward = episode_score.get(record["rollout_id"], record["reward"])
-        token_rewards = record.get("token_rewards")
+        rated_episode = record["rollout_id"] in episode_score
+        reward = episode_score[record["rollout_id"]] if rated_episode else record["reward"]
+        # The reviewer's score is the rated episode's whole reward: the run's token rewards
+        # (its reward spread over calls, emitted step rewards) would be counted on top of it.
+        token_rewards = None if rated_episode else record.get("token_rewards")
         scores = call_scores.get(record["sample_id"], {})
         if scores:
             token_rewards = list(token_rewards or [0.0] * len(record["token_ids"]))

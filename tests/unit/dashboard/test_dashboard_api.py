@@ -2,6 +2,7 @@
 
 import json
 import socket
+import urllib.parse
 
 import pytest
 from fastapi.testclient import TestClient
@@ -9,6 +10,7 @@ from fastapi.testclient import TestClient
 from agentscope_rft.dashboard.app import create_app
 from agentscope_rft.dashboard.runs import discover_runs
 from agentscope_rft.dashboard.server import DashboardError, dashboard_token
+from agentscope_rft.monitor.status import run_started
 
 from .runs_on_disk import write_run
 
@@ -302,3 +304,162 @@ def test_the_command_refuses_an_open_bind_without_a_token_and_exports_reviews(ru
     assert exported.exit_code == 0, exported.output
     (line,) = [json.loads(x) for x in out.read_text().splitlines()]
     assert line["score"] == 1.0 and line["rollout_id_episode"]["task_id"] == "t1"
+
+
+def test_a_huge_review_is_refused_and_not_stored(runs):
+    c = client(runs)
+    huge = {"kind": "correction", "rollout_id": "s0.0", "sample_id": "s0.0:solver:0", "call": 0,
+            "text": "A" * 5_000_000}  # fmt: skip
+    refused = c.post("/api/run/reviews", params={"run_id": "done"}, json=huge, headers=AUTH)
+    assert refused.status_code == 413 and "over 1024 KiB" in refused.json()["error"]
+    long = {**huge, "text": "A" * 200_000}  # under the body limit, over the answer's
+    refused = c.post("/api/run/reviews", params={"run_id": "done"}, json=long, headers=AUTH)
+    assert refused.status_code == 422 and "text" in refused.json()["error"]
+    assert not (runs / "done" / "reviews.jsonl").exists()
+    fine = {**huge, "text": "4"}
+    assert c.post("/api/run/reviews", params={"run_id": "done"}, json=fine, headers=AUTH).is_success
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("run: [unclosed\n", "config.yaml is unreadable (line 2: expected ',' or ']'"),
+        ("- a list\n", "not a YAML mapping"),
+    ],
+)
+def test_a_run_with_a_broken_config_shows_the_error_in_the_runs_list(runs, text, fragment):
+    (runs / "done" / "config.yaml").write_text(text)
+    (runs / "done" / "status.json").write_text(json.dumps({"state": "ended", "error": None}))
+    done = client(runs).get("/api/runs").json()["runs"][0]
+    assert fragment in (done["error"] or "") and done["steps_done"] == 3
+    assert done["status_detail"] == "stopped after 3 steps: resume with --resume"
+    ended = {"state": "ended", "error": None, "steps": 3}  # status.json knows run.steps too
+    (runs / "done" / "status.json").write_text(json.dumps(ended))
+    done = client(runs).get("/api/runs").json()["runs"][0]
+    assert done["status"] == "finished" and done["total_steps"] == 3
+
+
+@pytest.mark.parametrize("where", ["missing/folder/out.jsonl", "."])
+def test_exporting_reviews_to_a_path_that_cannot_be_written_is_one_clear_error(runs, where):
+    from typer.testing import CliRunner
+
+    from agentscope_rft.cli import app
+
+    out = runs.parent / where
+    result = CliRunner().invoke(
+        app, ["dashboard", str(runs / "done"), "--export-reviews", str(out)]
+    )
+    assert result.exit_code == 2, result.output
+    unwrapped = "".join(result.output.split())  # the error is wrapped to the terminal width
+    assert f"cannotwrite{out}" in unwrapped and "Traceback" not in result.output
+
+
+def test_a_samples_log_with_bytes_that_are_not_utf8_spoils_only_their_line(runs):
+    with (runs / "done" / "samples.jsonl").open("ab") as handle:
+        handle.write(b'\xff\xfe{"sample_id": "junk"}\n')
+    c = client(runs)
+    episode = c.get("/api/run/episode", params={"run_id": "done", "rollout_id": "s0.0"})
+    assert episode.status_code == 200 and len(episode.json()["samples"]) == 1
+    review = {"kind": "rating", "rollout_id": "s0.0", "sample_id": "s0.0:solver:0", "call": 0,
+              "score": 1}  # fmt: skip
+    stored = c.post("/api/run/reviews", params={"run_id": "done"}, json=review, headers=AUTH)
+    assert stored.status_code == 201, stored.text
+
+
+def test_a_token_that_a_url_or_header_would_not_carry_is_refused_and_a_bad_one_is_a_401(runs):
+    for token in ("pässwort-lang-genug-1", "has spaces in it 1234", "a&b=c#d%e+f?g/h-12"):
+        with pytest.raises(DashboardError, match="letters, digits"):
+            dashboard_token("127.0.0.1", token)
+    assert dashboard_token("127.0.0.1", "Ok.token_with~dash-1") == "Ok.token_with~dash-1"
+    c = client(runs)
+    review = {"kind": "rating", "rollout_id": "s0.0", "score": 1}
+    in_query = {"params": {"run_id": "done", "token": "été-été-été-été-été"}}
+    in_header = {"params": {"run_id": "done"}, "headers": {"X-Dashboard-Token": "été".encode()}}
+    for given in (in_query, in_header):
+        refused = c.post("/api/run/reviews", json=review, **given)
+        assert refused.status_code == 401 and "token" in refused.json()["error"]
+
+
+@pytest.mark.parametrize(
+    "path", ["/static/..%2f..%2fapp.py", "/static/app.py", "/static/%2e%2e/runs.py", "/nope"]
+)
+def test_no_file_outside_the_assets_is_served_and_the_404_is_in_the_dashboards_shape(runs, path):
+    response = client(runs).get(path)
+    assert response.status_code == 404 and "error" in response.json()
+    assert "import" not in response.text
+
+
+def test_log_lines_with_fields_of_the_wrong_type_do_not_take_the_run_down(runs):
+    """Valid JSON of the wrong shape (a hand edit): the run's other episodes still show."""
+    with (runs / "done" / "rollouts.jsonl").open("a") as handle:
+        lines = [
+            {"rollout_id": ["a list"]},
+            {"rollout_id": "odd", "calls": {"agent": "x"}, "error": 5},
+            {"rollout_id": "odder", "calls": [1, {"completion_tokens": "2"}]},
+        ]
+        handle.write("".join(json.dumps(line) + "\n" for line in lines))
+    with (runs / "done" / "samples.jsonl").open("a") as handle:
+        handle.write(json.dumps({"rollout_id": "s0.0", "sample_id": ["a list"]}) + "\n")
+    c = client(runs)
+    listed = c.get("/api/run/episodes", params={"run_id": "done"})
+    assert listed.status_code == 200, listed.text
+    by_id = {e["rollout_id"]: e for e in listed.json()["episodes"]}
+    assert by_id["odd"]["calls"] == 0 and by_id["odd"]["error"] == "5"
+    assert by_id["odder"]["calls"] == 1 and by_id["odder"]["length"] == 0 and "s0.0" in by_id
+    for rollout_id in ("odd", "s0.0"):
+        episode = c.get("/api/run/episode", params={"run_id": "done", "rollout_id": rollout_id})
+        assert episode.status_code == 200 and isinstance(episode.json()["episode"]["calls"], list)
+    review = {"kind": "rating", "rollout_id": "s0.0", "score": 1}
+    assert c.post(
+        "/api/run/reviews", params={"run_id": "done"}, json=review, headers=AUTH
+    ).is_success
+
+
+@pytest.mark.parametrize("name", ["实验", 'a"b', "plain"])
+def test_the_reviews_of_a_run_with_any_folder_name_download(runs, name):
+    write_run(runs / name)
+    response = client(runs).get("/api/run/reviews.jsonl", params={"run_id": name})
+    assert response.status_code == 200
+    disposition = response.headers["content-disposition"]
+    assert disposition.count('"') == 2 and disposition.isascii()
+    assert urllib.parse.quote(f"{name}-reviews.jsonl", safe="") in disposition
+
+
+def test_a_host_that_does_not_resolve_is_named_not_blamed_on_the_port(runs):
+    from typer.testing import CliRunner
+
+    from agentscope_rft.cli import app
+
+    result = CliRunner().invoke(
+        app, ["dashboard", str(runs), "--host", "no-such-host.invalid", "--token", TOKEN]
+    )
+    unwrapped = " ".join(result.output.split())
+    assert result.exit_code == 2 and "--host no-such-host.invalid" in unwrapped, result.output
+    assert "pick another --port" not in unwrapped
+
+
+@pytest.mark.parametrize("written", ["", '{"step": 0, "time": 1000.0, "pha'])
+def test_a_run_that_has_not_logged_its_first_step_yet_is_not_an_error(runs, written):
+    """`metrics.jsonl` exists from the run's start; its first line comes after the first step."""
+    fresh = runs / "fresh"
+    fresh.mkdir()
+    (fresh / "config.yaml").write_text("run: {steps: 5}\n")
+    (fresh / "metrics.jsonl").write_text(written)
+    run_started(fresh, steps=5)  # this process: alive
+    c = client(runs)
+    listed = next(r for r in c.get("/api/runs").json()["runs"] if r["id"] == "fresh")
+    assert listed["error"] is None and listed["status"] == "running" and listed["steps_done"] == 0
+    metrics = c.get("/api/run/metrics", params={"run_id": "fresh"})
+    assert metrics.status_code == 200 and metrics.json()["records"] == []
+    (fresh / "metrics.jsonl").write_text("not json\n")  # a whole line that is wrong still is
+    assert c.get("/api/run/metrics", params={"run_id": "fresh"}).status_code == 422
+
+
+def test_a_review_that_cannot_be_written_is_a_clear_error(runs):
+    (runs / "done" / "reviews.jsonl").mkdir()  # stands for a read-only folder (tests run as root)
+    review = {"kind": "rating", "rollout_id": "s0.0", "score": 1}
+    response = client(runs).post(
+        "/api/run/reviews", params={"run_id": "done"}, json=review, headers=AUTH
+    )
+    assert response.status_code == 500
+    assert "review not stored: cannot write" in response.json()["error"]

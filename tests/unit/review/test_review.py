@@ -173,3 +173,86 @@ def test_a_review_line_that_is_not_utf8_is_skipped_and_named(tmp_path, caplog):
         reviews = store.all()
     assert [r.rollout_id for r in reviews] == ["s0.0", "s0.1"]
     assert "reviews.jsonl: line(s) 2 are not reviews" in caplog.text
+
+
+def test_a_review_after_a_writer_killed_mid_line_is_kept(run):
+    store = ReviewStore(run)
+    store.add({"kind": "rating", "rollout_id": "s0.0", "score": 0.2})
+    with store.path.open("a") as handle:  # the dashboard killed in the middle of a line
+        handle.write('{"kind": "rating", "rollout_id": "s1.0", "sco')
+    after = store.add({"kind": "rating", "rollout_id": "s2.0", "score": 0.7})
+    assert [(r.rollout_id, r.score) for r in store.all()] == [("s0.0", 0.2), ("s2.0", 0.7)]
+    assert store.all()[-1].id == after.id
+
+
+@pytest.mark.parametrize(
+    ("fields", "fragment"),
+    [
+        ({"score": 1, "thumbs": "down"}, "give one of them"),
+        ({"score": True}, "score: Input should be a valid number"),
+        ({"score": "0.5"}, "score: Input should be a valid number"),
+        ({"score": 1, "sample_id": "s0.0:solver:0", "call": True}, "call: Input should be"),
+        ({"score": 1, "sample_id": "s0.0:solver:0", "call": "0"}, "call: Input should be"),
+    ],
+)
+def test_a_rating_of_the_wrong_type_or_contradicting_itself_is_refused(run, fields, fragment):
+    with pytest.raises(ReviewError, match=fragment):
+        ReviewStore(run).add({"kind": "rating", "rollout_id": "s0.0", **fields})
+    assert ReviewStore(run).all() == []
+    agreeing = ReviewStore(run).add(
+        {"kind": "rating", "rollout_id": "s0.0", "score": 1, "thumbs": "up"}
+    )
+    assert ReviewStore(run).all() == [agreeing] and agreeing.score == 1.0
+
+
+def test_reviews_of_episodes_without_training_samples_are_named_when_training(run, caplog):
+    store = ReviewStore(run)
+    store.add({"kind": "rating", "rollout_id": "s1.1", "score": 5.0})
+    store.add({"kind": "rating", "rollout_id": "eval3.0", "score": 1.0})  # an eval episode
+    store.add({"kind": "preference", "chosen": "eval3.0", "rejected": "eval3.1"})
+    store.add({"kind": "preference", "chosen": "s0.0", "rejected": "s0.1"})
+    with caplog.at_level("WARNING", logger="agentscope_rft.review.training"):
+        rated = load_review_samples(run, "rewards", CharTokenizer())
+    assert {s.rollout_id for s in rated} == {"s1.0", "s1.1"}
+    assert "1 rating review(s) are not trained on" in caplog.text and "eval3.0" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="agentscope_rft.review.training"):
+        pairs = load_review_samples(run, "dpo", CharTokenizer())
+    assert {s.rollout_id for s in pairs} == {"s0.0", "s0.1"}
+    assert "1 preference review(s) are not trained on" in caplog.text
+    assert "eval3.0 over eval3.1" in caplog.text
+
+
+def test_an_episode_rating_is_the_whole_reward_when_the_run_spread_it_over_calls(run):
+    """A run with `explorer.reward_spread: last_call` (or emitted step rewards) logs the reward
+    as token rewards and 0 as the outcome: the reviewer's score replaces them, not adds to them."""
+    lines = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    for line in lines:
+        line["token_rewards"] = [0, 0, 0, 0, line["reward"], 0]
+        line["reward"] = 0.0
+    (run / "samples.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    store = ReviewStore(run)
+    store.add({"kind": "rating", "rollout_id": "s1.0", "score": 0.0})  # logged reward 1
+    store.add({"kind": "rating", "rollout_id": "s1.0", "sample_id": "s1.0:solver:0", "call": 0,
+               "score": 0.25})  # fmt: skip
+    by_rollout = {s.rollout_id: s for s in load_review_samples(run, "rewards", CharTokenizer())}
+
+    def total(sample):
+        return sample.reward + sum(sample.token_rewards or [])
+
+    assert total(by_rollout["s1.0"]) == 0.25  # the score 0, plus the call's 0.25
+    assert total(by_rollout["s1.1"]) == 0.0  # unrated: its own spread reward
+
+
+def test_a_corrected_calls_rejected_side_ends_at_the_end_of_turn_the_call_sampled(run):
+    """Call 0 of a two-call sample stopped on its own end-of-turn token (id 2, trained): the
+    rejected answer ends there, as the chosen one does, not one template token later."""
+    lines = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    lines[0].update(token_ids=[5, 6, 8, 2, 10, 11, 9, 2], loss_mask=[0, 0, 1, 1, 0, 0, 1, 1],
+                    logprobs=[0] * 8, advantages=[0] * 8, call_spans=[[2, 4], [6, 8]])  # fmt: skip
+    (run / "samples.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    ReviewStore(run).add({"kind": "correction", "rollout_id": "s0.0",
+                          "sample_id": "s0.0:solver:0", "call": 0, "text": "Z"})  # fmt: skip
+    chosen, rejected = load_review_samples(run, "dpo", CharTokenizer())
+    assert list(chosen.token_ids) == [5, 6, ord("Z"), 2]
+    assert list(rejected.token_ids) == [5, 6, 8, 2] and list(rejected.loss_mask) == [0, 0, 1, 1]
