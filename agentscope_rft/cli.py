@@ -74,7 +74,7 @@ def serve(
         str,
         typer.Option(
             help="Model name, local HF folder, or a run's checkpoint: <run folder>:best, "
-            "<run folder>:last, a checkpoint folder."
+            "<run folder>:last, <run folder>:<step>, a checkpoint folder."
         ),
     ] = "smollm2-135m-instruct",
     host: Annotated[str, typer.Option(help="Interface to bind (loopback by default).")] = (
@@ -134,14 +134,11 @@ def serve(
 
 
 def _checkpoint_or_model(model: str) -> str:
-    """A run's checkpoint (`runs/x:best`, a run or checkpoint folder) as its HF model folder;
-    anything else (a model name, an HF folder) as given."""
-    from pathlib import Path
+    """A run's checkpoint (`runs/x:best`, `runs/x:12`, a run or checkpoint folder) as its HF
+    model folder; anything else (a model name, an HF folder) as given."""
+    from agentscope_rft.runtime.best import resolve_checkpoint, split_checkpoint
 
-    from agentscope_rft.runtime.best import resolve_checkpoint
-
-    path = Path(model.rpartition(":")[0] if model.endswith((":best", ":last")) else model)
-    if not path.is_dir():
+    if not split_checkpoint(model)[0].is_dir():
         return model
     return str(resolve_checkpoint(model))
 
@@ -150,7 +147,10 @@ def _checkpoint_or_model(model: str) -> str:
 def export_model(
     checkpoint: Annotated[
         str,
-        typer.Argument(help="<run folder>:best, <run folder>:last, a run or checkpoint folder."),
+        typer.Argument(
+            help="<run folder>:best, <run folder>:last, <run folder>:<step>, a run or checkpoint "
+            "folder."
+        ),
     ],
     out: Annotated[str, typer.Option(help="Folder to write the HF model to (must not exist).")],
 ) -> None:
@@ -571,7 +571,7 @@ def explore(
     checkpoint: Annotated[
         str | None,
         typer.Option(
-            help="Explore this policy: best or last (of the config's run folder), "
+            help="Explore this policy: best, last or a step (of the config's run folder), "
             "<run folder>:best, a checkpoint or an HF model folder."
         ),
     ] = None,
