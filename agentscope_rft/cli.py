@@ -113,7 +113,14 @@ def serve(
         VLLMEngineConfig,
     )
     from agentscope_rft.engines.factory import build_engine
+    from agentscope_rft.runtime.preflight import bind_problem
 
+    problem = bind_problem(host, port)  # before the model loads (minutes with vLLM)
+    if problem is not None:
+        raise fail(
+            f"cannot listen on {host}:{port} ({problem}); pick another --port (or stop what uses "
+            "it) and a --host of this machine"
+        )
     engine_config: EngineConfig = (
         EmbeddedEngineConfig(dtype=dtype, device=device, max_batch_size=max_batch_size)
         if engine == "embedded"
