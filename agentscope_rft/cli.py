@@ -678,8 +678,11 @@ def doctor(
     if brief:
         for check in checks:
             mark = "ok " if check.ok else "-- "
-            console.print(
-                f"[doctor] {mark}{check.name}: {check.detail}", markup=False, highlight=False
+            console.print(  # one line each, however long: read by grep and scripts
+                f"[doctor] {mark}{check.name}: {check.detail}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
             )
         return
     table = Table(title="agentscope-rft doctor")
@@ -704,9 +707,13 @@ def _doctor_config(config: str | None, overrides: list[str]) -> None:
         raise fail(str(exc)) from exc
     found = no_effect(cfg)
     for item in found:
-        console.print(f"[doctor] warning: {item.message}", markup=False, highlight=False)
+        console.print(
+            f"[doctor] warning: {item.message}", markup=False, highlight=False, soft_wrap=True
+        )
     what = f"{len(found)} key(s) with no effect" if found else "every key you set has an effect"
-    console.print(f"[doctor] config {config or '(--set only)'}: valid; {what}", markup=False)
+    console.print(
+        f"[doctor] config {config or '(--set only)'}: valid; {what}", markup=False, soft_wrap=True
+    )
 
 
 def _mount_subcommands() -> None:
