@@ -468,6 +468,8 @@ class VLLMServer:
             listed = f"{models.status_code}"
         except (httpx.HTTPError, ValueError, AttributeError) as exc:
             listed = type(exc).__name__
+        if listed in ("401", "403"):
+            return None  # an OpenAI server behind a key: `_check_generation` says so
         return (
             f"{self.describe()} answers, but is not an OpenAI-compatible server (GET /health: "
             f"{health.status_code}, GET /v1/models: {listed}); fix engine.urls (the address of a "
@@ -565,6 +567,12 @@ class VLLMServer:
         here, a (re)start fails with the server's error instead of the run's first episodes."""
         try:
             models = await self._client.get("/v1/models")
+            if models.status_code in (401, 403):  # `vllm serve --api-key`: /health is open
+                raise VLLMServerError(
+                    f"{self.describe()} refuses requests without an API key (GET /v1/models: "
+                    f"{models.status_code}); engine.urls sends none: start that server without "
+                    "--api-key (bind it to a private interface instead)"
+                )
             models.raise_for_status()
             name = models.json()["data"][0]["id"]
             body = {"model": name, "prompt": [0], "max_tokens": 1, "temperature": 0.0}

@@ -343,3 +343,19 @@ async def test_a_server_that_is_starting_is_awaited_with_progress(
     async with server:
         with pytest.raises(VLLMServerError, match=r"within 1 s \(/health answered 503\)"):
             await asyncio.wait_for(engine.start(), timeout=30)
+
+
+async def test_a_server_behind_an_api_key_is_named_as_such(tiny_model_path: str) -> None:
+    """`vllm serve --api-key`: /health answers 200, /v1/* 401; the error blamed the model or
+    the vLLM build ("failed its first generation")."""
+    routes = {"/health": (200, "{}"), "/v1/models": (401, '{"error": "Unauthorized"}')}
+    server, url = await _fake_http_server(routes)
+    engine = VLLMEngine(tiny_model_path, urls=[url], startup_timeout=600.0)
+    async with server:
+        with pytest.raises(VLLMServerError) as error:
+            await asyncio.wait_for(engine.start(), timeout=20)
+    assert str(error.value) == (
+        f"vLLM server replica-0 at {url} refuses requests without an API key (GET /v1/models: "
+        "401); engine.urls sends none: start that server without --api-key (bind it to a private "
+        "interface instead)"
+    )
