@@ -276,6 +276,29 @@ class LocalProcess:
 OnRestart = Callable[["VLLMServer"], Awaitable[None]]
 
 
+def url_problem(url: str, *, resolve: bool = True) -> str | None:
+    """Why no wait can reach a server at `url` (not http(s), a host name that does not resolve
+    here, when `resolve`), or None. A resolver that cannot be reached now is no such reason: it
+    may come back.
+
+    Example:
+        >>> url_problem("localhost:8000")
+        "'localhost:8000' is not an http(s) URL (http://host:port)"
+    """
+    parsed = httpx.URL(url)
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        return f"{url!r} is not an http(s) URL (http://host:port)"
+    if not resolve:
+        return None
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.getaddrinfo(parsed.host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        if exc.errno != socket.EAI_AGAIN:
+            return f"the host name {parsed.host!r} does not resolve ({exc.strerror})"
+    return None
+
+
 class VLLMServer:
     """One replica: a managed process (`command`, or `process` started elsewhere) or a remote
     server (`url` only). A `command` runs guarded: its process group ends when this process
@@ -436,24 +459,10 @@ class VLLMServer:
         logger.info("%s ready in %.1f s (pid %s)", self.describe(), self.startup_seconds, self.pid)
 
     async def _check_reachable(self) -> None:
-        """A server of `engine.urls` that no wait can bring: the URL is not http(s) or its host
-        name does not resolve. Found at once instead of after `startup_timeout`."""
-        url = httpx.URL(self.url)
-        if url.scheme not in ("http", "https") or not url.host:
-            raise VLLMServerError(
-                f"{self.describe()}: {self.url!r} is not an http(s) URL; fix engine.urls "
-                "(http://host:port)"
-            )
-        port = url.port or (443 if url.scheme == "https" else 80)
-        try:
-            await asyncio.get_running_loop().getaddrinfo(url.host, port)
-        except socket.gaierror as exc:
-            if exc.errno == socket.EAI_AGAIN:  # the resolver is unreachable now: may come back
-                return
-            raise VLLMServerError(
-                f"{self.describe()}: the host name {url.host!r} does not resolve ({exc.strerror}); "
-                "fix engine.urls"
-            ) from None
+        """A server of `engine.urls` that no wait can bring fails at once (`url_problem`)."""
+        problem = await asyncio.to_thread(url_problem, self.url)
+        if problem is not None:
+            raise VLLMServerError(f"{self.describe()}: {problem}; fix engine.urls")
 
     async def _not_openai(self, health: httpx.Response) -> str | None:
         """Why a server of `engine.urls` that answers `/health` with an error is not one to wait

@@ -71,9 +71,12 @@ def _check_engine(engine: EngineConfig, on_ray: bool) -> None:
             find_vllm_python(engine.python)
         except VLLMNotFoundError as exc:
             raise ConfigError(f"engine.python: {exc}") from exc
-    for url in engine.urls:
-        if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"engine.urls: {url!r} is not an http(s) URL")
+    from agentscope_rft.engines.vllm_server import url_problem
+
+    for url in engine.urls:  # one that waiting cannot bring fails before the model loads
+        problem = url_problem(url, resolve=not on_ray)  # a cluster's names may not resolve here
+        if problem is not None:
+            raise ConfigError(f"engine.urls: {problem}; fix engine.urls")
 
 
 def bind_problem(host: str, port: int) -> str | None:

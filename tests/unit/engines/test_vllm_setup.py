@@ -270,8 +270,8 @@ async def _fake_http_server(routes: dict[str, tuple[int, str]]) -> tuple[asyncio
 @pytest.mark.parametrize(
     ("url", "expected"),
     [
-        ("127.0.0.1:8000", "is not an http(s) URL; fix engine.urls"),
-        ("ftp://127.0.0.1:8000", "is not an http(s) URL; fix engine.urls"),
+        ("127.0.0.1:8000", "is not an http(s) URL (http://host:port); fix engine.urls"),
+        ("ftp://127.0.0.1:8000", "is not an http(s) URL (http://host:port); fix engine.urls"),
         (
             "http://no-such-host.invalid:8000",
             "the host name 'no-such-host.invalid' does not resolve",
@@ -359,3 +359,19 @@ async def test_a_server_behind_an_api_key_is_named_as_such(tiny_model_path: str)
         "401); engine.urls sends none: start that server without --api-key (bind it to a private "
         "interface instead)"
     )
+
+
+def test_preflight_refuses_a_url_no_wait_can_reach() -> None:
+    """An unresolvable host in engine.urls was found only after the trainer and tokenizer had
+    loaded (and, before that, only after `startup_timeout`)."""
+    from agentscope_rft.config import ConfigError
+    from agentscope_rft.engines.config import VLLMEngineConfig
+    from agentscope_rft.runtime.preflight import _check_engine
+
+    engine = VLLMEngineConfig(urls=["http://127.0.0.1:1", "http://no-such-host.invalid:8000"])
+    with pytest.raises(ConfigError) as error:
+        _check_engine(engine, on_ray=False)
+    said = str(error.value)  # the resolver's words between the parentheses vary by system
+    assert said.startswith("engine.urls: the host name 'no-such-host.invalid' does not resolve (")
+    assert said.endswith("); fix engine.urls")
+    _check_engine(VLLMEngineConfig(urls=["http://127.0.0.1:1"]), on_ray=False)  # may be starting
