@@ -177,7 +177,11 @@ def export_model(
         source = resolve_checkpoint(checkpoint)
     except CheckpointNotFoundError as exc:
         raise fail(_said(exc)) from exc
-    shutil.copytree(source, target)
+    try:
+        shutil.copytree(source, target)
+    except OSError as exc:  # a path under a file, no space left: leave no half-copied model
+        shutil.rmtree(target, ignore_errors=True)
+        raise fail(f"cannot write {target}: {exc.strerror or exc}") from exc
     console.print(f"[green]exported[/] {source} -> {target}")
 
 

@@ -53,3 +53,16 @@ def test_serve_on_a_port_in_use_fails_before_the_model_loads(monkeypatch):
     assert f"cannot listen on 127.0.0.1:{port} (Address already in use); pick another" in (
         result.output
     )
+
+
+def test_export_under_a_file_is_one_error_line_and_leaves_nothing(tmp_path):
+    """An --out under a file ended in a NotADirectoryError traceback."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    out = model / "config.json" / "exported"
+    args = ["export", str(model), "--out", str(out)]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "1000"})
+    assert result.exit_code == 2, result.output
+    assert f"cannot write {out}: " in result.output
+    assert sorted(p.name for p in model.iterdir()) == ["config.json"]
