@@ -288,6 +288,8 @@ def url_problem(url: str, *, resolve: bool = True) -> str | None:
     parsed = httpx.URL(url)
     if parsed.scheme not in ("http", "https") or not parsed.host:
         return f"{url!r} is not an http(s) URL (http://host:port)"
+    if parsed.path.rstrip("/").endswith("/v1"):  # an OpenAI client's base URL, copied
+        return f"{url!r} ends with /v1: name the server itself ({url.rstrip('/')[:-3]})"
     if not resolve:
         return None
     port = parsed.port or (443 if parsed.scheme == "https" else 80)

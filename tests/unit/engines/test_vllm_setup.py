@@ -273,6 +273,10 @@ async def _fake_http_server(routes: dict[str, tuple[int, str]]) -> tuple[asyncio
         ("127.0.0.1:8000", "is not an http(s) URL (http://host:port); fix engine.urls"),
         ("ftp://127.0.0.1:8000", "is not an http(s) URL (http://host:port); fix engine.urls"),
         (
+            "http://127.0.0.1:8000/v1/",
+            "ends with /v1: name the server itself (http://127.0.0.1:8000)",
+        ),
+        (
             "http://no-such-host.invalid:8000",
             "the host name 'no-such-host.invalid' does not resolve",
         ),
