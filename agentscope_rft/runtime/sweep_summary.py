@@ -126,6 +126,12 @@ def summarize(sweep_dir: Path, *, test: bool = False) -> dict[str, Any]:
         >>> summary["best"]["mean"], summary["best"]["n"]  # doctest: +SKIP
     """
     data = read_sweep(sweep_dir)
+    missing = [key for key in ("seeds", "runs", "status", "config") if key not in data]
+    if missing:
+        raise SweepError(
+            f"{sweep_dir / 'sweep.json'} has no {', '.join(missing)}: it is not the file "
+            "`agentscope-rft train --seeds` writes"
+        )
     run = data["config"].get("run", {})
     criterion = run.get("best_metric") or DEFAULT_METRIC
     metric = metric_label(criterion)

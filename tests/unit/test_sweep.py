@@ -421,3 +421,10 @@ def test_a_seed_gone_or_without_the_metric_is_named_not_a_silent_dash(tmp_path, 
         f"seed 1: {sweep / 'seed-1' / 'metrics.jsonl'} logs no val/reward/mean (its val records "
         "log 1 metrics, e.g. score); the seed is left out of mean ± std"
     ) in caplog.text
+
+
+def test_a_sweep_json_without_its_keys_is_one_error(tmp_path):
+    """A hand-written or foreign sweep.json (`{}`) ended in a KeyError traceback."""
+    (tmp_path / "sweep.json").write_text("{}")
+    with pytest.raises(SweepError, match=r"sweep.json has no seeds, runs, status, config: it is"):
+        summarize(tmp_path)
