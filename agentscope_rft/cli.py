@@ -74,7 +74,7 @@ def serve(
         str,
         typer.Option(
             help="Model name, local HF folder, or a run's checkpoint: <run folder>:best, "
-            "<run folder>:last, a checkpoint folder."
+            "<run folder>:last, <run folder>:<step>, a checkpoint folder."
         ),
     ] = "smollm2-135m-instruct",
     host: Annotated[str, typer.Option(help="Interface to bind (loopback by default).")] = (
@@ -113,7 +113,14 @@ def serve(
         VLLMEngineConfig,
     )
     from agentscope_rft.engines.factory import build_engine
+    from agentscope_rft.runtime.preflight import bind_problem
 
+    problem = bind_problem(host, port)  # before the model loads (minutes with vLLM)
+    if problem is not None:
+        raise fail(
+            f"cannot listen on {host}:{port} ({problem}); pick another --port (or stop what uses "
+            "it) and a --host of this machine"
+        )
     engine_config: EngineConfig = (
         EmbeddedEngineConfig(dtype=dtype, device=device, max_batch_size=max_batch_size)
         if engine == "embedded"
@@ -134,14 +141,11 @@ def serve(
 
 
 def _checkpoint_or_model(model: str) -> str:
-    """A run's checkpoint (`runs/x:best`, a run or checkpoint folder) as its HF model folder;
-    anything else (a model name, an HF folder) as given."""
-    from pathlib import Path
+    """A run's checkpoint (`runs/x:best`, `runs/x:12`, a run or checkpoint folder) as its HF
+    model folder; anything else (a model name, an HF folder) as given."""
+    from agentscope_rft.runtime.best import resolve_checkpoint, split_checkpoint
 
-    from agentscope_rft.runtime.best import resolve_checkpoint
-
-    path = Path(model.rpartition(":")[0] if model.endswith((":best", ":last")) else model)
-    if not path.is_dir():
+    if not split_checkpoint(model)[0].is_dir():
         return model
     return str(resolve_checkpoint(model))
 
@@ -150,7 +154,10 @@ def _checkpoint_or_model(model: str) -> str:
 def export_model(
     checkpoint: Annotated[
         str,
-        typer.Argument(help="<run folder>:best, <run folder>:last, a run or checkpoint folder."),
+        typer.Argument(
+            help="<run folder>:best, <run folder>:last, <run folder>:<step>, a run or checkpoint "
+            "folder."
+        ),
     ],
     out: Annotated[str, typer.Option(help="Folder to write the HF model to (must not exist).")],
 ) -> None:
@@ -170,7 +177,11 @@ def export_model(
         source = resolve_checkpoint(checkpoint)
     except CheckpointNotFoundError as exc:
         raise fail(_said(exc)) from exc
-    shutil.copytree(source, target)
+    try:
+        shutil.copytree(source, target)
+    except OSError as exc:  # a path under a file, no space left: leave no half-copied model
+        shutil.rmtree(target, ignore_errors=True)
+        raise fail(f"cannot write {target}: {exc.strerror or exc}") from exc
     console.print(f"[green]exported[/] {source} -> {target}")
 
 
@@ -571,7 +582,7 @@ def explore(
     checkpoint: Annotated[
         str | None,
         typer.Option(
-            help="Explore this policy: best or last (of the config's run folder), "
+            help="Explore this policy: best, last or a step (of the config's run folder), "
             "<run folder>:best, a checkpoint or an HF model folder."
         ),
     ] = None,
@@ -671,8 +682,11 @@ def doctor(
     if brief:
         for check in checks:
             mark = "ok " if check.ok else "-- "
-            console.print(
-                f"[doctor] {mark}{check.name}: {check.detail}", markup=False, highlight=False
+            console.print(  # one line each, however long: read by grep and scripts
+                f"[doctor] {mark}{check.name}: {check.detail}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
             )
         return
     table = Table(title="agentscope-rft doctor")
@@ -697,9 +711,13 @@ def _doctor_config(config: str | None, overrides: list[str]) -> None:
         raise fail(str(exc)) from exc
     found = no_effect(cfg)
     for item in found:
-        console.print(f"[doctor] warning: {item.message}", markup=False, highlight=False)
+        console.print(
+            f"[doctor] warning: {item.message}", markup=False, highlight=False, soft_wrap=True
+        )
     what = f"{len(found)} key(s) with no effect" if found else "every key you set has an effect"
-    console.print(f"[doctor] config {config or '(--set only)'}: valid; {what}", markup=False)
+    console.print(
+        f"[doctor] config {config or '(--set only)'}: valid; {what}", markup=False, soft_wrap=True
+    )
 
 
 def _mount_subcommands() -> None:

@@ -119,7 +119,7 @@ def export_samples(
         state: which samples: all, or those of `pending` / `consumed` / `dropped` groups.
 
     Raises:
-        ValueError: an unknown field name.
+        ValueError: an unknown field name, or an `out_path` that cannot be written.
         BufferFormatError: no such buffer, not a buffer, or another schema version.
 
     Example:
@@ -128,11 +128,19 @@ def export_samples(
     """
     names = _check_fields(fields)
     out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.is_dir():
+        raise ValueError(
+            f"{out} is a folder: give the file to write (e.g. {out / 'samples.jsonl'})"
+        )
     partial = out.with_name(out.name + ".partial")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        handle = partial.open("w", encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"cannot write {out}: {exc.strerror or exc}") from exc
     count = 0
     try:
-        with partial.open("w", encoding="utf-8") as handle:
+        with handle:
             for sample in iter_stored_samples(url, state=state):
                 handle.write(json.dumps(sample_to_json(sample, names), ensure_ascii=False))
                 handle.write("\n")

@@ -413,10 +413,11 @@ class VLLMEngine:
             raise wire.api_error(response, replica.server.describe())
         served = {m["id"]: m for m in response.json().get("data", [])}
         if self._model_name not in served:
-            raise EngineError(
+            raise VLLMServerError(
                 f"{replica.server.describe()} does not serve {self._model_name!r} (it serves "
-                f"{sorted(served)}); set served_model_name to the server's model name",
-                status=503,
+                f"{sorted(served)}): the engine asks for model.name_or_path; start that server "
+                f"with --served-model-name {self._model_name} (with the same weights), or fix "
+                "engine.urls"
             )
         self._max_model_len = int(served[self._model_name].get("max_model_len") or 0)
 

@@ -21,6 +21,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -36,6 +37,8 @@ from agentscope_rft.engines.vllm_env import INSTALL_HINT
 logger = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 40
+PROGRESS_EVERY = 30.0
+"""Seconds between the log lines that say a server of `engine.urls` is still awaited."""
 
 
 TAIL_MARKER = "\n--- last lines of "
@@ -273,6 +276,31 @@ class LocalProcess:
 OnRestart = Callable[["VLLMServer"], Awaitable[None]]
 
 
+def url_problem(url: str, *, resolve: bool = True) -> str | None:
+    """Why no wait can reach a server at `url` (not http(s), a host name that does not resolve
+    here, when `resolve`), or None. A resolver that cannot be reached now is no such reason: it
+    may come back.
+
+    Example:
+        >>> url_problem("localhost:8000")
+        "'localhost:8000' is not an http(s) URL (http://host:port)"
+    """
+    parsed = httpx.URL(url)
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        return f"{url!r} is not an http(s) URL (http://host:port)"
+    if parsed.path.rstrip("/").endswith("/v1"):  # an OpenAI client's base URL, copied
+        return f"{url!r} ends with /v1: name the server itself ({url.rstrip('/')[:-3]})"
+    if not resolve:
+        return None
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.getaddrinfo(parsed.host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        if exc.errno != socket.EAI_AGAIN:
+            return f"the host name {parsed.host!r} does not resolve ({exc.strerror})"
+    return None
+
+
 class VLLMServer:
     """One replica: a managed process (`command`, or `process` started elsewhere) or a remote
     server (`url` only). A `command` runs guarded: its process group ends when this process
@@ -359,6 +387,7 @@ class VLLMServer:
             self._watchdog = asyncio.create_task(self._watch(), name=f"vllm-watchdog-{self.name}")
         else:
             deadline = time.monotonic() + self.startup_timeout
+            await self._check_reachable()
             await self._wait_healthy(deadline)
             await self._check_generation(deadline)
         self._ready.set()
@@ -431,9 +460,59 @@ class VLLMServer:
         self.startup_seconds = time.monotonic() - started
         logger.info("%s ready in %.1f s (pid %s)", self.describe(), self.startup_seconds, self.pid)
 
+    async def _check_reachable(self) -> None:
+        """A server of `engine.urls` that no wait can bring fails at once (`url_problem`)."""
+        problem = await asyncio.to_thread(url_problem, self.url)
+        if problem is not None:
+            raise VLLMServerError(f"{self.describe()}: {problem}; fix engine.urls")
+
+    async def _not_openai(self, health: httpx.Response) -> str | None:
+        """Why a server of `engine.urls` that answers `/health` with an error is not one to wait
+        for, or None. A starting server answers 5xx (or not at all); an answer the client got
+        wrong (4xx) on `/health` and on `/v1/models` is another kind of server."""
+        if self.managed or not 400 <= health.status_code < 500 or health.status_code in (408, 429):
+            return None
+        try:
+            models = await self._client.get("/v1/models", timeout=5.0)
+            if models.status_code == 200 and isinstance(models.json().get("data"), list):
+                return None
+            listed = f"{models.status_code}"
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            listed = type(exc).__name__
+        if listed in ("401", "403"):
+            return None  # an OpenAI server behind a key: `_check_generation` says so
+        return (
+            f"{self.describe()} answers, but is not an OpenAI-compatible server (GET /health: "
+            f"{health.status_code}, GET /v1/models: {listed}); fix engine.urls (the address of a "
+            "`vllm serve` server)"
+        )
+
+    def _not_http(self, exc: httpx.HTTPError) -> str | None:
+        """Why a transport error from a server of `engine.urls` will not pass by waiting (a TLS
+        handshake with a plain-HTTP server, a service that does not speak HTTP), or None (a
+        refused connection or a timeout: a server still starting)."""
+        if self.managed:
+            return None
+        cause: BaseException | None = exc
+        while cause is not None:
+            if isinstance(cause, ssl.SSLError):
+                return (
+                    f"{self.describe()}: the TLS handshake failed ({cause}); use http:// in "
+                    "engine.urls for a server without TLS"
+                )
+            cause = cause.__cause__ or cause.__context__
+        if isinstance(exc, httpx.RemoteProtocolError) and "disconnected" not in str(exc):
+            return (
+                f"{self.describe()} does not speak HTTP ({exc}); fix engine.urls (the address "
+                "of a `vllm serve` server)"
+            )
+        return None
+
     async def _wait_healthy(self, deadline: float) -> None:
         last_error = "no answer yet"
         said_waiting = False
+        started = time.monotonic()
+        next_progress = started + PROGRESS_EVERY
         while True:
             code = self.exited()
             if code is not None:
@@ -454,8 +533,22 @@ class VLLMServer:
                 if response.status_code == 200:
                     return
                 last_error = f"/health answered {response.status_code}"
+                problem = await self._not_openai(response)
             except httpx.HTTPError as exc:
                 last_error = f"{type(exc).__name__}"
+                problem = self._not_http(exc)
+            if problem is not None:
+                raise VLLMServerError(problem)
+            now = time.monotonic()
+            if not self.managed and said_waiting and now >= next_progress:
+                next_progress = now + PROGRESS_EVERY
+                logger.info(
+                    "still waiting for %s (%s): %.0f of %.0f s (engine.startup_timeout)",
+                    self.describe(),
+                    last_error,
+                    now - started,
+                    self.startup_timeout,
+                )
             if not self.managed and not said_waiting:
                 said_waiting = True  # a server of the user's: say why nothing happens yet
                 logger.info(
@@ -485,6 +578,12 @@ class VLLMServer:
         here, a (re)start fails with the server's error instead of the run's first episodes."""
         try:
             models = await self._client.get("/v1/models")
+            if models.status_code in (401, 403):  # `vllm serve --api-key`: /health is open
+                raise VLLMServerError(
+                    f"{self.describe()} refuses requests without an API key (GET /v1/models: "
+                    f"{models.status_code}); engine.urls sends none: start that server without "
+                    "--api-key (bind it to a private interface instead)"
+                )
             models.raise_for_status()
             name = models.json()["data"][0]["id"]
             body = {"model": name, "prompt": [0], "max_tokens": 1, "temperature": 0.0}

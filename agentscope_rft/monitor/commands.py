@@ -33,7 +33,14 @@ def plot_command(
                 f"{run_dir / 'seed-0'}`); its seeds together are {run_dir / 'seeds.png'} "
                 f"(`agentscope-rft sweep-summary {run_dir}` redraws it)"
             )
-        path = plot_run(run_dir, out)
+        if out is not None and out.is_dir():
+            raise MetricsFileError(
+                f"--out {out} is a folder: give the PNG to write (e.g. {out / 'reward_curve.png'})"
+            )
+        try:
+            path = plot_run(run_dir, out)
+        except OSError as exc:  # a folder or file that cannot be read or written
+            raise MetricsFileError(f"{exc.filename or out}: {exc.strerror or exc}") from exc
     except MetricsFileError as exc:
         Console(stderr=True).print(Text.assemble(("error: ", "bold red"), str(exc)))
         raise typer.Exit(code=2) from None

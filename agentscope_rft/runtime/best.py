@@ -159,12 +159,28 @@ def read_best(run_dir: Path) -> dict[str, Any] | None:
     return record if isinstance(record, dict) and "step" in record else None
 
 
+def split_checkpoint(spec: str | Path) -> tuple[Path, str | None]:
+    """`<folder>:<which>` as (folder, which): `which` is `best`, `last` (`latest` says the same)
+    or a step number; None when `spec` names a folder alone (an existing path is never split).
+
+    Example:
+        >>> split_checkpoint("runs/quickstart:12")
+        (PosixPath('runs/quickstart'), '12')
+    """
+    text = str(spec)
+    head, colon, which = text.rpartition(":")
+    if not colon or not head or Path(text).exists():
+        return Path(text), None
+    return Path(head), "last" if which == "latest" else which
+
+
 def resolve_checkpoint(spec: str | Path, run_dir: Path | None = None) -> Path:
     """The HF model folder a checkpoint name points at.
 
-    `spec` is `best` or `last` (of `run_dir`), `<run folder>:best` / `<run folder>:last`, a run
-    folder (its best if it has one, else its last), a checkpoint folder (`step-000012`, `best`:
-    its `model/`), or an HF model folder.
+    `spec` is `best`, `last` or a step number (of `run_dir`), `<run folder>:best`,
+    `<run folder>:last` (or `:latest`), `<run folder>:<step>`, a run folder (its best if it has
+    one, else its last), a checkpoint folder (`step-000012`, `best`: its `model/`), or an HF model
+    folder.
 
     Raises:
         CheckpointNotFoundError: nothing usable there (the message says what exists).
@@ -174,20 +190,24 @@ def resolve_checkpoint(spec: str | Path, run_dir: Path | None = None) -> Path:
         PosixPath('runs/quickstart/checkpoints/best/model')
     """
     text = str(spec)
-    which = None
-    if text in ("best", "last"):
+    which: str | None
+    if text in ("best", "last", "latest") or (text.isdigit() and not Path(text).exists()):
         if run_dir is None:
             raise CheckpointNotFoundError(f"checkpoint {text!r} needs a run folder")
-        which, folder = text, run_dir
-    elif text.endswith((":best", ":last")):
-        head, _, which = text.rpartition(":")
-        folder = Path(head)
+        folder, which = run_dir, "last" if text == "latest" else text
     else:
-        folder = Path(text)
+        folder, which = split_checkpoint(text)
+    if which is not None and which not in ("best", "last") and not which.isdigit():
+        raise CheckpointNotFoundError(
+            f"{text}: unknown checkpoint {which!r}; use <run folder>:best, :last or :<step> "
+            f"(e.g. {folder}:best)"
+        )
     if which is None and (folder / "config.json").is_file():
         return folder  # an HF model folder
     if which is None and (folder / "model" / "config.json").is_file():
         return folder / "model"  # a checkpoint folder
+    if not folder.exists():
+        raise CheckpointNotFoundError(f"{folder} does not exist")
     if (folder / "sweep.json").is_file():
         seeds = sorted(p.parent.name for p in folder.glob("seed-*/config.yaml"))
         raise CheckpointNotFoundError(
@@ -213,4 +233,14 @@ def resolve_checkpoint(spec: str | Path, run_dir: Path | None = None) -> Path:
     steps = [s.parent / "model" for s in steps if (s.parent / "model" / "config.json").is_file()]
     if not steps:
         raise CheckpointNotFoundError(f"{folder} has no saved checkpoint yet")
+    if which is not None and which.isdigit():
+        wanted = f"step-{int(which):06d}"
+        for step in steps:
+            if step.parent.name == wanted:
+                return step
+        kept = ", ".join(str(int(s.parent.name.removeprefix("step-"))) for s in steps)
+        raise CheckpointNotFoundError(
+            f"{folder} has no checkpoint of step {int(which)} (it keeps steps {kept}; "
+            "run.checkpoint_every and run.keep_checkpoints decide which)"
+        )
     return steps[-1]

@@ -71,25 +71,41 @@ def _check_engine(engine: EngineConfig, on_ray: bool) -> None:
             find_vllm_python(engine.python)
         except VLLMNotFoundError as exc:
             raise ConfigError(f"engine.python: {exc}") from exc
-    for url in engine.urls:
-        if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"engine.urls: {url!r} is not an http(s) URL")
+    from agentscope_rft.engines.vllm_server import url_problem
+
+    for url in engine.urls:  # one that waiting cannot bring fails before the model loads
+        problem = url_problem(url, resolve=not on_ray)  # a cluster's names may not resolve here
+        if problem is not None:
+            raise ConfigError(f"engine.urls: {problem}; fix engine.urls")
 
 
-def _check_port_free(host: str, port: int) -> None:
-    """The gateway starts after the engine has loaded: a port in use (or a host that is not this
-    machine's) is found now instead."""
+def bind_problem(host: str, port: int) -> str | None:
+    """Why a server could not listen on `host:port` (a port in use, a host that is not this
+    machine's), or None. A gateway starts after its engine has loaded (minutes with vLLM): this
+    finds the problem first.
+
+    Example:
+        >>> bind_problem("127.0.0.1", 0) is None
+        True
+    """
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         with socket.socket(family, kind, proto) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
             probe.bind(address)
     except OSError as exc:
+        return str(exc.strerror or exc)
+    return None
+
+
+def _check_port_free(host: str, port: int) -> None:
+    problem = bind_problem(host, port)
+    if problem is not None:
         raise ConfigError(
-            f"gateway: cannot listen on {host}:{port} ({exc.strerror or exc}); set gateway.port "
+            f"gateway: cannot listen on {host}:{port} ({problem}); set gateway.port "
             "to a free port (0, the default, picks one) and gateway.host to an interface of this "
             "machine (127.0.0.1, the default)"
-        ) from exc
+        )
 
 
 def _check_trainer(trainer: TrainerConfig) -> None:

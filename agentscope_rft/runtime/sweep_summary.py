@@ -9,6 +9,7 @@ untrained model every seed started from, on the test split.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import json
 import logging
 import math
@@ -125,6 +126,12 @@ def summarize(sweep_dir: Path, *, test: bool = False) -> dict[str, Any]:
         >>> summary["best"]["mean"], summary["best"]["n"]  # doctest: +SKIP
     """
     data = read_sweep(sweep_dir)
+    missing = [key for key in ("seeds", "runs", "status", "config") if key not in data]
+    if missing:
+        raise SweepError(
+            f"{sweep_dir / 'sweep.json'} has no {', '.join(missing)}: it is not the file "
+            "`agentscope-rft train --seeds` writes"
+        )
     run = data["config"].get("run", {})
     criterion = run.get("best_metric") or DEFAULT_METRIC
     metric = metric_label(criterion)
@@ -136,9 +143,18 @@ def summarize(sweep_dir: Path, *, test: bool = False) -> dict[str, Any]:
         status = data["status"].get(key, "pending")
         if status != "done" and seed_finished(run_dir, steps):
             status = "done"  # the sweep was killed after the seed ended, as --resume sees it
+        if status == "done" and not (run_dir / METRICS_FILE).is_file():
+            status = "missing"
+            logger.warning(
+                "seed %s: sweep.json says done, but %s is gone; the seed is left out of mean ± std",
+                key,
+                run_dir / METRICS_FILE,
+            )
         result: dict[str, Any] = {"status": status, "run": run_dir.name}
-        if status == "done" and (run_dir / METRICS_FILE).is_file():
+        if status == "done":
             result.update(seed_result(run_dir, criterion, mode))
+            if result["best"]["value"] is None:
+                _warn_unlogged(key, run_dir, criterion, result["phase"])
             if test:
                 result["test"] = evaluate_best(run_dir, result["best_model"])
             elif (run_dir / BEST_TEST_DIR / "summary.json").is_file():
@@ -169,6 +185,24 @@ def summarize(sweep_dir: Path, *, test: bool = False) -> dict[str, Any]:
     (sweep_dir / SUMMARY_MD).write_text(markdown_table(summary, sweep_dir.name))
     plot_seeds(summary, sweep_dir / SEEDS_PLOT)
     return summary
+
+
+def _warn_unlogged(seed: str, run_dir: Path, criterion: str | Sequence[str], phase: str) -> None:
+    """A done seed without a value of the sweep's metric (another config, a run without
+    validation) would be a silent dash in the table."""
+    records = [r for r in read_metrics(run_dir / METRICS_FILE) if r.phase == phase]
+    logged = sorted({name for r in records for name in r.metrics})
+    wanted = split_metric(metric_names(criterion)[0])[1]
+    near = difflib.get_close_matches(wanted, logged, n=6, cutoff=0.3) or logged[:6]
+    logger.warning(
+        "seed %s: %s logs no %s (%s); the seed is left out of mean ± std",
+        seed,
+        run_dir / METRICS_FILE,
+        metric_label(criterion),
+        f"its {phase} records log {len(logged)} metrics, e.g. {', '.join(near)}"
+        if logged
+        else f"it has no {phase} records: does its config validate (tasks.val, run.eval_every)?",
+    )
 
 
 def evaluate_best(run_dir: Path, best_model: str | None) -> dict[str, float]:

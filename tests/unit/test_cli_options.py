@@ -32,3 +32,37 @@ def test_a_finished_run_names_its_curve_only_when_one_was_drawn(tmp_path):
     assert _done_line(tmp_path, {"reward/mean": 0.5}).endswith(
         f"{{'reward/mean': 0.5}}; curve: {tmp_path / 'reward_curve.png'}"
     )
+
+
+def test_serve_on_a_port_in_use_fails_before_the_model_loads(monkeypatch):
+    """The port was found taken only after the engine had started (minutes with vLLM)."""
+    import socket
+
+    from agentscope_rft.engines import factory
+
+    def loads(*args, **kwargs):
+        raise AssertionError("the engine was built before the port was checked")
+
+    monkeypatch.setattr(factory, "build_engine", loads)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(app, ["serve", "--port", str(port)], env={"COLUMNS": "1000"})
+    assert result.exit_code == 2, result.output
+    assert f"cannot listen on 127.0.0.1:{port} (Address already in use); pick another" in (
+        result.output
+    )
+
+
+def test_export_under_a_file_is_one_error_line_and_leaves_nothing(tmp_path):
+    """An --out under a file ended in a NotADirectoryError traceback."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    out = model / "config.json" / "exported"
+    args = ["export", str(model), "--out", str(out)]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "1000"})
+    assert result.exit_code == 2, result.output
+    assert f"cannot write {out}: " in result.output
+    assert sorted(p.name for p in model.iterdir()) == ["config.json"]

@@ -40,3 +40,13 @@ def test_cli_brief_prints_one_line_per_check(monkeypatch):
     ]
     table = CliRunner().invoke(app, ["doctor"])
     assert table.exit_code == 0 and "x missing" in table.output and "missing" in table.output
+
+
+def test_cli_brief_keeps_a_long_check_on_one_line(monkeypatch):
+    """A detail longer than the terminal (an allocator's library path) was wrapped over lines,
+    and `doctor --brief | grep` lost its end."""
+    detail = "jemalloc (" + "/very/long/path" * 8 + "/libjemalloc.so) for run.allocator: jemalloc"
+    monkeypatch.setattr(doctor, "run_checks", lambda: [doctor.Check("allocator", True, detail)])
+    result = CliRunner().invoke(app, ["doctor", "--brief"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [f"[doctor] ok allocator: {detail}"]

@@ -395,3 +395,36 @@ def test_a_seed_without_validation_shows_dashes_not_none():
     summary = {"metric": "val/reward/mean", "mode": "max", "seeds": {"0": result}}
     table = markdown_table({**summary, "best": empty, "last": empty, "test": {}}, "sw")
     assert "| 0 | done | – | – | 2 | – |" in table and "None" not in table
+
+
+def test_a_seed_gone_or_without_the_metric_is_named_not_a_silent_dash(tmp_path, caplog):
+    """A done seed whose folder was deleted showed `done` with dashes; one that logged other
+    metrics showed dashes too; neither said why its n dropped."""
+    sweep = tmp_path / "sweep"
+    open_sweep(config(tmp_path), sweep, [0, 1, 2])
+    write_run(sweep / "seed-0", [val(0, 0.1), val(2, 0.5)], 2)
+    other = {"step": 2, "time": 1.0, "phase": "val", "score": 0.7}
+    write_run(sweep / "seed-1", [other], 2)
+    data = read_sweep(sweep)
+    data["status"] = {"0": "done", "1": "done", "2": "done"}  # seed-2's folder is gone
+    (sweep / "sweep.json").write_text(json.dumps(data))
+
+    with caplog.at_level("WARNING"):
+        summary = summarize(sweep)
+    assert summary["seeds"]["2"] == {"status": "missing", "run": "seed-2"}
+    assert summary["not_done"] == [2] and summary["best"]["n"] == 1
+    assert "| 2 | missing |" in (sweep / "summary.md").read_text()
+    assert f"seed 2: sweep.json says done, but {sweep / 'seed-2' / 'metrics.jsonl'} is gone" in (
+        caplog.text
+    )
+    assert (
+        f"seed 1: {sweep / 'seed-1' / 'metrics.jsonl'} logs no val/reward/mean (its val records "
+        "log 1 metrics, e.g. score); the seed is left out of mean ± std"
+    ) in caplog.text
+
+
+def test_a_sweep_json_without_its_keys_is_one_error(tmp_path):
+    """A hand-written or foreign sweep.json (`{}`) ended in a KeyError traceback."""
+    (tmp_path / "sweep.json").write_text("{}")
+    with pytest.raises(SweepError, match=r"sweep.json has no seeds, runs, status, config: it is"):
+        summarize(tmp_path)

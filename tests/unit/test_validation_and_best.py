@@ -93,8 +93,29 @@ def test_checkpoint_names_resolve_to_model_folders(tmp_path):
     step = run / "checkpoints" / "step-000002"
     assert resolve_checkpoint(step) == step / "model"
     assert resolve_checkpoint(step / "model") == step / "model"
-    with pytest.raises(CheckpointNotFoundError, match="not a run folder"):
+    with pytest.raises(CheckpointNotFoundError, match="nothing does not exist"):
         resolve_checkpoint(tmp_path / "nothing")
+
+
+def test_a_checkpoint_is_named_by_its_step_or_latest(tmp_path):
+    """`runs/x:latest` and `runs/x:12` said `runs/x:12 is not a run folder`; a missing run folder
+    was `not a run folder` too."""
+    run = tmp_path / "run"
+    for step in (2, 4):
+        save_step(run, step)
+    assert resolve_checkpoint(f"{run}:2") == run / "checkpoints" / "step-000002" / "model"
+    assert resolve_checkpoint("4", run) == run / "checkpoints" / "step-000004" / "model"
+    assert resolve_checkpoint(f"{run}:latest") == run / "checkpoints" / "step-000004" / "model"
+    with pytest.raises(CheckpointNotFoundError) as missing:
+        resolve_checkpoint(f"{run}:3")
+    assert str(missing.value) == (
+        f"{run} has no checkpoint of step 3 (it keeps steps 2, 4; run.checkpoint_every and "
+        "run.keep_checkpoints decide which)"
+    )
+    with pytest.raises(CheckpointNotFoundError, match=r"unknown checkpoint 'newest'; use"):
+        resolve_checkpoint(f"{run}:newest")
+    with pytest.raises(CheckpointNotFoundError, match=r"^\S*gone does not exist$"):
+        resolve_checkpoint(f"{tmp_path / 'gone'}:best")
 
 
 def test_last_skips_a_step_folder_whose_writing_was_cut_off(tmp_path):
@@ -121,6 +142,7 @@ def test_a_sweep_or_a_run_without_checkpoints_is_named_as_such(tmp_path):
     (killed / "config.yaml").write_text("{}")
     with pytest.raises(CheckpointNotFoundError, match="killed has no saved checkpoint yet"):
         resolve_checkpoint(killed)
+    (tmp_path / "elsewhere").mkdir()
     with pytest.raises(CheckpointNotFoundError, match="is not a run folder"):
         resolve_checkpoint(tmp_path / "elsewhere")
 

@@ -142,6 +142,20 @@ def test_cli_errors_are_one_clear_line(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "unknown sample field 'bogus'" in result.output
 
 
+def test_cli_export_to_a_folder_or_under_a_file_is_one_clear_line(
+    filled: Path, tmp_path: Path
+) -> None:
+    """`--out runs` (a folder) ended in an IsADirectoryError traceback."""
+    result = runner.invoke(buffer_app, ["export", "--url", str(filled), "--out", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert f"{tmp_path} is a folder: give the file to write" in result.output
+    under_a_file = filled / "samples.jsonl"  # the buffer file taken for a folder
+    result = runner.invoke(buffer_app, ["export", "--url", str(filled), "--out", str(under_a_file)])
+    assert result.exit_code == 2, result.output
+    assert f"cannot write {under_a_file}: " in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["buffer.db"]  # no partial file left
+
+
 async def stats_of(path: Path | str) -> dict[str, float]:
     buffer = SQLBuffer(path, create=False)
     try:

@@ -247,3 +247,135 @@ async def test_vllm_rendering_takes_max_tokens_past_the_window_as_an_upper_bound
     with pytest.raises(ContextWindowError):  # a prompt over the window stays an error
         _ = [e async for e in engine.chat(request("too long", 8))]
     assert sent == [8]
+
+
+async def _fake_http_server(routes: dict[str, tuple[int, str]]) -> tuple[asyncio.Server, str]:
+    """A server answering GET <path> with (status, JSON body) from `routes`, 404 otherwise."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await reader.readuntil(b"\r\n\r\n")
+        path = request.split(b" ")[1].decode()
+        status, body = routes.get(path, (404, '{"detail": "Not Found"}'))
+        writer.write(
+            f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n{body}".encode()
+        )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("127.0.0.1:8000", "is not an http(s) URL (http://host:port); fix engine.urls"),
+        ("ftp://127.0.0.1:8000", "is not an http(s) URL (http://host:port); fix engine.urls"),
+        (
+            "http://127.0.0.1:8000/v1/",
+            "ends with /v1: name the server itself (http://127.0.0.1:8000)",
+        ),
+        (
+            "http://no-such-host.invalid:8000",
+            "the host name 'no-such-host.invalid' does not resolve",
+        ),
+    ],
+)
+async def test_a_url_no_wait_can_reach_fails_at_once(
+    tiny_model_path: str, url: str, expected: str
+) -> None:
+    """A URL that is not http(s), or whose host does not resolve, waited the whole
+    `startup_timeout` (600 s by default) before failing."""
+    engine = VLLMEngine(tiny_model_path, urls=[url], startup_timeout=600.0)
+    with pytest.raises(VLLMServerError) as error:
+        await asyncio.wait_for(engine.start(), timeout=20)
+    assert expected in str(error.value)
+
+
+async def test_an_endpoint_that_is_not_an_openai_server_fails_at_once(
+    tiny_model_path: str,
+) -> None:
+    """Another web server at the URL (404 on /health and /v1/models) was polled until
+    `startup_timeout`."""
+    server, url = await _fake_http_server({"/": (200, "{}")})
+    engine = VLLMEngine(tiny_model_path, urls=[url], startup_timeout=600.0)
+    async with server:
+        with pytest.raises(VLLMServerError) as error:
+            await asyncio.wait_for(engine.start(), timeout=20)
+    assert str(error.value) == (
+        f"vLLM server replica-0 at {url} answers, but is not an OpenAI-compatible server (GET "
+        "/health: 404, GET /v1/models: 404); fix engine.urls (the address of a `vllm serve` server)"
+    )
+
+
+async def test_a_server_of_another_model_is_named_with_the_fix(tiny_model_path: str) -> None:
+    models = json.dumps({"data": [{"id": "other-model", "max_model_len": 128}]})
+    routes = {"/health": (200, "{}"), "/v1/models": (200, models)}
+
+    server, url = await _fake_http_server(routes)
+    engine = VLLMEngine(tiny_model_path, urls=[url], startup_timeout=600.0)
+    engine.replicas = [_Replica(VLLMServer("replica-0", url=url), 10.0)]
+    async with server:
+        with pytest.raises(VLLMServerError) as error:
+            await asyncio.wait_for(engine._discover_max_model_len(), timeout=20)
+    assert f"does not serve {tiny_model_path!r} (it serves ['other-model'])" in str(error.value)
+    assert f"--served-model-name {tiny_model_path}" in str(error.value)
+
+
+async def test_a_server_that_is_starting_is_awaited_with_progress(
+    tiny_model_path: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refused connection (the server is starting) and a 503 are waited for, with a log line
+    every PROGRESS_EVERY seconds; nothing said so after the first line."""
+    from agentscope_rft.engines import vllm_server
+
+    monkeypatch.setattr(vllm_server, "PROGRESS_EVERY", 0.6)
+    url = f"http://127.0.0.1:{vllm_server.free_port()}"  # nothing listens there
+    engine = VLLMEngine(tiny_model_path, urls=[url], startup_timeout=2.0)
+    with (
+        caplog.at_level("INFO", logger="agentscope_rft.engines.vllm_server"),
+        pytest.raises(VLLMServerError, match="was not healthy within 2 s"),
+    ):
+        await asyncio.wait_for(engine.start(), timeout=30)
+    assert f"still waiting for vLLM server replica-0 at {url} (ConnectError): 1 of 2 s" in (
+        caplog.text
+    )
+
+    server, url = await _fake_http_server({"/health": (503, "{}")})
+    engine = VLLMEngine(tiny_model_path, urls=[url], startup_timeout=1.0)
+    async with server:
+        with pytest.raises(VLLMServerError, match=r"within 1 s \(/health answered 503\)"):
+            await asyncio.wait_for(engine.start(), timeout=30)
+
+
+async def test_a_server_behind_an_api_key_is_named_as_such(tiny_model_path: str) -> None:
+    """`vllm serve --api-key`: /health answers 200, /v1/* 401; the error blamed the model or
+    the vLLM build ("failed its first generation")."""
+    routes = {"/health": (200, "{}"), "/v1/models": (401, '{"error": "Unauthorized"}')}
+    server, url = await _fake_http_server(routes)
+    engine = VLLMEngine(tiny_model_path, urls=[url], startup_timeout=600.0)
+    async with server:
+        with pytest.raises(VLLMServerError) as error:
+            await asyncio.wait_for(engine.start(), timeout=20)
+    assert str(error.value) == (
+        f"vLLM server replica-0 at {url} refuses requests without an API key (GET /v1/models: "
+        "401); engine.urls sends none: start that server without --api-key (bind it to a private "
+        "interface instead)"
+    )
+
+
+def test_preflight_refuses_a_url_no_wait_can_reach() -> None:
+    """An unresolvable host in engine.urls was found only after the trainer and tokenizer had
+    loaded (and, before that, only after `startup_timeout`)."""
+    from agentscope_rft.config import ConfigError
+    from agentscope_rft.engines.config import VLLMEngineConfig
+    from agentscope_rft.runtime.preflight import _check_engine
+
+    engine = VLLMEngineConfig(urls=["http://127.0.0.1:1", "http://no-such-host.invalid:8000"])
+    with pytest.raises(ConfigError) as error:
+        _check_engine(engine, on_ray=False)
+    said = str(error.value)  # the resolver's words between the parentheses vary by system
+    assert said.startswith("engine.urls: the host name 'no-such-host.invalid' does not resolve (")
+    assert said.endswith("); fix engine.urls")
+    _check_engine(VLLMEngineConfig(urls=["http://127.0.0.1:1"]), on_ray=False)  # may be starting

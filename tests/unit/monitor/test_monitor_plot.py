@@ -104,6 +104,21 @@ def test_plot_command_error_names_the_file(tmp_path: Path) -> None:
     assert f"no metrics file {tmp_path / 'metrics.jsonl'}" in result.output.replace("\n", "")
 
 
+def test_plot_to_a_folder_or_under_a_file_is_a_clear_error(tmp_path: Path) -> None:
+    """`--out plots/` (a folder) and a path under a file ended in tracebacks."""
+    write_synthetic_run(tmp_path, steps=3)
+    folder = tmp_path / "plots"
+    folder.mkdir()
+    result = CliRunner().invoke(_cli(), ["plot", str(tmp_path), "--out", str(folder)])
+    assert result.exit_code == 2, result.output
+    output = "".join(result.output.split())  # the console wraps long lines
+    assert f"--out{folder}isafolder:givethePNGtowrite" in output
+    under_a_file = tmp_path / "metrics.jsonl" / "x.png"
+    result = CliRunner().invoke(_cli(), ["plot", str(tmp_path), "--out", str(under_a_file)])
+    assert result.exit_code == 2, result.output
+    assert f"{tmp_path / 'metrics.jsonl'}:Fileexists" in "".join(result.output.split())
+
+
 def test_plot_of_a_sweep_folder_points_to_its_seeds(tmp_path: Path) -> None:
     (tmp_path / "sweep.json").write_text("{}")
     result = CliRunner().invoke(_cli(), ["plot", str(tmp_path)])
