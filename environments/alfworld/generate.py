@@ -245,15 +245,18 @@ def main(argv: list[str] | None = None) -> None:
         help="write the candidates without playing the oracle on them (fast; no expert_plan)",
     )
     args = parser.parse_args(argv)
-    splits, manifest = generate(
-        {"train": args.train, "val": args.val, "test": args.test},
-        {"train": args.train_layouts, "val": args.val_layouts, "test": args.test_layouts},
-        args.seed,
-        args.workers,
-        tuple(t for t in args.task_types.split(",") if t),
-        tuple(s for s in args.sizes.split(",") if s),
-        oracle_check=not args.skip_oracle_check,
-    )
+    try:
+        splits, manifest = generate(
+            {"train": args.train, "val": args.val, "test": args.test},
+            {"train": args.train_layouts, "val": args.val_layouts, "test": args.test_layouts},
+            args.seed,
+            args.workers,
+            tuple(t for t in args.task_types.split(",") if t),
+            tuple(s for s in args.sizes.split(",") if s),
+            oracle_check=not args.skip_oracle_check,
+        )
+    except ValueError as error:  # an unknown task type or size, too few layouts
+        parser.exit(2, f"error: {error}\n")
     for split, rows in splits.items():
         write_jsonl(args.out / f"{split}.jsonl", rows)
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")

@@ -180,7 +180,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", help="ALFWorld data folder (default: $ALFWORLD_DATA)")
     parser.add_argument("--out", type=Path, required=True, help="JSONL file to write")
     args = parser.parse_args(argv)
-    rows = find_games(args.split, args.data)
+    try:
+        rows = find_games(args.split, args.data)
+    except (ValueError, FileNotFoundError) as error:  # no data folder, no games, a broken file
+        parser.exit(2, f"error: {error}\n")
     print(f"{write_jsonl(args.out, rows)} games -> {args.out}")
 
 

@@ -109,7 +109,10 @@ def main(argv: list[str] | None = None) -> None:
         for split, count in (("train", args.train), ("test", args.test)):
             start = time.perf_counter()
             sizes = tuple(args.sizes)
-            rows = make_tasks(split, count, args.seed, sizes, exclude, args.slippery)
+            try:
+                rows = make_tasks(split, count, args.seed, sizes, exclude, args.slippery)
+            except ValueError as error:  # a negative count, too few maps of these sizes
+                parser.exit(2, f"error: {error}\n")
             seconds = time.perf_counter() - start
             progress.advance(bar)
             if not rows:  # as the other generators: a split of 0 tasks writes no file

@@ -55,11 +55,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--split", default="test", help="'train', 'test' or a JSONL path")
     parser.add_argument("--corpus", type=Path, default=DATA_DIR / "corpus.jsonl")
     args = parser.parse_args(argv)
-    documents = load_corpus(args.corpus)
+    try:
+        documents = load_corpus(args.corpus)
+        tasks = load_tasks(args.split)
+    except ValueError as error:  # a missing or broken corpus or task file
+        parser.exit(2, f"error: {error}\n")
     start = time.perf_counter()
     index = SearchIndex.build(documents)
     build_s = time.perf_counter() - start
-    summary = asyncio.run(evaluate(load_tasks(args.split), index))
+    summary = asyncio.run(evaluate(tasks, index))
     summary |= {"documents": len(documents), "index_build_s": round(build_s, 3)}
     print(json.dumps(summary, indent=2))
 

@@ -103,9 +103,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True, help="output folder")
     args = parser.parse_args(argv)
-    manifest = generate(
-        args.pages, args.train, args.test, args.seed, args.out, args.val, args.reserve
-    )
+    try:
+        manifest = generate(
+            args.pages, args.train, args.test, args.seed, args.out, args.val, args.reserve
+        )
+    except ValueError as error:  # a world too small, an unknown title: the arguments' fault
+        parser.exit(2, f"error: {error}\n")
     print(json.dumps(manifest))
 
 

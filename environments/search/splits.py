@@ -137,7 +137,7 @@ def generate_splits(
         except RuntimeError as exc:
             raise ValueError(
                 f"cannot draw {wanted[name]} {name} questions from a {len(world.entities)}-page "
-                f"world ({exc}); raise --pages or ask for fewer questions"
+                f"world: {exc}"
             ) from exc
         for row in rows:
             blocked |= question_facts(row)

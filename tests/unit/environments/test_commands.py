@@ -1,0 +1,71 @@
+"""The environments' commands answer bad arguments and data with one error line, no traceback."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from environments.alfworld import evaluate as alfworld_evaluate
+from environments.alfworld import generate as alfworld_generate
+from environments.alfworld import real as alfworld_real
+from environments.frozenlake import generate as frozenlake_generate
+from environments.search import evaluate as search_evaluate
+from environments.search import generate as search_generate
+
+CASES: list[tuple[Callable[[list[str]], None], list[str], str]] = [
+    (
+        search_generate.main,
+        ["--pages", "10", "--out", "{tmp}"],
+        "num_pages=10 is too small for a world",
+    ),
+    (
+        search_generate.main,
+        ["--reserve", "Nobody", "--out", "{tmp}"],
+        "reserved titles ['Nobody'] are not pages",
+    ),
+    (
+        search_generate.main,
+        ["--pages", "100", "--train", "5000", "--val", "0", "--test", "1", "--out", "{tmp}"],
+        "cannot draw 5000 train",
+    ),
+    (search_evaluate.main, ["--split", "{tmp}/none.jsonl"], "none.jsonl: no such file"),
+    (
+        alfworld_generate.main,
+        ["--task-types", "bogus", "--out", "{tmp}"],
+        "unknown ALFWorld task type 'bogus'",
+    ),
+    (
+        alfworld_generate.main,
+        ["--sizes", "huge", "--out", "{tmp}"],
+        "unknown layout sizes ['huge']",
+    ),
+    (alfworld_evaluate.main, ["--split", "{tmp}/none.jsonl"], "none.jsonl: no such file"),
+    (
+        alfworld_real.main,
+        ["--data", "{tmp}", "--out", "{tmp}/rows.jsonl"],
+        "no json_2.1.1/ folder; ALFWORLD_DATA must point",
+    ),
+    (
+        frozenlake_generate.main,
+        ["--train", "-1", "--out", "{tmp}"],
+        "train: the number of tasks must be >= 0",
+    ),
+]
+
+
+@pytest.mark.parametrize(("main", "argv", "message"), CASES)
+def test_a_bad_argument_is_one_error_line(
+    main: Callable[[list[str]], None],
+    argv: list[str],
+    message: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = [arg.replace("{tmp}", str(tmp_path)) for arg in argv]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("error: ") and message in error, error
