@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -100,3 +101,36 @@ def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
             handle.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n")
             count += 1
     return count
+
+
+def remove_stale_splits(out: str | Path, drawn: Iterable[str], names: Iterable[str]) -> list[Path]:
+    """Removes `<out>/<split>.jsonl` for each of `names` not in `drawn`, saying so on stderr.
+
+    A generator writes only the splits it draws; a split file left in `out` by an earlier draw
+    (another seed, another world) would be read beside the new ones and share their rooms, maps
+    or entities, which the splits promise not to do.
+
+    Args:
+        out: The generator's output folder.
+        drawn: The splits this draw writes.
+        names: Every split the generator can write.
+
+    Returns:
+        The removed files.
+
+    Example:
+        >>> remove_stale_splits("/tmp/sets", ["train"], ["train", "test"])  # doctest: +SKIP
+        [PosixPath('/tmp/sets/test.jsonl')]
+    """
+    drawn = set(drawn)
+    removed = []
+    for name in names:
+        path = Path(out) / f"{name}.jsonl"
+        if name not in drawn and path.is_file():
+            path.unlink()
+            print(
+                f"removed {path}: left by an earlier draw, and this one has no {name} split",
+                file=sys.stderr,
+            )
+            removed.append(path)
+    return removed

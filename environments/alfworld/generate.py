@@ -29,7 +29,7 @@ from environments.alfworld.games import goal_text
 from environments.alfworld.household import ROOMS, SIZES
 from environments.alfworld.splits import Seen, goal_key, overlaps, receptacle_set, split_summary
 from environments.alfworld.tasks import TASK_ROOMS, TASK_TYPES, check_task_type, make_household
-from environments.jsonl import write_jsonl
+from environments.jsonl import remove_stale_splits, write_jsonl
 from environments.progress import progress_bar
 
 SPLITS = ("train", "val", "test")
@@ -259,6 +259,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.exit(2, f"error: {error}\n")
     for split, rows in splits.items():
         write_jsonl(args.out / f"{split}.jsonl", rows)
+    remove_stale_splits(args.out, splits, SPLITS)
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     print(json.dumps(manifest))
 

@@ -69,3 +69,30 @@ def test_a_bad_argument_is_one_error_line(
     assert exit_info.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith("error: ") and message in error, error
+
+
+@pytest.mark.parametrize(
+    ("main", "argv", "stale"),
+    [
+        (
+            search_generate.main,
+            ["--pages", "100", "--train", "3", "--val", "0", "--test", "2"],
+            "val",
+        ),
+        (
+            alfworld_generate.main,
+            ["--train", "1", "--val", "0", "--test", "0", "--skip-oracle-check"],
+            "test",
+        ),
+        (frozenlake_generate.main, ["--train", "3", "--test", "0", "--sizes", "4"], "test"),
+    ],
+)
+def test_a_split_of_zero_tasks_leaves_no_file_of_an_earlier_draw(
+    main: Callable[[list[str]], None], argv: list[str], stale: str, tmp_path: Path
+) -> None:
+    # An earlier draw (another seed) wrote this split; read beside the new ones, it would share
+    # their entities, rooms or maps.
+    (tmp_path / f"{stale}.jsonl").write_text('{"id": "old"}\n')
+    main([*argv, "--seed", "5", "--out", str(tmp_path)])
+    assert (tmp_path / "train.jsonl").is_file()
+    assert not (tmp_path / f"{stale}.jsonl").exists()
