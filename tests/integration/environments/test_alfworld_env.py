@@ -179,6 +179,17 @@ def test_broken_game_folders_are_named(tmp_path: Path) -> None:
     traj_path.write_text("{}")
     with pytest.raises(ValueError, match=rf"{traj_path}: no 'task_type' text"):
         find_games("train", data_dir=tmp_path)
+    # Annotations of the wrong shape: a ValueError naming the file (was AttributeError/KeyError).
+    for turk, message in (
+        (None, "'turk_annotations' must be"),
+        ([], "'turk_annotations' must be"),
+        ({"anns": "x"}, "'turk_annotations' must be"),
+        ({"anns": [{}]}, "the first of 'turk_annotations.anns' has no 'task_desc'"),
+    ):
+        traj = {**json.loads(traj_text), "turk_annotations": turk}
+        traj_path.write_text(json.dumps(traj))
+        with pytest.raises(ValueError, match=rf"{traj_path}: {message}"):
+            find_games("train", data_dir=tmp_path)
     traj_path.write_text(traj_text)
     first.write_text("[1]")
     with pytest.raises(ValueError, match=rf"{first}: expected a JSON object, got list"):
