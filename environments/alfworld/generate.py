@@ -56,10 +56,14 @@ def candidates(
         ValueError: On an unknown task type or size, or when `avoid` leaves no room for a task
             type or rejects `MAX_REJECTED` candidates in a row (more layouts are needed).
     """
+    if not task_types:
+        raise ValueError(f"no task types given (--task-types); choose from {', '.join(TASK_TYPES)}")
     for task_type in task_types:
         check_task_type(task_type)
+    if not sizes:
+        raise ValueError(f"no layout sizes given (--sizes); choose from {', '.join(SIZES)}")
     unknown = sorted(set(sizes) - set(SIZES))
-    if unknown or not sizes:
+    if unknown:
         raise ValueError(f"unknown layout sizes {unknown}; sizes are {', '.join(SIZES)}")
     rng = random.Random(f"alfworld-{split}-{seed}")
     wanted = [i for i in range(3 * layouts_per_room) if SIZES[i % len(SIZES)] in sizes]

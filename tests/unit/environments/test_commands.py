@@ -41,6 +41,8 @@ CASES: list[tuple[Callable[[list[str]], None], list[str], str]] = [
         ["--sizes", "huge", "--out", "{tmp}"],
         "unknown layout sizes ['huge']",
     ),
+    (alfworld_generate.main, ["--task-types", ",", "--out", "{tmp}"], "no task types given"),
+    (alfworld_generate.main, ["--sizes", "", "--out", "{tmp}"], "no layout sizes given"),
     (alfworld_evaluate.main, ["--split", "{tmp}/none.jsonl"], "none.jsonl: no such file"),
     (
         alfworld_real.main,
