@@ -98,3 +98,18 @@ def test_a_split_of_zero_tasks_leaves_no_file_of_an_earlier_draw(
     main([*argv, "--seed", "5", "--out", str(tmp_path)])
     assert (tmp_path / "train.jsonl").is_file()
     assert not (tmp_path / f"{stale}.jsonl").exists()
+
+
+def test_evaluate_refuses_questions_of_another_world(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Scored in the shipped corpus, a fresh world's questions gave the oracle 0.0, silently.
+    search_generate.main(["--pages", "100", "--train", "2", "--val", "0", "--test", "2",
+                          "--seed", "3", "--out", str(tmp_path)])  # fmt: skip
+    tasks = str(tmp_path / "test.jsonl")
+    with pytest.raises(SystemExit) as exit_info:
+        search_evaluate.main(["--split", tasks])
+    assert exit_info.value.code == 2
+    assert "pass the corpus.jsonl written beside the task file" in capsys.readouterr().err
+    search_evaluate.main(["--split", tasks, "--corpus", str(tmp_path / "corpus.jsonl")])
+    assert '"scripted_em": {\n    "all": 1.0' in capsys.readouterr().out
