@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -113,3 +116,20 @@ def test_evaluate_refuses_questions_of_another_world(
     assert "pass the corpus.jsonl written beside the task file" in capsys.readouterr().err
     search_evaluate.main(["--split", tasks, "--corpus", str(tmp_path / "corpus.jsonl")])
     assert '"scripted_em": {\n    "all": 1.0' in capsys.readouterr().out
+
+
+def test_the_documented_alfworld_real_command_prints_only_its_error(tmp_path: Path) -> None:
+    # `python -m environments.alfworld.real` used to open with runpy's RuntimeWarning (the
+    # package had imported the module it was asked to run).
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run(
+        [sys.executable, "-m", "environments.alfworld.real", "--data", str(tmp_path), "--out",
+         str(tmp_path / "rows.jsonl")],
+        capture_output=True, text=True, cwd=root, check=False,
+        env={**os.environ, "PYTHONPATH": str(root), "PYTHONWARNINGS": "default"},
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"error: {tmp_path.resolve()}: no json_2.1.1/ folder; ALFWORLD_DATA must point at "
+        "downloaded ALFWorld data"
+    ]
