@@ -44,6 +44,15 @@ async def test_oracle_solves_every_task_of_a_generated_test_set(task: dict[str, 
     _PLANS[task["id"]] = episode.commands
 
 
+@pytest.mark.parametrize("seed", [7, 2024, 99991])
+async def test_oracle_solves_games_of_other_seeds_and_rooms(seed: int) -> None:
+    # Every generated game is solvable, whatever the seed: medium and large rooms included.
+    rows = candidates("train", 3, seed=seed)
+    for _, row in zip(range(2), rows, strict=False):
+        episode = await oracle_episode({"id": f"seed-{seed}", **row})
+        assert episode.won, row
+
+
 async def test_observations_read_like_alfworld_and_wrong_commands_do_nothing() -> None:
     task = FRESH_TEST_SET[0]
     with AlfworldEnv(task, max_steps=3) as env:
