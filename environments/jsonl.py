@@ -20,7 +20,7 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
         path: The file to read.
 
     Raises:
-        TaskFileError: If the file is missing, or a line is not a JSON object.
+        TaskFileError: If the file is missing or not UTF-8 text, or a line is not a JSON object.
 
     Example:
         >>> for line_number, row in iter_jsonl("tasks.jsonl"):  # doctest: +SKIP
@@ -29,22 +29,33 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     path = Path(path)
     if not path.is_file():
         raise TaskFileError(f"{path}: no such file; generate it or pass the right path")
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise TaskFileError(
-                    f"{path}:{line_number}: not valid JSON ({error.msg} at column {error.colno}); "
-                    "each line must be one JSON object"
-                ) from None
-            if not isinstance(row, dict):
-                raise TaskFileError(
-                    f"{path}:{line_number}: expected a JSON object, got {type(row).__name__}"
-                )
-            yield line_number, row
+    try:
+        with path.open(encoding="utf-8") as handle:
+            for line_number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise TaskFileError(
+                        f"{path}:{line_number}: not valid JSON ({error.msg} at column "
+                        f"{error.colno}); each line must be one JSON object"
+                    ) from None
+                if not isinstance(row, dict):
+                    raise TaskFileError(
+                        f"{path}:{line_number}: expected a JSON object, got {type(row).__name__}"
+                    )
+                yield line_number, row
+    except UnicodeDecodeError:
+        hint = (
+            " (Search-R1 parquet converts with `python -m environments.search.searchr1 questions`)"
+            if path.suffix.lower() == ".parquet"
+            else ""
+        )
+        raise TaskFileError(
+            f"{path}: not UTF-8 text (a binary file?); expected JSONL, one JSON object per "
+            f"line{hint}"
+        ) from None
 
 
 def read_jsonl(path: str | Path, required: Iterable[str] = ("id",)) -> list[dict[str, Any]]:
