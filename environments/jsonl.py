@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
         path: The file to read.
 
     Raises:
-        TaskFileError: If the file is missing, or a line is not a JSON object.
+        TaskFileError: If the file is missing or not UTF-8 text, or a line is not a JSON object.
 
     Example:
         >>> for line_number, row in iter_jsonl("tasks.jsonl"):  # doctest: +SKIP
@@ -28,22 +29,33 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     path = Path(path)
     if not path.is_file():
         raise TaskFileError(f"{path}: no such file; generate it or pass the right path")
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise TaskFileError(
-                    f"{path}:{line_number}: not valid JSON ({error.msg} at column {error.colno}); "
-                    "each line must be one JSON object"
-                ) from None
-            if not isinstance(row, dict):
-                raise TaskFileError(
-                    f"{path}:{line_number}: expected a JSON object, got {type(row).__name__}"
-                )
-            yield line_number, row
+    try:
+        with path.open(encoding="utf-8") as handle:
+            for line_number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise TaskFileError(
+                        f"{path}:{line_number}: not valid JSON ({error.msg} at column "
+                        f"{error.colno}); each line must be one JSON object"
+                    ) from None
+                if not isinstance(row, dict):
+                    raise TaskFileError(
+                        f"{path}:{line_number}: expected a JSON object, got {type(row).__name__}"
+                    )
+                yield line_number, row
+    except UnicodeDecodeError:
+        hint = (
+            " (Search-R1 parquet converts with `python -m environments.search.searchr1 questions`)"
+            if path.suffix.lower() == ".parquet"
+            else ""
+        )
+        raise TaskFileError(
+            f"{path}: not UTF-8 text (a binary file?); expected JSONL, one JSON object per "
+            f"line{hint}"
+        ) from None
 
 
 def read_jsonl(path: str | Path, required: Iterable[str] = ("id",)) -> list[dict[str, Any]]:
@@ -100,3 +112,36 @@ def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
             handle.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n")
             count += 1
     return count
+
+
+def remove_stale_splits(out: str | Path, drawn: Iterable[str], names: Iterable[str]) -> list[Path]:
+    """Removes `<out>/<split>.jsonl` for each of `names` not in `drawn`, saying so on stderr.
+
+    A generator writes only the splits it draws; a split file left in `out` by an earlier draw
+    (another seed, another world) would be read beside the new ones and share their rooms, maps
+    or entities, which the splits promise not to do.
+
+    Args:
+        out: The generator's output folder.
+        drawn: The splits this draw writes.
+        names: Every split the generator can write.
+
+    Returns:
+        The removed files.
+
+    Example:
+        >>> remove_stale_splits("/tmp/sets", ["train"], ["train", "test"])  # doctest: +SKIP
+        [PosixPath('/tmp/sets/test.jsonl')]
+    """
+    drawn = set(drawn)
+    removed = []
+    for name in names:
+        path = Path(out) / f"{name}.jsonl"
+        if name not in drawn and path.is_file():
+            path.unlink()
+            print(
+                f"removed {path}: left by an earlier draw, and this one has no {name} split",
+                file=sys.stderr,
+            )
+            removed.append(path)
+    return removed

@@ -47,6 +47,7 @@ from agentscope.types import ReplyFinishedReason
 import agentscope_rft
 from agentscope_rft import Reward
 from environments.search import DATA_DIR, SearchIndex, SearchTools, load_index
+from environments.search.env import foreign_page
 from workflows.search_reward import JudgeSettings, answer_reward, gold_answers, llm_judge
 
 __all__ = [
@@ -216,19 +217,16 @@ def check_corpus(task: dict[str, Any], index: SearchIndex, corpus: str | None) -
     Example:
         >>> check_corpus({"id": "q1", "question": "?", "answer": "x"}, _index(None), None)
     """
-    ids, titles = task.get("supporting_ids"), task.get("supporting_titles")
-    if not isinstance(ids, list) or not isinstance(titles, list):
-        return
-    for doc_id, title in zip(ids, titles, strict=False):
-        document = index.open(str(doc_id))
-        if document is None or document.title != title:
-            where = corpus or f"the shipped encyclopedia ({DEFAULT_CORPUS})"
-            raise ValueError(
-                f"task {task.get('id')!r} reads page {doc_id} ({title!r}), which is not in the "
-                f"corpus searched, {where}: the task was generated with another corpus. Search "
-                "the corpus.jsonl written beside the task files: SearchAgentSettings(corpus=...), "
-                "or $SEARCH_CORPUS for examples/web_search/app.py"
-            )
+    foreign = foreign_page(task, index)
+    if foreign is not None:
+        doc_id, title = foreign
+        where = corpus or f"the shipped encyclopedia ({DEFAULT_CORPUS})"
+        raise ValueError(
+            f"task {task.get('id')!r} reads page {doc_id} ({title!r}), which is not in the "
+            f"corpus searched, {where}: the task was generated with another corpus. Search "
+            "the corpus.jsonl written beside the task files: SearchAgentSettings(corpus=...), "
+            "or $SEARCH_CORPUS for examples/web_search/app.py"
+        )
 
 
 def build_agent(model: ChatModelBase, tools: Encyclopedia, max_turns: int) -> Agent:

@@ -29,7 +29,7 @@ from environments.search import SearchTools
 from environments.search.pages import LABELS
 from environments.search.questions import question_entities
 from environments.search.solvers import parse_hits, random_solver, scripted_solver
-from workflows.search_agent import Encyclopedia, SearchAgentSettings, _index
+from workflows.search_agent import Encyclopedia, SearchAgentSettings, _index, check_corpus
 from workflows.search_reward import answer_reward, gold_answers
 
 TRIVIAL = ("copy entity 1", "copy entity 2", "best copy", "name both", "random")
@@ -163,13 +163,21 @@ async def floor_scores(
     Returns:
         Floor name -> question type (or `all`) -> mean F1.
 
+    Raises:
+        ValueError: No task, or a task from another world than `settings.corpus` (whose
+            oracles would score 0 and flag every type as unanswerable).
+
     Example:
         >>> scores = asyncio.run(floor_scores(load_tasks("test"), SETTINGS))  # doctest: +SKIP
         >>> scores["copy entity 1"]["comparison"]  # doctest: +SKIP
         0.52
     """
+    if not tasks:
+        raise ValueError("no tasks to score the floors on")
     rng = random.Random(seed)
     index = _index(settings.corpus)
+    for task in tasks:
+        check_corpus(dict(task), index, settings.corpus)
     per: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for task in tasks:
         golds, names = gold_answers(task), entity_names(task)

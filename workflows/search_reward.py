@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agentscope_rft import Reward
-from environments.search import exact_match, grade_reply, judge_score, token_f1
+from environments.search import (
+    exact_match,
+    grade_reply,
+    judge_score,
+    normalize_answer,
+    token_f1,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +133,7 @@ async def llm_judge(
     task: Mapping[str, Any], reply: str, settings: JudgeSettings
 ) -> tuple[float, dict[str, float]]:
     """Grades the reply's answer with the judge; an exact match skips the call, and so does an
-    untagged, over-long or hedged answer, which scores 0 (`grade_reply`).
+    untagged, empty, over-long or hedged answer, which scores 0 (`grade_reply`).
 
     A judge that cannot be reached, times out or errors does not fail the episode: the reward
     falls back to token F1 and the metric `judge_error` counts it (1.0), with one log line.
@@ -145,7 +151,7 @@ async def llm_judge(
 
     golds = gold_answers(task)
     graded = grade_reply(reply, golds)
-    if graded.answer is None:
+    if graded.answer is None or not normalize_answer(graded.answer):
         return 0.0, {"judge_called": 0.0, "judge_error": 0.0}
     answer = graded.answer
     if exact_match(answer, golds):

@@ -11,6 +11,8 @@ Example:
     False
 """
 
+from typing import Any
+
 from environments.alfworld.env import (
     DEFAULT_MAX_STEPS,
     AlfworldEnv,
@@ -19,7 +21,6 @@ from environments.alfworld.env import (
     normalize_command,
     reward,
 )
-from environments.alfworld.real import export_games, find_games
 from environments.alfworld.tasks import DATA_DIR, TASK_TYPES, load_tasks, make_household
 
 __all__ = [
@@ -36,3 +37,13 @@ __all__ = [
     "normalize_command",
     "reward",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use: `python -m environments.alfworld.real` runs that module as
+    # __main__, and runpy warns when the package has imported it already.
+    if name in ("export_games", "find_games"):
+        from environments.alfworld import real
+
+        return getattr(real, name)
+    raise AttributeError(f"module 'environments.alfworld' has no attribute {name!r}")

@@ -70,7 +70,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--out", type=Path, help="write the summary JSON here too")
     args = parser.parse_args(argv)
-    tasks = load_tasks(args.split)[: args.limit or None]
+    try:
+        tasks = load_tasks(args.split)[: args.limit or None]
+    except ValueError as error:  # a missing or broken task file
+        parser.exit(2, f"error: {error}\n")
     start = time.perf_counter()
     results = []
     with progress_bar() as progress:

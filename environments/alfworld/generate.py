@@ -29,7 +29,7 @@ from environments.alfworld.games import goal_text
 from environments.alfworld.household import ROOMS, SIZES
 from environments.alfworld.splits import Seen, goal_key, overlaps, receptacle_set, split_summary
 from environments.alfworld.tasks import TASK_ROOMS, TASK_TYPES, check_task_type, make_household
-from environments.jsonl import write_jsonl
+from environments.jsonl import remove_stale_splits, write_jsonl
 from environments.progress import progress_bar
 
 SPLITS = ("train", "val", "test")
@@ -56,10 +56,14 @@ def candidates(
         ValueError: On an unknown task type or size, or when `avoid` leaves no room for a task
             type or rejects `MAX_REJECTED` candidates in a row (more layouts are needed).
     """
+    if not task_types:
+        raise ValueError(f"no task types given (--task-types); choose from {', '.join(TASK_TYPES)}")
     for task_type in task_types:
         check_task_type(task_type)
+    if not sizes:
+        raise ValueError(f"no layout sizes given (--sizes); choose from {', '.join(SIZES)}")
     unknown = sorted(set(sizes) - set(SIZES))
-    if unknown or not sizes:
+    if unknown:
         raise ValueError(f"unknown layout sizes {unknown}; sizes are {', '.join(SIZES)}")
     rng = random.Random(f"alfworld-{split}-{seed}")
     wanted = [i for i in range(3 * layouts_per_room) if SIZES[i % len(SIZES)] in sizes]
@@ -245,17 +249,21 @@ def main(argv: list[str] | None = None) -> None:
         help="write the candidates without playing the oracle on them (fast; no expert_plan)",
     )
     args = parser.parse_args(argv)
-    splits, manifest = generate(
-        {"train": args.train, "val": args.val, "test": args.test},
-        {"train": args.train_layouts, "val": args.val_layouts, "test": args.test_layouts},
-        args.seed,
-        args.workers,
-        tuple(t for t in args.task_types.split(",") if t),
-        tuple(s for s in args.sizes.split(",") if s),
-        oracle_check=not args.skip_oracle_check,
-    )
+    try:
+        splits, manifest = generate(
+            {"train": args.train, "val": args.val, "test": args.test},
+            {"train": args.train_layouts, "val": args.val_layouts, "test": args.test_layouts},
+            args.seed,
+            args.workers,
+            tuple(t for t in args.task_types.split(",") if t),
+            tuple(s for s in args.sizes.split(",") if s),
+            oracle_check=not args.skip_oracle_check,
+        )
+    except ValueError as error:  # an unknown task type or size, too few layouts
+        parser.exit(2, f"error: {error}\n")
     for split, rows in splits.items():
         write_jsonl(args.out / f"{split}.jsonl", rows)
+    remove_stale_splits(args.out, splits, SPLITS)
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     print(json.dumps(manifest))
 

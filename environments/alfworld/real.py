@@ -66,7 +66,8 @@ def find_games(
         FileNotFoundError: If there is no data, or the split has no games (the message counts
             the game folders left out, by reason).
         ValueError: On an unknown split or task type, or a game folder whose `traj_data.json`
-            or `game.tw-pddl` is not a JSON object (the file is named).
+            or `game.tw-pddl` is not a JSON object, or whose `traj_data.json` lacks its task
+            type or has malformed annotations (the file is named).
 
     Example:
         >>> rows = find_games("valid_unseen")  # doctest: +SKIP
@@ -101,14 +102,13 @@ def find_games(
         if not _read_object(game_path).get("solvable"):
             skipped["not marked solvable"] += 1
             continue
-        annotations = traj.get("turk_annotations", {}).get("anns", [])
         rows.append(
             {
                 "id": f"alfworld-{split}-{folder.parent.name}-{folder.name}",
                 "source": "alfworld",
                 "split": split,
                 "task_type": traj["task_type"],
-                "goal": annotations[0]["task_desc"] if annotations else "",
+                "goal": _annotated_goal(traj, traj_path),
                 "game_file": str(game_path),
             }
         )
@@ -125,6 +125,26 @@ def find_games(
             f"{f' ({why})' if why else ''}{hint}"
         )
     return rows
+
+
+def _annotated_goal(traj: dict[str, Any], path: Path) -> str:
+    """The first annotator's `task_desc` of a `traj_data.json` ("" without annotations)."""
+    annotations = traj.get("turk_annotations", {"anns": []})
+    anns = annotations.get("anns") if isinstance(annotations, dict) else None
+    if not isinstance(anns, list) or not all(isinstance(ann, dict) for ann in anns):
+        raise ValueError(
+            f'{path}: \'turk_annotations\' must be {{"anns": [{{"task_desc": ...}}, ...]}}, '
+            f"got {json.dumps(annotations)[:80]}; re-download the game folder or remove it"
+        )
+    if not anns:
+        return ""
+    goal = anns[0].get("task_desc")
+    if not isinstance(goal, str):
+        raise ValueError(
+            f"{path}: the first of 'turk_annotations.anns' has no 'task_desc' text; re-download "
+            "the game folder or remove it"
+        )
+    return goal
 
 
 def _read_object(path: Path) -> dict[str, Any]:
@@ -180,7 +200,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", help="ALFWorld data folder (default: $ALFWORLD_DATA)")
     parser.add_argument("--out", type=Path, required=True, help="JSONL file to write")
     args = parser.parse_args(argv)
-    rows = find_games(args.split, args.data)
+    try:
+        rows = find_games(args.split, args.data)
+    except (ValueError, FileNotFoundError) as error:  # no data folder, no games, a broken file
+        parser.exit(2, f"error: {error}\n")
     print(f"{write_jsonl(args.out, rows)} games -> {args.out}")
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from environments.frozenlake.maps import make_map, shortest_path
 from environments.frozenlake.solvers import oracle_episode, random_episode
-from environments.jsonl import write_jsonl
+from environments.jsonl import remove_stale_splits, write_jsonl
 from environments.progress import progress_bar
 
 DEFAULT_SIZES = (4, 5, 6, 7, 8)
@@ -109,7 +109,10 @@ def main(argv: list[str] | None = None) -> None:
         for split, count in (("train", args.train), ("test", args.test)):
             start = time.perf_counter()
             sizes = tuple(args.sizes)
-            rows = make_tasks(split, count, args.seed, sizes, exclude, args.slippery)
+            try:
+                rows = make_tasks(split, count, args.seed, sizes, exclude, args.slippery)
+            except ValueError as error:  # a negative count, too few maps of these sizes
+                parser.exit(2, f"error: {error}\n")
             seconds = time.perf_counter() - start
             progress.advance(bar)
             if not rows:  # as the other generators: a split of 0 tasks writes no file
@@ -118,6 +121,9 @@ def main(argv: list[str] | None = None) -> None:
             write_jsonl(args.out / f"{split}.jsonl", rows)
             manifest[split] = {"tasks": len(rows), "seconds": round(seconds, 3)}
             manifest[split] |= success_rates(rows, args.seed)
+    remove_stale_splits(
+        args.out, [split for split in ("train", "test") if split in manifest], ("train", "test")
+    )
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     print(json.dumps(manifest))
 

@@ -66,3 +66,24 @@ def load_tasks(split_or_path: str | Path = "test") -> list[dict[str, Any]]:
     if not rows:
         raise TaskFileError(f"{path}: no questions; add JSONL lines with id/question/answer")
     return rows
+
+
+def foreign_page(task: dict[str, Any], index: SearchIndex) -> tuple[str, str] | None:
+    """The first supporting page `(id, title)` of a generated task that `index` does not hold.
+
+    Generated rows name their supporting pages (`supporting_ids`, `supporting_titles`); a task
+    of another world (a fresh `environments.search.generate --out DIR`) searched in this corpus
+    can never be answered. Rows without them (Search-R1's, a user's own) are not checked.
+
+    Example:
+        >>> foreign_page({"id": "q1", "question": "?", "answer": "x"}, load_index()) is None
+        True
+    """
+    ids, titles = task.get("supporting_ids"), task.get("supporting_titles")
+    if not isinstance(ids, list) or not isinstance(titles, list):
+        return None
+    for doc_id, title in zip(ids, titles, strict=False):
+        document = index.open(str(doc_id))
+        if document is None or document.title != title:
+            return str(doc_id), str(title)
+    return None

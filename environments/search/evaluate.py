@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from environments.search.corpus import load_corpus
-from environments.search.env import DATA_DIR, load_tasks
+from environments.search.env import DATA_DIR, foreign_page, load_tasks
 from environments.search.index import SearchIndex
 from environments.search.rewards import exact_match, token_f1
 from environments.search.solvers import random_solver, scripted_solver
@@ -55,11 +55,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--split", default="test", help="'train', 'test' or a JSONL path")
     parser.add_argument("--corpus", type=Path, default=DATA_DIR / "corpus.jsonl")
     args = parser.parse_args(argv)
-    documents = load_corpus(args.corpus)
+    try:
+        documents = load_corpus(args.corpus)
+        tasks = load_tasks(args.split)
+    except ValueError as error:  # a missing or broken corpus or task file
+        parser.exit(2, f"error: {error}\n")
     start = time.perf_counter()
     index = SearchIndex.build(documents)
     build_s = time.perf_counter() - start
-    summary = asyncio.run(evaluate(load_tasks(args.split), index))
+    for task in tasks:
+        foreign = foreign_page(task, index)
+        if foreign is not None:  # another world's questions: every solver would score 0
+            parser.exit(
+                2,
+                f"error: task {task['id']!r} reads page {foreign[0]} ({foreign[1]!r}), which is "
+                f"not in {args.corpus}: pass the corpus.jsonl written beside the task file "
+                "(--corpus)\n",
+            )
+    summary = asyncio.run(evaluate(tasks, index))
     summary |= {"documents": len(documents), "index_build_s": round(build_s, 3)}
     print(json.dumps(summary, indent=2))
 

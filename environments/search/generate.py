@@ -17,11 +17,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from environments.jsonl import write_jsonl
+from environments.jsonl import remove_stale_splits, write_jsonl
 from environments.progress import progress_bar
 from environments.search.corpus import save_corpus
 from environments.search.pages import render_pages
-from environments.search.splits import check_disjoint, generate_splits
+from environments.search.splits import SPLITS, check_disjoint, generate_splits
 from environments.search.world import build_world
 
 
@@ -42,7 +42,8 @@ def generate(
         test: Number of test questions.
         seed: The world and question seed.
         out: The output folder.
-        val: Number of validation questions (0: no `val.jsonl`).
+        val: Number of validation questions (0: no `val.jsonl`; one left in `out` is removed,
+            as is any split file of 0 questions).
         reserve: Titles of pages no question names or reads (worked examples).
 
     Returns:
@@ -76,6 +77,7 @@ def generate(
                 out / f"{split}.jsonl",
                 ({"id": f"search-{split}-{i:05d}", **row} for i, row in enumerate(rows)),
             )
+        remove_stale_splits(out, splits, SPLITS)
         progress.advance(stage)
     manifest = {
         "pages": pages,
@@ -103,9 +105,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True, help="output folder")
     args = parser.parse_args(argv)
-    manifest = generate(
-        args.pages, args.train, args.test, args.seed, args.out, args.val, args.reserve
-    )
+    try:
+        manifest = generate(
+            args.pages, args.train, args.test, args.seed, args.out, args.val, args.reserve
+        )
+    except ValueError as error:  # a world too small, an unknown title: the arguments' fault
+        parser.exit(2, f"error: {error}\n")
     print(json.dumps(manifest))
 
 

@@ -266,8 +266,8 @@ async def judge_score(
     complete: Complete,
     fallback: str = "f1",
 ) -> float:
-    """Grades an answer with an LLM judge; an exact match skips the call, an over-long or
-    hedged answer scores 0 without one (`answer_problem`).
+    """Grades an answer with an LLM judge; an exact match skips the call, an empty, over-long
+    or hedged answer scores 0 without one (`answer_problem`).
 
     Args:
         question: The question.
@@ -290,7 +290,8 @@ async def judge_score(
     if exact_match(prediction, gold):
         return 1.0
     golds = _golds(gold)
-    if answer_problem(prediction, golds):
+    # An empty answer (`<answer></answer>`, or only punctuation) says nothing a judge could accept.
+    if not normalize_answer(prediction) or answer_problem(prediction, golds):
         return 0.0
     verdict = parse_judge_verdict(await complete(judge_prompt(question, prediction, golds)))
     if verdict is not None:

@@ -48,9 +48,16 @@ def _rows(path: Path) -> Iterator[tuple[int, Mapping[str, Any]]]:
     if not path.is_file():
         raise TaskFileError(f"{path}: no such file; pass the path of a .parquet or .jsonl file")
     if path.suffix.lower() == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        yield from enumerate(pq.read_table(path).to_pylist(), start=1)
+        try:
+            table = pq.read_table(path)
+        except pa.ArrowException as error:  # empty, truncated, or not parquet at all
+            raise TaskFileError(
+                f"{path}: not a readable parquet file ({error}); re-download or re-export it"
+            ) from None
+        yield from enumerate(table.to_pylist(), start=1)
     elif path.suffix.lower() == ".jsonl":
         yield from iter_jsonl(path)
     else:
@@ -78,8 +85,8 @@ def read_questions(path: str | Path) -> list[dict[str, Any]]:
     and `data_source` (`nq`, `hotpotqa`, ...) when present, so results can be split by dataset.
 
     Raises:
-        TaskFileError: A missing file, a row without a question or gold answers (named by row
-            number), a duplicate id, or an empty file.
+        TaskFileError: A missing or unreadable file, a row without a question or gold answers
+            (named by row number), a duplicate id, or an empty file.
 
     Example:
         >>> rows = read_questions("nq_hotpotqa_train.parquet")  # doctest: +SKIP

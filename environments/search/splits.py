@@ -29,12 +29,15 @@ from environments.search.world import World
 
 SPLITS = ("test", "val", "train")
 """Split names in the order their questions are drawn."""
+MIN_SHARE = 2
+"""Entities of each kind dealt to every split, however few questions it asks (pool allowing)."""
 
 
 def deal_entities(
     world: World, sizes: Mapping[str, int], seed: int, reserved: AbstractSet[str] = frozenset()
 ) -> dict[str, dict[str, list[str]]]:
-    """Each split's share of the world's entities, per kind, in proportion to `sizes`.
+    """Each split's share of the world's entities, per kind, in proportion to `sizes` and at
+    least `MIN_SHARE` of each kind (as far as the kind has entities for every split).
 
     Args:
         world: The world.
@@ -57,9 +60,17 @@ def deal_entities(
     for kind, ids in sorted(world.by_kind.items()):
         pool = sorted(doc_id for doc_id in ids if doc_id not in reserved)
         rng.shuffle(pool)
+        # A comparison needs two entities of a kind: a split far smaller than the others
+        # (1 test question beside 1,000 training ones) still gets two of each.
+        floor = min(MIN_SHARE, len(pool) // len(sizes))
         start = 0
         for i, (name, size) in enumerate(sizes.items()):
-            end = len(pool) if i == len(sizes) - 1 else start + round(len(pool) * size / total)
+            later = len(sizes) - i - 1
+            if later == 0:
+                end = len(pool)
+            else:
+                wanted = max(floor, round(len(pool) * size / total))
+                end = start + min(wanted, len(pool) - start - floor * later)
             shares[name][kind] = sorted(pool[start:end])
             start = end
     return shares
@@ -85,7 +96,8 @@ def generate_splits(
         Split name -> question rows (without ids).
 
     Raises:
-        ValueError: An unknown split or reserved title, or a negative size.
+        ValueError: An unknown split or reserved title, a negative size, or more questions
+            than the world has for a split.
 
     Example:
         >>> from environments.search.world import build_world
@@ -113,14 +125,20 @@ def generate_splits(
     shares = deal_entities(world, wanted, seed, reserved)
     splits: dict[str, list[dict[str, object]]] = {}
     for offset, name in enumerate(wanted):
-        rows = generate_questions(
-            world,
-            wanted[name],
-            seed=seed * len(SPLITS) + offset + 1,
-            mix=mix,
-            starts=shares[name],
-            exclude_facts=blocked,
-        )
+        try:
+            rows = generate_questions(
+                world,
+                wanted[name],
+                seed=seed * len(SPLITS) + offset + 1,
+                mix=mix,
+                starts=shares[name],
+                exclude_facts=blocked,
+            )
+        except RuntimeError as exc:
+            raise ValueError(
+                f"cannot draw {wanted[name]} {name} questions from a {len(world.entities)}-page "
+                f"world: {exc}"
+            ) from exc
         for row in rows:
             blocked |= question_facts(row)
         splits[name] = rows

@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from environments.alfworld.env import AlfworldEnv  # noqa: E402
 from environments.alfworld.evaluate import play as play_reference  # noqa: E402
+from environments.alfworld.tasks import load_tasks  # noqa: E402
 from workflows.alfworld_agent import observation_text, shown_commands  # noqa: E402
 from workflows.alfworld_scripted import searcher_reply  # noqa: E402
 
@@ -103,8 +104,10 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(policies) - set(POLICIES))
     if unknown:
         raise SystemExit(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
-    rows = [json.loads(line) for line in args.tasks.read_text().splitlines() if line.strip()]
-    rows = rows[: args.limit or None]
+    try:
+        rows = load_tasks(args.tasks)[: args.limit or None]
+    except ValueError as error:  # a missing file, a broken line, a row that is no game
+        raise SystemExit(f"error: {error}") from None
     try:
         tasks = str(args.tasks.resolve().relative_to(ROOT))
     except ValueError:

@@ -57,7 +57,10 @@ async def play(
 async def make_demos(args: argparse.Namespace) -> dict[str, Any]:
     from workflows.alfworld_scripted import searcher_reply
 
-    tasks = load_tasks(args.tasks)
+    try:
+        tasks = load_tasks(args.tasks)
+    except ValueError as error:  # a missing or broken task file
+        raise SystemExit(f"error: {error}") from None
     if args.limit:
         tasks = tasks[: args.limit]
     started = time.perf_counter()

@@ -4,13 +4,16 @@ Written the way a user writes their first agent: the default `Agent` (AgentScope
 injection left on), one function tool, a worked example in the system prompt, nothing tuned for
 training. `run(task, model)` plays one episode and returns 1.0 when the last number of the final
 reply is the task's stock count, else 0.0. The count is only in `stock.json` (see `data.py`), so
-the agent has to call `check_stock`.
+the agent has to call `check_stock`. The table is the one next to this file, or
+`$INVENTORY_STOCK` when set: the `stock.json` of `data.py --seed N --out DIR`, whose task files
+the config's `tasks.*` then name.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 from pathlib import Path
 
@@ -33,9 +36,32 @@ You answer: There are 412 brass hinges in stock at the Porto warehouse."""
 ALLOW = PermissionDecision(behavior=PermissionBehavior.ALLOW, message="stock lookups are read-only")
 
 
+def stock_path() -> Path:
+    """The stock table the tool reads: `$INVENTORY_STOCK`, else `stock.json` next to this file."""
+    return Path(os.environ.get("INVENTORY_STOCK") or HERE / "stock.json")
+
+
 @functools.cache
 def stock_table() -> dict[str, dict[str, int]]:
-    return json.loads((HERE / "stock.json").read_text())
+    return json.loads(stock_path().read_text())
+
+
+def check_task(task: dict) -> None:
+    """Refuses a generated task whose answer is not its count in the table the tool reads.
+
+    Tasks from `data.py --seed N --out DIR` hold DIR/stock.json's counts; searched in another
+    table, every reply would score 0 and the run would train on nothing.
+    """
+    if "item" not in task or "warehouse" not in task:
+        return  # a question of your own: nothing to compare
+    count = stock_table().get(task["item"], {}).get(task["warehouse"])
+    if count != int(task["answer"]):
+        raise ValueError(
+            f"task {task.get('task_id', task.get('id'))!r}: the answer {task['answer']} is not "
+            f"the count of {task['item']} at {task['warehouse']} in {stock_path()} ({count}): "
+            "the task was generated with another stock table; set INVENTORY_STOCK to the "
+            "stock.json written beside the task files"
+        )
 
 
 def check_stock(item: str, warehouse: str) -> str:
@@ -67,6 +93,7 @@ def score(reply: str, answer: int) -> float:
 
 async def run(task: dict, model: ChatModelBase) -> float:
     """One episode: ask the agent the task's question and score its reply."""
+    check_task(task)
     agent = Agent(
         name="inventory",
         system_prompt=SYSTEM_PROMPT,

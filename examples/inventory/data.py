@@ -8,7 +8,8 @@ training (the table itself holds every item: what is learned is the tool, not th
     python examples/inventory/data.py
 
 to (re)write `stock.json` and `tasks_{train,val,test}.jsonl` next to this file; the output is the
-same on every run (`--seed` changes it).
+same on every run (`--seed` changes it). With `--out DIR`, run the app with
+`INVENTORY_STOCK=DIR/stock.json` so that its tool reads the table the tasks were drawn from.
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ def main() -> None:
         path = args.out / f"tasks_{split}.jsonl"
         path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
         print(f"{path}: {len(tasks)} tasks")
+    if args.out.resolve() != HERE:
+        print(f"the app's tool reads {HERE / 'stock.json'}: run with INVENTORY_STOCK=", end="")
+        print(args.out.resolve() / "stock.json")
 
 
 if __name__ == "__main__":

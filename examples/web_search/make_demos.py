@@ -39,10 +39,15 @@ COUNTED = "single_hop,two_hop"
 
 
 async def main(args: argparse.Namespace) -> dict:
-    config = load_config(args.config)
     types = set(args.types.split(","))
-    assert config.tasks.train is not None and config.workflow is not None
-    tasks = [t for t in load_tasks(config.tasks.train) if t.data.get("type") in types]
+    try:
+        config = load_config(args.config)
+        assert config.tasks.train is not None and config.workflow is not None
+        tasks = [t for t in load_tasks(config.tasks.train) if t.data.get("type") in types]
+    except ValueError as error:  # a missing or invalid config, a missing or broken task file
+        raise SystemExit(f"error: {error}") from None
+    if not tasks:
+        raise SystemExit(f"error: {config.tasks.train} has no questions of types {sorted(types)}")
     random.Random(args.seed).shuffle(tasks)
     if args.limit:
         tasks = tasks[: args.limit]

@@ -165,7 +165,15 @@ def report(runs: list[str], tasks_spec: str) -> dict[str, Any]:
         per_question[name] = question_f1(rollouts)
         covered |= {r["task_id"] for r in rollouts}
     subset = [task for task_id, task in tasks.items() if not runs or task_id in covered]
-    floors = asyncio.run(floor_scores(subset, shipped_settings()))
+    if not subset:
+        raise SystemExit(
+            f"the runs answered none of the {len(tasks)} questions of {tasks_spec}: give "
+            "--tasks the task file they explored (explore --split test: --tasks test)"
+        )
+    try:
+        floors = asyncio.run(floor_scores(subset, shipped_settings()))
+    except ValueError as error:  # tasks of another world than the corpus searched
+        raise SystemExit(f"error: {error}") from None
     rows |= floors
     counts: dict[str, int] = defaultdict(int)
     for task in subset:

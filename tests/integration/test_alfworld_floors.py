@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 from types import ModuleType
+
+import pytest
 
 from agentscope_rft.api import import_file
 from agentscope_rft.explorer.tasks import load_tasks
@@ -35,3 +38,15 @@ def test_floors_play_the_searcher_as_the_app_does_and_the_oracle_wins(tmp_path: 
     written = json.loads(out.read_text())
     assert written["games"] == 1 and written["max_steps"] == 10
     assert written["policies"] == {"oracle": {rows[0]["id"]: True}}
+
+
+def test_a_missing_or_broken_task_file_is_one_error_line(tmp_path: Path) -> None:
+    floors = _module("floors")
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"id": "g1", "layout": "kitchen-test-0"}\n')
+    for path, message in (
+        (tmp_path / "none.jsonl", "none.jsonl: no such file"),
+        (broken, "task 'g1' needs 'game_file', or 'task_type', 'layout' and 'seed'"),
+    ):
+        with pytest.raises(SystemExit, match=re.escape(message)):
+            floors.main(["--tasks", str(path), "--out", str(tmp_path / "floors.json")])

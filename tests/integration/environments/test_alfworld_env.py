@@ -44,6 +44,15 @@ async def test_oracle_solves_every_task_of_a_generated_test_set(task: dict[str, 
     _PLANS[task["id"]] = episode.commands
 
 
+@pytest.mark.parametrize("seed", [7, 2024, 99991])
+async def test_oracle_solves_games_of_other_seeds_and_rooms(seed: int) -> None:
+    # Every generated game is solvable, whatever the seed: medium and large rooms included.
+    rows = candidates("train", 3, seed=seed)
+    for _, row in zip(range(2), rows, strict=False):
+        episode = await oracle_episode({"id": f"seed-{seed}", **row})
+        assert episode.won, row
+
+
 async def test_observations_read_like_alfworld_and_wrong_commands_do_nothing() -> None:
     task = FRESH_TEST_SET[0]
     with AlfworldEnv(task, max_steps=3) as env:
@@ -179,6 +188,17 @@ def test_broken_game_folders_are_named(tmp_path: Path) -> None:
     traj_path.write_text("{}")
     with pytest.raises(ValueError, match=rf"{traj_path}: no 'task_type' text"):
         find_games("train", data_dir=tmp_path)
+    # Annotations of the wrong shape: a ValueError naming the file (was AttributeError/KeyError).
+    for turk, message in (
+        (None, "'turk_annotations' must be"),
+        ([], "'turk_annotations' must be"),
+        ({"anns": "x"}, "'turk_annotations' must be"),
+        ({"anns": [{}]}, "the first of 'turk_annotations.anns' has no 'task_desc'"),
+    ):
+        traj = {**json.loads(traj_text), "turk_annotations": turk}
+        traj_path.write_text(json.dumps(traj))
+        with pytest.raises(ValueError, match=rf"{traj_path}: {message}"):
+            find_games("train", data_dir=tmp_path)
     traj_path.write_text(traj_text)
     first.write_text("[1]")
     with pytest.raises(ValueError, match=rf"{first}: expected a JSON object, got list"):

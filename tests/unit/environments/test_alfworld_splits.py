@@ -73,6 +73,21 @@ def test_a_fresh_draw_with_another_seed_is_disjoint_and_repeatable() -> None:
     assert overlaps(mixed) == []
 
 
+@pytest.mark.parametrize(
+    ("counts", "kinds"),
+    [({"train": 1, "val": 1, "test": 1}, {}), ({"train": 3, "val": 0, "test": 2}, EASY)],
+)
+def test_every_seed_draws_the_asked_counts_disjoint_and_repeatably(
+    counts: dict[str, int], kinds: dict
+) -> None:
+    layouts = {"train": 8, "val": 12, "test": 80}
+    for seed in range(12):
+        first, _ = generate(counts, layouts, seed=seed, oracle_check=False, **kinds)
+        assert {s: len(rows) for s, rows in first.items()} == {s: n for s, n in counts.items() if n}
+        assert overlaps(first) == [], seed
+        assert generate(counts, layouts, seed=seed, oracle_check=False, **kinds)[0] == first
+
+
 def test_overlaps_names_a_shared_room_and_a_shared_goal() -> None:
     train = _rows("train.jsonl")[:1]
     room, goal = row_keys(train[0])

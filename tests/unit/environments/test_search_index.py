@@ -104,6 +104,14 @@ def test_user_question_files_are_checked(tmp_path: Path) -> None:
     path.write_text("\n")
     with pytest.raises(TaskFileError, match=r"questions\.jsonl: no questions"):
         load_tasks(path)
+    # Search-R1's parquet (binary) given where JSONL goes: named, with the converter (it was a
+    # bare UnicodeDecodeError naming no file).
+    parquet = tmp_path / "nq_test.parquet"
+    parquet.write_bytes(b"PAR1\x15\x04\x98\xff\xfe" * 20)
+    with pytest.raises(TaskFileError, match=r"nq_test\.parquet: not UTF-8 text .*searchr1"):
+        load_tasks(parquet)
+    with pytest.raises(CorpusError, match=r"nq_test\.parquet: not UTF-8 text"):
+        load_corpus(parquet)
 
 
 async def test_tools_format_results_and_record_use() -> None:

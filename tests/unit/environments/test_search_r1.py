@@ -155,6 +155,11 @@ def test_missing_or_unsupported_question_file(tmp_path: Path) -> None:
     (tmp_path / "q.csv").write_text("question\nq\n")
     with pytest.raises(TaskFileError, match=r"unsupported format '\.csv'"):
         read_questions(tmp_path / "q.csv")
+    # A truncated download, an empty file or another format renamed: one line, not ArrowInvalid.
+    for name, content in (("empty.parquet", b""), ("html.parquet", b"<html>403</html>")):
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(TaskFileError, match=rf"{name}: not a readable parquet file"):
+            read_questions(tmp_path / name)
 
 
 def test_command_line_converts_both(
@@ -168,3 +173,8 @@ def test_command_line_converts_both(
         main(["corpus", str(tmp_path / "missing.jsonl"), str(tmp_path / "out.jsonl")])
     assert exit_info.value.code == 2
     assert "missing.jsonl: no such file" in capsys.readouterr().err
+    (tmp_path / "cut.parquet").write_bytes(b"PAR1 cut short")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["questions", str(tmp_path / "cut.parquet"), str(tmp_path / "out.jsonl")])
+    assert exit_info.value.code == 2
+    assert "cut.parquet: not a readable parquet file" in capsys.readouterr().err

@@ -87,5 +87,10 @@ async def test_judge_score_uses_the_judge_and_falls_back() -> None:
     assert await judge_score("Q?", "the city Kestrow", "Kestrow", judge("CORRECT")) == 1.0
     assert "Gold answer: Kestrow" in prompts[-1]
     assert await judge_score("Q?", "Ombria", "Kestrow", judge("INCORRECT")) == 0.0
+    # An empty answer is 0 without a call: a lenient judge must not pay for saying nothing.
+    calls = len(prompts)
+    for empty in ("", "  ", "...", "the"):
+        assert await judge_score("Q?", empty, "Kestrow", judge("CORRECT")) == 0.0, empty
+    assert len(prompts) == calls
     # No verdict in the reply: token F1 of [kestrow, city] vs [kestrow] = 2/3.
     assert await judge_score("Q?", "Kestrow city", "Kestrow", judge("hmm")) == pytest.approx(2 / 3)

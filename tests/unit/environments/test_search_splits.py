@@ -7,13 +7,18 @@ import json
 import pytest
 
 from environments.search.env import DATA_DIR, SPLITS, load_tasks
+from environments.search.index import SearchIndex
+from environments.search.pages import render_pages
 from environments.search.questions import (
     QUESTION_TYPES,
     generate_questions,
     question_entities,
     question_facts,
 )
+from environments.search.rewards import exact_match
+from environments.search.solvers import scripted_solver
 from environments.search.splits import check_disjoint, generate_splits
+from environments.search.tools import SearchTools
 from environments.search.world import build_world
 
 
@@ -60,6 +65,27 @@ def test_a_fresh_world_with_another_seed_gets_disjoint_splits() -> None:
     assert any("facts" in line for line in shared)
 
 
+@pytest.mark.parametrize("pages", [100, 150, 2000])
+async def test_every_seed_and_split_size_gets_disjoint_answerable_questions(pages: int) -> None:
+    # A tiny split beside a large one (1 test question, 1,000 training ones) used to get no
+    # entity of most kinds and fail with "could not sample a comparison question".
+    sizes = [{"train": 1, "test": 1}, {"train": 60, "val": 1, "test": 2}, {"train": 1, "test": 40}]
+    if pages == 2000:
+        sizes = [{"train": 1000, "val": 1, "test": 1}]
+    for seed in range(8 if pages < 2000 else 2):
+        world = build_world(pages, seed)
+        index = SearchIndex.build(render_pages(world))
+        for wanted in sizes:
+            splits = generate_splits(world, wanted, seed)
+            assert {name: len(rows) for name, rows in splits.items()} == wanted
+            assert check_disjoint(splits) == []
+            assert generate_splits(world, wanted, seed) == splits  # deterministic per seed
+            for rows in splits.values():
+                for row in rows[:40]:
+                    answer = await scripted_solver(row, SearchTools(index))
+                    assert exact_match(answer, row["answer"]) == 1.0, (seed, row)
+
+
 def test_check_disjoint_names_what_is_shared() -> None:
     asked = {"question": "Q1?", "program": ["start:A", "get:born"], "supporting_ids": ["d1"]}
     # Another entity's chain reads the same fact (d1, born): shared although d1 is not named.
@@ -81,3 +107,5 @@ def test_bad_split_arguments_are_clear_errors() -> None:
         generate_splits(world, {"train": 5}, seed=0, reserved_titles=["Nobody"])
     with pytest.raises(ValueError, match=r"question counts must be >= 0, got \{'train': -1\}"):
         generate_splits(world, {"train": -1, "test": 5}, seed=0)
+    with pytest.raises(ValueError, match=r"cannot draw 5000 train questions from a 300-page world"):
+        generate_splits(world, {"train": 5000, "test": 5}, seed=0)

@@ -173,3 +173,27 @@ def test_report_reads_a_committed_reports_runs(
     with pytest.raises(SystemExit, match="not a report with per-question F1"):
         report.main([f"x={tmp_path / 'bad.json'}#seed_a", "--tasks", "val"])
     capsys.readouterr()
+
+
+async def test_floors_refuse_tasks_of_another_world(tiny: tuple[str, list[dict]]) -> None:
+    # Searched in the shipped encyclopedia, a fresh world's oracles scored 0 and every question
+    # type was flagged "apart", with no word about the corpus.
+    _, rows = tiny
+    shipped = SearchAgentSettings(max_turns=2, top_k=1, open_page=False, demos=0)
+    with pytest.raises(ValueError, match="the task was generated with another corpus"):
+        await floor_scores(rows[:3], shipped)
+    with pytest.raises(ValueError, match="no tasks"):
+        await floor_scores([], shipped)
+
+
+def test_report_names_a_corpus_or_task_mismatch(
+    tmp_path: Path, tiny: tuple[str, list[dict]]
+) -> None:
+    report = import_file(REPORT)
+    tasks = tmp_path / "test.jsonl"
+    tasks.write_text("".join(json.dumps(row) + "\n" for row in tiny[1][:3]))
+    with pytest.raises(SystemExit, match=r"error: task '0' reads page .* another corpus"):
+        report.main(["--tasks", str(tasks)])
+    elsewhere = _explored(tmp_path / "run", {"not-a-test-question": 1.0})
+    with pytest.raises(SystemExit, match="the runs answered none of the 3 questions"):
+        report.main([f"run={elsewhere}", "--tasks", str(tasks)])

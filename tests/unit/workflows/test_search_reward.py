@@ -11,7 +11,13 @@ import pytest
 from environments.search import extract_answer, judge_prompt, judge_score, load_index, load_tasks
 from environments.search.rewards import max_answer_words
 from workflows.search_agent import SearchAgentSettings
-from workflows.search_reward import TaskFormatError, answer_reward, gold_answers
+from workflows.search_reward import (
+    JudgeSettings,
+    TaskFormatError,
+    answer_reward,
+    gold_answers,
+    llm_judge,
+)
 
 # A wrong tagged answer: what every exploit below must not beat.
 WRONG = "<answer>Ombria</answer>"
@@ -162,6 +168,18 @@ def test_padding_to_the_token_limit_scores_zero() -> None:
     assert over.value == 0.0 and over.metrics["too_long"] == 1.0
     padded = "<answer>Ada Voss " + "indeed " * 38 + "</answer>"
     _no_better_than_wrong(padded, gold)
+
+
+@pytest.mark.parametrize(
+    "reply", ["<answer></answer>", "<answer> ... </answer>", "<answer>the</answer>"]
+)
+async def test_an_empty_answer_scores_zero_without_a_judge_call(reply: str) -> None:
+    # Nothing listens on port 9: a call would be a judge error, scored by F1 and counted.
+    settings = JudgeSettings("http://127.0.0.1:9/v1", "judge", max_retries=0)
+    assert await llm_judge({"answer": "Kestrow"}, reply, settings) == (
+        0.0,
+        {"judge_called": 0.0, "judge_error": 0.0},
+    )
 
 
 async def test_a_prediction_cannot_instruct_the_judge() -> None:
