@@ -265,15 +265,13 @@ def _check_groups(config: RunConfig) -> None:
 def _warn_overlap(train: list[Task], vals: list[Task], tests: list[Task], id_field: str) -> None:
     """Say when the validation split shares tasks (by id or content) with train or test."""
 
-    def keys(tasks: list[Task]) -> set[str]:
-        content = {
-            repr(sorted((k, repr(v)) for k, v in t.data.items() if k != id_field)) for t in tasks
-        }
-        return {f"id:{t.id}" for t in tasks} | content
+    def keys(task: Task) -> set[str]:
+        content = repr(sorted((k, repr(v)) for k, v in task.data.items() if k != id_field))
+        return {f"id:{task.id}", content}
 
-    val_keys = keys(vals)
     for name, other in (("tasks.train", train), ("tasks.eval (test)", tests)):
-        shared = len(val_keys & keys(other))
+        other_keys = {key for task in other for key in keys(task)}
+        shared = sum(bool(keys(task) & other_keys) for task in vals)  # a task once, by either
         if other and shared:
             logger.warning(
                 "tasks.val shares %d task(s) (same id or content) with %s: validation scores "
