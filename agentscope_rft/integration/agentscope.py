@@ -6,7 +6,8 @@ Two patches, installed once and idempotent, make this work without edits to agen
   client, untouched. Inside a rollout scope (a ContextVar set by the explorer around an episode)
   it returns a client bound to that rollout's gateway URL, whatever base URL, API key, model name
   or streaming setting the app configured. ContextVars are per asyncio task, so many concurrent
-  rollouts in one event loop never see each other's client.
+  rollouts in one event loop never see each other's client. The model handed to the workflow
+  stays bound to its rollout wherever it is called from (a thread, another event loop).
 - `Agent.reply` and `Agent.reply_stream` set the current agent's name while they run, so every
   call is tagged with the AgentScope agent that made it (header `X-Agent-Name`); multi-agent
   episodes then yield one trajectory per agent.
@@ -14,8 +15,10 @@ Two patches, installed once and idempotent, make this work without edits to agen
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,6 +35,7 @@ from agentscope_rft.gateway.app import AGENT_HEADER
 from agentscope_rft.types import StepReward, StepState
 
 _OWN_CLIENT = "_agentscope_rft_own_client"
+_BOUND_SCOPE = "_agentscope_rft_scope"
 
 
 @dataclass
@@ -49,10 +53,34 @@ class RolloutScope:
     last_agent: str | None = None
     """The agent whose call was answered last."""
     http_client: httpx.AsyncClient | None = None
+    """A connection pool to share; it belongs to the event loop the scope is created on."""
     _clients: dict[str | None, openai.AsyncOpenAI] = field(default_factory=dict)
+    _pool_loop: asyncio.AbstractEventLoop | None = field(default=None, init=False)
+    _foreign_clients: weakref.WeakKeyDictionary[
+        asyncio.AbstractEventLoop, dict[str | None, openai.AsyncOpenAI]
+    ] = field(default_factory=weakref.WeakKeyDictionary, init=False)
+
+    def __post_init__(self) -> None:
+        try:
+            self._pool_loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._pool_loop = None
 
     def client_for(self, agent_name: str | None) -> openai.AsyncOpenAI:
-        client = self._clients.get(agent_name)
+        """The client for `agent_name`'s calls, on the calling event loop.
+
+        An app that runs agent code on an event loop of its own (`asyncio.run` in a thread) gets
+        clients with their own connections there: a connection of the shared pool is bound to
+        the loop that opened it, and one opened on a loop that has since closed breaks the pool.
+        """
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        clients, pool = self._clients, self.http_client
+        if loop is not None and self._pool_loop is not None and loop is not self._pool_loop:
+            clients, pool = self._foreign_clients.setdefault(loop, {}), None
+        client = clients.get(agent_name)
         if client is None:
             headers = {AGENT_HEADER: agent_name} if agent_name else {}
             client = _CountingClient(
@@ -63,9 +91,9 @@ class RolloutScope:
                 default_headers=headers,
                 max_retries=0,  # the app's model retries; a retry here would double-record
                 timeout=httpx.Timeout(3600.0, connect=60.0),  # loopback, maybe a busy loop
-                http_client=self.http_client,
+                http_client=pool,
             )
-            self._clients[agent_name] = client
+            clients[agent_name] = client
         return client
 
     async def aclose(self) -> None:
@@ -129,10 +157,12 @@ class _RedirectedClient:
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         if obj is None:
             return self
-        scope = _SCOPE.get()
+        state = obj.__dict__
+        # The model handed to a workflow belongs to its rollout even where the context does not
+        # say so (a thread the app started without copying its context).
+        scope = _SCOPE.get() or state.get(_BOUND_SCOPE)
         if scope is not None:
             return scope.client_for(_AGENT.get())
-        state = obj.__dict__
         return state[_OWN_CLIENT] if _OWN_CLIENT in state else state.get("client")
 
     def __set__(self, obj: Any, value: Any) -> None:
@@ -201,7 +231,7 @@ def rollout_model(
     # The model's own client is only used outside the rollout's scope; without a pool to share
     # it would build its own (an SSL context: ~25 ms on the event loop, for every episode).
     client_kwargs = {"http_client": scope.http_client} if scope.http_client is not None else None
-    return OpenAIChatModel(
+    model = OpenAIChatModel(
         credential=OpenAICredential(api_key=SecretStr(scope.api_key), base_url=scope.base_url),
         model=model_name,
         stream=stream,
@@ -209,3 +239,5 @@ def rollout_model(
         max_retries=2,
         client_kwargs=client_kwargs,
     )
+    model.__dict__[_BOUND_SCOPE] = scope
+    return model

@@ -99,3 +99,51 @@ async def test_rollout_models_share_the_episode_pool_and_answer(calc_gateway):
         RolloutScope(rollout_id="x", base_url="http://127.0.0.1:9/v1", api_key="k"), "m"
     )
     assert unscoped.__dict__["_agentscope_rft_own_client"]._client is not pool
+
+
+def _reply_in_a_thread(model, name: str, copy_context: bool) -> None:
+    """What a sync app does: run an agent on an event loop of its own, in a thread."""
+    import asyncio
+    import threading
+
+    from agentscope.agent import Agent, InjectionConfig
+    from agentscope.message import UserMsg
+
+    def reply() -> None:
+        agent = Agent(
+            name=name,
+            system_prompt="Hi.",
+            model=model,
+            injection_config=InjectionConfig(inject_runtime_state=False),
+        )
+        asyncio.run(agent.reply(UserMsg(name="user", content="from a thread")))
+
+    if copy_context:  # as `asyncio.to_thread` does
+        import contextvars
+
+        contextvars.copy_context().run(reply)
+    else:
+        thread = threading.Thread(target=reply)
+        thread.start()
+        thread.join()
+
+
+@pytest.mark.parametrize("copy_context", [True, False], ids=["to_thread", "plain-thread"])
+async def test_an_agent_on_an_event_loop_of_its_own_is_recorded(copy_context):
+    """The episode's calls from a thread's own event loop reach the rollout and leave the shared
+    pool usable (its connections opened on that loop broke the explorer's close before)."""
+    import asyncio
+
+    from agentscope_rft.check import check_workflow
+    from agentscope_rft.testing import ScriptedEngine
+
+    async def run(task, model):
+        await asyncio.to_thread(_reply_in_a_thread, model, "threaded", copy_context)
+        return 1.0
+
+    report = await check_workflow(
+        run, {"id": "t"}, engine=ScriptedEngine(lambda m, t: "done"), show=False
+    )
+    assert report.rollout.ok, report.rollout.error
+    assert [c.agent_name for c in report.rollout.calls] == ["threaded"]
+    assert [s.num_trained_tokens for s in report.samples] == [2]
