@@ -1,6 +1,6 @@
 """Training AgentScope apps in place: model calls inside a rollout go to the gateway.
 
-Two patches, installed once and idempotent, make this work without edits to agent code:
+Three patches, installed once and idempotent, make this work without edits to agent code:
 
 - `OpenAIChatModel.client` becomes a data descriptor. Outside a rollout it returns the model's own
   client, untouched. Inside a rollout scope (a ContextVar set by the explorer around an episode)
@@ -11,6 +11,8 @@ Two patches, installed once and idempotent, make this work without edits to agen
 - `Agent.reply` and `Agent.reply_stream` set the current agent's name while they run, so every
   call is tagged with the AgentScope agent that made it (header `X-Agent-Name`); multi-agent
   episodes then yield one trajectory per agent.
+- Any other AgentScope chat model (`DeepSeekChatModel`, `DashScopeChatModel`, ...) called in an
+  episode is logged once per class: its calls go to its own provider and are not trained.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import logging
 import weakref
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -28,11 +31,13 @@ import httpx
 import openai
 from agentscope.agent import Agent
 from agentscope.credential import OpenAICredential
-from agentscope.model import OpenAIChatModel
+from agentscope.model import ChatModelBase, OpenAIChatModel
 from pydantic import SecretStr
 
 from agentscope_rft.gateway.app import AGENT_HEADER
 from agentscope_rft.types import StepReward, StepState
+
+logger = logging.getLogger(__name__)
 
 _OWN_CLIENT = "_agentscope_rft_own_client"
 _BOUND_SCOPE = "_agentscope_rft_scope"
@@ -204,10 +209,43 @@ def _wrap_reply_stream(original: Any) -> Any:
     return reply_stream
 
 
+_WARNED_MODELS: set[type] = set()
+
+
+def _note_unredirected(model: ChatModelBase) -> None:
+    """Say once per model class that an episode's call by it is not trained (nor redirected)."""
+    kind = type(model)
+    if isinstance(model, OpenAIChatModel) or _SCOPE.get() is None or kind in _WARNED_MODELS:
+        return
+    _WARNED_MODELS.add(kind)
+    logger.warning(
+        "an episode called a %s (model %r): only AgentScope OpenAIChatModel calls go to the "
+        "trainable endpoint, so this one goes to its own provider and is not trained. To train "
+        "it, give its agent the workflow's `model` argument or an OpenAIChatModel (any base URL: "
+        "it is redirected); a model meant to stay untrained (a user simulator) can stay as it is",
+        kind.__name__,
+        getattr(model, "model", None),
+    )
+
+
+def _wrap_model_method(original: Any) -> Any:
+    @functools.wraps(original)
+    async def method(self: ChatModelBase, *args: Any, **kwargs: Any) -> Any:
+        _note_unredirected(self)
+        return await original(self, *args, **kwargs)
+
+    method.__agentscope_rft_wrapped__ = True  # type: ignore[attr-defined]
+    return method
+
+
 def install() -> None:
     """Install the redirect and agent tagging (idempotent)."""
     if not isinstance(OpenAIChatModel.__dict__.get("client"), _RedirectedClient):
         OpenAIChatModel.client = _RedirectedClient()  # type: ignore[assignment]
+    for name in ("__call__", "generate_structured_output"):
+        original = getattr(ChatModelBase, name)
+        if not getattr(original, "__agentscope_rft_wrapped__", False):
+            setattr(ChatModelBase, name, _wrap_model_method(original))
     if not getattr(Agent.reply, "__agentscope_rft_wrapped__", False):
         Agent.reply = _wrap_reply(Agent.reply)  # type: ignore[method-assign]
     if not getattr(Agent.reply_stream, "__agentscope_rft_wrapped__", False):

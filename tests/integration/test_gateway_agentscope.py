@@ -147,3 +147,34 @@ async def test_an_agent_on_an_event_loop_of_its_own_is_recorded(copy_context):
     assert report.rollout.ok, report.rollout.error
     assert [c.agent_name for c in report.rollout.calls] == ["threaded"]
     assert [s.num_trained_tokens for s in report.samples] == [2]
+
+
+async def test_a_model_that_is_not_redirected_is_named_once(monkeypatch, caplog):
+    """An app on another AgentScope model class (here DeepSeek's) is told its episode's calls
+    bypass the trainable endpoint, once, with the fix (before: only a connection error)."""
+    import openai
+    from agentscope.credential import DeepSeekCredential
+    from agentscope.message import UserMsg
+    from agentscope.model import DeepSeekChatModel
+
+    from agentscope_rft.integration import agentscope as integration
+
+    monkeypatch.setattr(integration, "_WARNED_MODELS", set())
+    model = DeepSeekChatModel(
+        credential=DeepSeekCredential(api_key="sk-x", base_url="http://127.0.0.1:9/v1"),
+        model="deepseek-chat",
+        stream=False,
+        max_retries=0,
+    )
+    scope = RolloutScope(rollout_id="r", base_url="http://127.0.0.1:9/v1", api_key="k")
+    with pytest.raises(openai.APIConnectionError):  # outside an episode: nothing to say
+        await model([UserMsg(name="user", content="hi")])
+    assert "not trained" not in caplog.text
+    with rollout_scope(scope):
+        for _ in range(2):
+            with pytest.raises(openai.APIConnectionError):
+                await model([UserMsg(name="user", content="hi")])
+    warned = [r.getMessage() for r in caplog.records if "not trained" in r.getMessage()]
+    assert len(warned) == 1
+    assert "DeepSeekChatModel (model 'deepseek-chat')" in warned[0]
+    assert "OpenAIChatModel" in warned[0]
