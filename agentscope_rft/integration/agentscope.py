@@ -34,7 +34,7 @@ from agentscope.credential import OpenAICredential
 from agentscope.model import ChatModelBase, OpenAIChatModel
 from pydantic import SecretStr
 
-from agentscope_rft.gateway.app import AGENT_HEADER
+from agentscope_rft.gateway.app import AGENT_HEADER, encode_agent_name
 from agentscope_rft.types import StepReward, StepState
 
 logger = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class RolloutScope:
             clients, pool = self._foreign_clients.setdefault(loop, {}), None
         client = clients.get(agent_name)
         if client is None:
-            headers = {AGENT_HEADER: agent_name} if agent_name else {}
+            headers = {AGENT_HEADER: encode_agent_name(agent_name)} if agent_name else {}
             client = _CountingClient(
                 self,
                 agent_name,

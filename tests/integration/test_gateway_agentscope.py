@@ -178,3 +178,34 @@ async def test_a_model_that_is_not_redirected_is_named_once(monkeypatch, caplog)
     assert len(warned) == 1
     assert "DeepSeekChatModel (model 'deepseek-chat')" in warned[0]
     assert "OpenAIChatModel" in warned[0]
+
+
+async def test_agents_with_non_ascii_names_are_recorded_by_name():
+    """A Chinese or accented agent name travels in the ASCII header percent-encoded and comes
+    back as written (before: every call failed with UnicodeEncodeError)."""
+    from agentscope.agent import Agent, InjectionConfig
+    from agentscope.message import UserMsg
+
+    from agentscope_rft.check import check_workflow
+    from agentscope_rft.testing import ScriptedEngine
+
+    names = ["助手", "Zoë the 50% critic", "plain"]
+
+    async def run(task, model):
+        message = UserMsg(name="用户", content="你好")
+        for name in names:
+            agent = Agent(
+                name=name,
+                system_prompt="Reply.",
+                model=model,
+                injection_config=InjectionConfig(inject_runtime_state=False),
+            )
+            message = await agent.reply(message)
+        return 1.0
+
+    report = await check_workflow(
+        run, {"id": "t"}, engine=ScriptedEngine(lambda m, t: "done"), show=False
+    )
+    assert report.rollout.ok, report.rollout.error
+    assert [c.agent_name for c in report.rollout.calls] == names
+    assert sorted(s.sample_id for s in report.samples) == sorted(f"check:{n}:0" for n in names)
