@@ -20,7 +20,7 @@ from agentscope.model import OpenAIChatModel
 
 from agentscope_rft.api import Workflow
 from agentscope_rft.integration.agentscope import RolloutScope, rollout_model, rollout_scope
-from agentscope_rft.types import Reward
+from agentscope_rft.types import Reward, plain_scalar
 
 
 class WorkflowReturnError(TypeError):
@@ -51,18 +51,9 @@ class RunnerLost(EpisodeFailed):
     """
 
 
-def _scalar(value: Any) -> Any:
-    """A 0-d numpy or torch value (`np.bool_`, `np.array(0.5)`, `torch.tensor(0.5)`) as the
-    Python number it holds; anything else as it is."""
-    item = getattr(value, "item", None)
-    if getattr(value, "ndim", None) == 0 and callable(item):
-        return item()
-    return value
-
-
 def _finite(value: Any) -> float | None:
     """`value` as a float when it is a finite real number (numpy scalars too), else None."""
-    value = _scalar(value)
+    value = plain_scalar(value)
     if isinstance(value, numbers.Real) and math.isfinite(float(value)):
         return float(value)
     return None
@@ -94,14 +85,14 @@ def as_reward(value: Any, source: str) -> Reward:
             f"the {source} returned Reward(value={value.value!r:.80}); its value must be a finite "
             "float"
         )
-    given = {k: _scalar(v) for k, v in value.metrics.items()}
+    given = {k: plain_scalar(v) for k, v in value.metrics.items()}
     bad = {k: value.metrics[k] for k, v in given.items() if not isinstance(v, numbers.Real)}
     if bad:
         raise WorkflowReturnError(
             f"the {source} returned a Reward whose metrics {bad!r:.120} are not numbers"
         )
     metrics = {k: float(v) for k, v in given.items()}
-    success = None if value.success is None else bool(_scalar(value.success))
+    success = None if value.success is None else bool(plain_scalar(value.success))
     return dataclasses.replace(value, value=reward, metrics=metrics, success=success)
 
 

@@ -67,3 +67,17 @@ def test_anything_else_is_a_clear_error(returned, message):
     with pytest.raises(WorkflowReturnError, match="the workflow `run`") as error:
         as_reward(returned, "workflow `run`")
     assert message in str(error.value)
+
+
+def test_step_rewards_take_the_same_numbers():
+    from agentscope_rft import emit_reward
+    from agentscope_rft.integration.agentscope import RolloutScope, rollout_scope
+
+    scope = RolloutScope(rollout_id="r", base_url="http://127.0.0.1:9/v1", api_key="k")
+    with rollout_scope(scope):
+        for value in (np.bool_(True), np.array(0.5), torch.tensor(0.25), np.float32(2.0)):
+            emit_reward(value)
+        with pytest.raises(ValueError, match="a step reward must be a finite number"):
+            emit_reward(np.array([0.5, 1.0]))
+    assert [r.value for r in scope.step_rewards] == [1.0, 0.5, 0.25, 2.0]
+    assert all(type(r.value) is float for r in scope.step_rewards)
