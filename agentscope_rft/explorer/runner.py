@@ -96,6 +96,34 @@ def as_reward(value: Any, source: str) -> Reward:
     return dataclasses.replace(value, value=reward, metrics=metrics, success=success)
 
 
+class WorkflowEnded(RuntimeError):
+    """The workflow ended by raising what stops a program (`SystemExit`) or cancels a task
+    (`asyncio.CancelledError`, with nothing cancelling it): a failed episode, not the run's end."""
+
+
+async def guarded(workflow: Workflow, task: dict[str, Any], model: Any) -> Any:
+    """`workflow.fn(task, model)`, where the app's own `sys.exit()` or `CancelledError` fails the
+    episode instead of ending the run (asyncio lets `SystemExit` out of the event loop, and a task
+    that raises `CancelledError` looks cancelled to whoever awaits it, so the whole batch was)."""
+    try:
+        return await workflow.fn(task, model)
+    except SystemExit as exc:  # the traceback says where the app called it
+        raise WorkflowEnded(
+            f"the workflow `{workflow.name}` called sys.exit({exc.code!r}): end an episode by "
+            "returning its reward (or raising an exception); sys.exit would stop the whole run"
+        ) from exc
+    except asyncio.CancelledError as exc:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise  # cancelled from outside: the deadline or the run stopping
+        raise WorkflowEnded(
+            f"the workflow `{workflow.name}` raised asyncio.CancelledError though nothing "
+            "cancelled it (an AgentScope agent interrupted with `interruption_raise_cancelled_"
+            "error`, or an inner task's cancellation let through): catch it in the app and return "
+            "a reward"
+        ) from exc
+
+
 @dataclass(frozen=True)
 class ModelSettings:
     """How the model handed to the workflow is built (the same in every runner)."""
@@ -150,7 +178,7 @@ async def run_attempt(
             stream=model.stream,
             parameters=OpenAIChatModel.Parameters(max_tokens=model.max_tokens),
         )
-        result = await asyncio.wait_for(workflow.fn(copy.deepcopy(task), policy), timeout)
+        result = await asyncio.wait_for(guarded(workflow, copy.deepcopy(task), policy), timeout)
     if workflow.judge is not None:
         with rollout_scope(None):  # the judge's own model calls are not the policy's
             return as_reward(await workflow.judge(copy.deepcopy(task), result), "judge")
