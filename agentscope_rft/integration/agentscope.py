@@ -8,9 +8,9 @@ Three patches, installed once and idempotent, make this work without edits to ag
   or streaming setting the app configured. ContextVars are per asyncio task, so many concurrent
   rollouts in one event loop never see each other's client. The model handed to the workflow
   stays bound to its rollout wherever it is called from (a thread, another event loop).
-- `Agent.reply` and `Agent.reply_stream` set the current agent's name while they run, so every
-  call is tagged with the AgentScope agent that made it (header `X-Agent-Name`); multi-agent
-  episodes then yield one trajectory per agent.
+- `Agent.reply` and `Agent.reply_stream` (and their overrides in an app's own `Agent` subclasses)
+  set the current agent's name while they run, so every call is tagged with the AgentScope agent
+  that made it (header `X-Agent-Name`); multi-agent episodes then yield one trajectory per agent.
 - Any other AgentScope chat model (`DeepSeekChatModel`, `DashScopeChatModel`, ...) called in an
   episode is logged once per class: its calls go to its own provider and are not trained.
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import inspect
 import logging
 import weakref
 from collections.abc import AsyncIterator, Iterator
@@ -246,10 +247,38 @@ def install() -> None:
         original = getattr(ChatModelBase, name)
         if not getattr(original, "__agentscope_rft_wrapped__", False):
             setattr(ChatModelBase, name, _wrap_model_method(original))
-    if not getattr(Agent.reply, "__agentscope_rft_wrapped__", False):
-        Agent.reply = _wrap_reply(Agent.reply)  # type: ignore[method-assign]
-    if not getattr(Agent.reply_stream, "__agentscope_rft_wrapped__", False):
-        Agent.reply_stream = _wrap_reply_stream(Agent.reply_stream)  # type: ignore[method-assign]
+    if not getattr(Agent.__dict__.get("__init_subclass__"), "__agentscope_rft_wrapped__", False):
+        # An app's own agent class may override `reply` without calling `Agent.reply` (it calls
+        # its model itself): tag those too, in classes defined before now and after.
+        pending = [Agent]
+        while pending:
+            cls = pending.pop()
+            _tag_replies(cls)
+            pending.extend(cls.__subclasses__())
+        hook = _tagging_init_subclass(Agent.__dict__.get("__init_subclass__"))
+        Agent.__init_subclass__ = hook  # type: ignore[method-assign]
+
+
+def _tag_replies(cls: type[Agent]) -> None:
+    """Wrap the `reply` and `reply_stream` that `cls` itself defines (once)."""
+    own = cls.__dict__
+    reply, stream = own.get("reply"), own.get("reply_stream")
+    if inspect.iscoroutinefunction(reply) and not getattr(reply, "__agentscope_rft_wrapped__", 0):
+        cls.reply = _wrap_reply(reply)  # type: ignore[method-assign]
+    if inspect.isasyncgenfunction(stream) and not getattr(stream, "__agentscope_rft_wrapped__", 0):
+        cls.reply_stream = _wrap_reply_stream(stream)  # type: ignore[method-assign]
+
+
+def _tagging_init_subclass(original: Any) -> Any:
+    def init_subclass(cls: type[Agent], **kwargs: Any) -> None:
+        if original is not None:
+            original.__func__(cls, **kwargs)
+        else:
+            super(Agent, cls).__init_subclass__(**kwargs)
+        _tag_replies(cls)
+
+    init_subclass.__agentscope_rft_wrapped__ = True  # type: ignore[attr-defined]
+    return classmethod(init_subclass)
 
 
 def rollout_model(

@@ -209,3 +209,50 @@ async def test_agents_with_non_ascii_names_are_recorded_by_name():
     assert report.rollout.ok, report.rollout.error
     assert [c.agent_name for c in report.rollout.calls] == names
     assert sorted(s.sample_id for s in report.samples) == sorted(f"check:{n}:0" for n in names)
+
+
+def _critic_class():
+    from agentscope.agent import Agent
+    from agentscope.message import Msg, UserMsg
+
+    class Critic(Agent):
+        """An app's own agent: its `reply` calls the model itself, not `Agent.reply`."""
+
+        async def reply(self, msg=None, structured_schema=None):
+            text = msg.get_text_content() if msg is not None else ""
+            response = await self.model([UserMsg(name="user", content=f"critique: {text}")])
+            return Msg(name=self.name, content=response.content, role="assistant")
+
+    return Critic
+
+
+CriticDefinedAtImport = _critic_class()
+
+
+async def test_agent_subclasses_that_override_reply_tag_their_calls():
+    """Two agents of an app's own `Agent` subclass (one defined before the patches, one after)
+    train as two agents (before: their calls were untagged and merged into one trajectory)."""
+    from agentscope.agent import InjectionConfig
+    from agentscope.message import UserMsg
+
+    from agentscope_rft.check import check_workflow
+    from agentscope_rft.testing import ScriptedEngine
+
+    async def run(task, model):
+        defined_now = _critic_class()
+        for name, cls in (("early", CriticDefinedAtImport), ("late", defined_now)):
+            critic = cls(
+                name=name,
+                system_prompt="Critique.",
+                model=model,
+                injection_config=InjectionConfig(inject_runtime_state=False),
+            )
+            await critic.reply(UserMsg(name="user", content="a poem"))
+        return 1.0
+
+    report = await check_workflow(
+        run, {"id": "t"}, engine=ScriptedEngine(lambda m, t: "fine"), show=False
+    )
+    assert report.rollout.ok, report.rollout.error
+    assert [c.agent_name for c in report.rollout.calls] == ["early", "late"]
+    assert sorted(s.sample_id for s in report.samples) == ["check:early:0", "check:late:0"]
