@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentscope_rft.types import Reward, StepReward, StepState
+from agentscope_rft.types import Reward, StepReward, StepState, plain_scalar
 
 WorkflowFn = Callable[[dict[str, Any], Any], Awaitable[Any]]
 JudgeFn = Callable[[dict[str, Any], Any], Awaitable[float | Reward]]
@@ -120,6 +120,7 @@ def emit_reward(value: float, step: int | None = None) -> None:
     Example:
         >>> emit_reward(0.5)  # doctest: +SKIP
     """
+    value = plain_scalar(value)  # numpy's bool, a 0-d array or tensor
     if not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise ValueError(
             f"emit_reward({value!r:.80}): a step reward must be a finite number (a NaN would "

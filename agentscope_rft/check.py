@@ -17,7 +17,7 @@ from agentscope_rft.explorer.explorer import (
     Explorer,
     default_max_tokens_per_call,
 )
-from agentscope_rft.explorer.tasks import load_tasks
+from agentscope_rft.explorer.tasks import TaskSetError, load_tasks
 from agentscope_rft.explorer.trajectory import TrajectoryStats, build_samples
 from agentscope_rft.gateway.server import Gateway
 from agentscope_rft.types import Rollout, Sample
@@ -101,12 +101,21 @@ async def check_workflow(
     `runtime_state` is the config's `gateway.runtime_state` (`keep`, `freeze` or `drop`). The
     report's warnings include the diagnosis of the episode (`CheckReport.findings`).
 
+    Raises:
+        TaskSetError: `task` is not one task as a dict.
+
     Example:
         >>> task = {"id": "t1", "question": "2+2?"}
         >>> report = asyncio.run(check_workflow(run, task))  # doctest: +SKIP
         >>> report.samples[0].num_trained_tokens  # doctest: +SKIP
         17
     """
+    if not isinstance(task, Mapping):
+        raise TaskSetError(
+            f"check_workflow's task is {type(task).__name__} {task!r:.80}: pass one task as the "
+            'dict your workflow gets, e.g. {"id": "t1", "question": "2+3?"} (a task file\'s '
+            "first row: `load_tasks(path)[0].data`, from agentscope_rft.explorer.tasks)"
+        )
     workflow = load_workflow(fn) if not isinstance(fn, Workflow) else fn
     own_engine = engine is None
     if engine is None:

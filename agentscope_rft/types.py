@@ -137,6 +137,21 @@ class RolloutStatus(enum.StrEnum):
     TIMEOUT = "timeout"
 
 
+def plain_scalar(value: Any) -> Any:
+    """A 0-d numpy or torch value (`np.bool_`, `np.array(0.5)`, `torch.tensor(0.5)`) as the
+    Python number it holds; anything else as it is.
+
+    Example:
+        >>> import numpy as np
+        >>> plain_scalar(np.bool_(True)), plain_scalar("x")
+        (True, 'x')
+    """
+    item = getattr(value, "item", None)
+    if getattr(value, "ndim", None) == 0 and callable(item):
+        return item()
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class Reward:
     """What a workflow or judge returns: a scalar reward plus optional detail.

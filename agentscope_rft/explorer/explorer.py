@@ -43,6 +43,7 @@ from agentscope_rft.explorer.runner import (
     EpisodeTimeout,
     WorkflowReturnError,
     as_reward,
+    guarded,
 )
 from agentscope_rft.explorer.tasks import Task
 from agentscope_rft.explorer.trajectory import RewardSpread, TrajectoryStats, build_samples
@@ -333,7 +334,7 @@ class Explorer:
             model = self._model(scope)
             # The task copies the context, so the app's own tasks stay in this rollout too.
             episode: asyncio.Task[Any] = asyncio.ensure_future(
-                self.workflow.fn(copy.deepcopy(task.data), model)
+                guarded(self.workflow, copy.deepcopy(task.data), model)
             )
         episode.add_done_callback(_retrieve)
         result = await self._bounded(episode, scope.rollout_id)

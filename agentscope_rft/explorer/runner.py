@@ -21,7 +21,7 @@ from agentscope.model import OpenAIChatModel
 from agentscope_rft.api import Workflow
 from agentscope_rft.explorer.loop_monitor import LoopStats
 from agentscope_rft.integration.agentscope import RolloutScope, rollout_model, rollout_scope
-from agentscope_rft.types import Reward
+from agentscope_rft.types import Reward, plain_scalar
 
 
 class WorkflowReturnError(TypeError):
@@ -54,6 +54,7 @@ class RunnerLost(EpisodeFailed):
 
 def _finite(value: Any) -> float | None:
     """`value` as a float when it is a finite real number (numpy scalars too), else None."""
+    value = plain_scalar(value)
     if isinstance(value, numbers.Real) and math.isfinite(float(value)):
         return float(value)
     return None
@@ -85,14 +86,43 @@ def as_reward(value: Any, source: str) -> Reward:
             f"the {source} returned Reward(value={value.value!r:.80}); its value must be a finite "
             "float"
         )
-    bad = {k: v for k, v in value.metrics.items() if not isinstance(v, numbers.Real)}
+    given = {k: plain_scalar(v) for k, v in value.metrics.items()}
+    bad = {k: value.metrics[k] for k, v in given.items() if not isinstance(v, numbers.Real)}
     if bad:
         raise WorkflowReturnError(
             f"the {source} returned a Reward whose metrics {bad!r:.120} are not numbers"
         )
-    metrics = {k: float(v) for k, v in value.metrics.items()}
-    success = None if value.success is None else bool(value.success)
+    metrics = {k: float(v) for k, v in given.items()}
+    success = None if value.success is None else bool(plain_scalar(value.success))
     return dataclasses.replace(value, value=reward, metrics=metrics, success=success)
+
+
+class WorkflowEnded(RuntimeError):
+    """The workflow ended by raising what stops a program (`SystemExit`) or cancels a task
+    (`asyncio.CancelledError`, with nothing cancelling it): a failed episode, not the run's end."""
+
+
+async def guarded(workflow: Workflow, task: dict[str, Any], model: Any) -> Any:
+    """`workflow.fn(task, model)`, where the app's own `sys.exit()` or `CancelledError` fails the
+    episode instead of ending the run (asyncio lets `SystemExit` out of the event loop, and a task
+    that raises `CancelledError` looks cancelled to whoever awaits it, so the whole batch was)."""
+    try:
+        return await workflow.fn(task, model)
+    except SystemExit as exc:  # the traceback says where the app called it
+        raise WorkflowEnded(
+            f"the workflow `{workflow.name}` called sys.exit({exc.code!r}): end an episode by "
+            "returning its reward (or raising an exception); sys.exit would stop the whole run"
+        ) from exc
+    except asyncio.CancelledError as exc:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise  # cancelled from outside: the deadline or the run stopping
+        raise WorkflowEnded(
+            f"the workflow `{workflow.name}` raised asyncio.CancelledError though nothing "
+            "cancelled it (an AgentScope agent interrupted with `interruption_raise_cancelled_"
+            "error`, or an inner task's cancellation let through): catch it in the app and return "
+            "a reward"
+        ) from exc
 
 
 @dataclass(frozen=True)
@@ -153,7 +183,7 @@ async def run_attempt(
             stream=model.stream,
             parameters=OpenAIChatModel.Parameters(max_tokens=model.max_tokens),
         )
-        result = await asyncio.wait_for(workflow.fn(copy.deepcopy(task), policy), timeout)
+        result = await asyncio.wait_for(guarded(workflow, copy.deepcopy(task), policy), timeout)
     if workflow.judge is not None:
         with rollout_scope(None):  # the judge's own model calls are not the policy's
             return as_reward(await workflow.judge(copy.deepcopy(task), result), "judge")

@@ -1,21 +1,28 @@
 """Training AgentScope apps in place: model calls inside a rollout go to the gateway.
 
-Two patches, installed once and idempotent, make this work without edits to agent code:
+Three patches, installed once and idempotent, make this work without edits to agent code:
 
 - `OpenAIChatModel.client` becomes a data descriptor. Outside a rollout it returns the model's own
   client, untouched. Inside a rollout scope (a ContextVar set by the explorer around an episode)
   it returns a client bound to that rollout's gateway URL, whatever base URL, API key, model name
   or streaming setting the app configured. ContextVars are per asyncio task, so many concurrent
-  rollouts in one event loop never see each other's client.
-- `Agent.reply` and `Agent.reply_stream` set the current agent's name while they run, so every
-  call is tagged with the AgentScope agent that made it (header `X-Agent-Name`); multi-agent
-  episodes then yield one trajectory per agent.
+  rollouts in one event loop never see each other's client. The model handed to the workflow
+  stays bound to its rollout wherever it is called from (a thread, another event loop).
+- `Agent.reply` and `Agent.reply_stream` (and their overrides in an app's own `Agent` subclasses)
+  set the current agent's name while they run, so every call is tagged with the AgentScope agent
+  that made it (header `X-Agent-Name`); multi-agent episodes then yield one trajectory per agent.
+- Any other AgentScope chat model (`DeepSeekChatModel`, `DashScopeChatModel`, ...) called in an
+  episode is logged once per class: its calls go to its own provider and are not trained.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
+import inspect
+import logging
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,13 +32,16 @@ import httpx
 import openai
 from agentscope.agent import Agent
 from agentscope.credential import OpenAICredential
-from agentscope.model import OpenAIChatModel
+from agentscope.model import ChatModelBase, OpenAIChatModel
 from pydantic import SecretStr
 
-from agentscope_rft.gateway.app import AGENT_HEADER
+from agentscope_rft.gateway.app import AGENT_HEADER, encode_agent_name
 from agentscope_rft.types import StepReward, StepState
 
+logger = logging.getLogger(__name__)
+
 _OWN_CLIENT = "_agentscope_rft_own_client"
+_BOUND_SCOPE = "_agentscope_rft_scope"
 
 
 @dataclass
@@ -49,12 +59,36 @@ class RolloutScope:
     last_agent: str | None = None
     """The agent whose call was answered last."""
     http_client: httpx.AsyncClient | None = None
+    """A connection pool to share; it belongs to the event loop the scope is created on."""
     _clients: dict[str | None, openai.AsyncOpenAI] = field(default_factory=dict)
+    _pool_loop: asyncio.AbstractEventLoop | None = field(default=None, init=False)
+    _foreign_clients: weakref.WeakKeyDictionary[
+        asyncio.AbstractEventLoop, dict[str | None, openai.AsyncOpenAI]
+    ] = field(default_factory=weakref.WeakKeyDictionary, init=False)
+
+    def __post_init__(self) -> None:
+        try:
+            self._pool_loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._pool_loop = None
 
     def client_for(self, agent_name: str | None) -> openai.AsyncOpenAI:
-        client = self._clients.get(agent_name)
+        """The client for `agent_name`'s calls, on the calling event loop.
+
+        An app that runs agent code on an event loop of its own (`asyncio.run` in a thread) gets
+        clients with their own connections there: a connection of the shared pool is bound to
+        the loop that opened it, and one opened on a loop that has since closed breaks the pool.
+        """
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        clients, pool = self._clients, self.http_client
+        if loop is not None and self._pool_loop is not None and loop is not self._pool_loop:
+            clients, pool = self._foreign_clients.setdefault(loop, {}), None
+        client = clients.get(agent_name)
         if client is None:
-            headers = {AGENT_HEADER: agent_name} if agent_name else {}
+            headers = {AGENT_HEADER: encode_agent_name(agent_name)} if agent_name else {}
             client = _CountingClient(
                 self,
                 agent_name,
@@ -63,9 +97,9 @@ class RolloutScope:
                 default_headers=headers,
                 max_retries=0,  # the app's model retries; a retry here would double-record
                 timeout=httpx.Timeout(3600.0, connect=60.0),  # loopback, maybe a busy loop
-                http_client=self.http_client,
+                http_client=pool,
             )
-            self._clients[agent_name] = client
+            clients[agent_name] = client
         return client
 
     async def aclose(self) -> None:
@@ -129,10 +163,12 @@ class _RedirectedClient:
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         if obj is None:
             return self
-        scope = _SCOPE.get()
+        state = obj.__dict__
+        # The model handed to a workflow belongs to its rollout even where the context does not
+        # say so (a thread the app started without copying its context).
+        scope = _SCOPE.get() or state.get(_BOUND_SCOPE)
         if scope is not None:
             return scope.client_for(_AGENT.get())
-        state = obj.__dict__
         return state[_OWN_CLIENT] if _OWN_CLIENT in state else state.get("client")
 
     def __set__(self, obj: Any, value: Any) -> None:
@@ -174,14 +210,75 @@ def _wrap_reply_stream(original: Any) -> Any:
     return reply_stream
 
 
+_WARNED_MODELS: set[type] = set()
+
+
+def _note_unredirected(model: ChatModelBase) -> None:
+    """Say once per model class that an episode's call by it is not trained (nor redirected)."""
+    kind = type(model)
+    if isinstance(model, OpenAIChatModel) or _SCOPE.get() is None or kind in _WARNED_MODELS:
+        return
+    _WARNED_MODELS.add(kind)
+    logger.warning(
+        "an episode called a %s (model %r): only AgentScope OpenAIChatModel calls go to the "
+        "trainable endpoint, so this one goes to its own provider and is not trained. To train "
+        "it, give its agent the workflow's `model` argument or an OpenAIChatModel (any base URL: "
+        "it is redirected); a model meant to stay untrained (a user simulator) can stay as it is",
+        kind.__name__,
+        getattr(model, "model", None),
+    )
+
+
+def _wrap_model_method(original: Any) -> Any:
+    @functools.wraps(original)
+    async def method(self: ChatModelBase, *args: Any, **kwargs: Any) -> Any:
+        _note_unredirected(self)
+        return await original(self, *args, **kwargs)
+
+    method.__agentscope_rft_wrapped__ = True  # type: ignore[attr-defined]
+    return method
+
+
 def install() -> None:
     """Install the redirect and agent tagging (idempotent)."""
     if not isinstance(OpenAIChatModel.__dict__.get("client"), _RedirectedClient):
         OpenAIChatModel.client = _RedirectedClient()  # type: ignore[assignment]
-    if not getattr(Agent.reply, "__agentscope_rft_wrapped__", False):
-        Agent.reply = _wrap_reply(Agent.reply)  # type: ignore[method-assign]
-    if not getattr(Agent.reply_stream, "__agentscope_rft_wrapped__", False):
-        Agent.reply_stream = _wrap_reply_stream(Agent.reply_stream)  # type: ignore[method-assign]
+    for name in ("__call__", "generate_structured_output"):
+        original = getattr(ChatModelBase, name)
+        if not getattr(original, "__agentscope_rft_wrapped__", False):
+            setattr(ChatModelBase, name, _wrap_model_method(original))
+    if not getattr(Agent.__dict__.get("__init_subclass__"), "__agentscope_rft_wrapped__", False):
+        # An app's own agent class may override `reply` without calling `Agent.reply` (it calls
+        # its model itself): tag those too, in classes defined before now and after.
+        pending = [Agent]
+        while pending:
+            cls = pending.pop()
+            _tag_replies(cls)
+            pending.extend(cls.__subclasses__())
+        hook = _tagging_init_subclass(Agent.__dict__.get("__init_subclass__"))
+        Agent.__init_subclass__ = hook  # type: ignore[method-assign]
+
+
+def _tag_replies(cls: type[Agent]) -> None:
+    """Wrap the `reply` and `reply_stream` that `cls` itself defines (once)."""
+    own = cls.__dict__
+    reply, stream = own.get("reply"), own.get("reply_stream")
+    if inspect.iscoroutinefunction(reply) and not getattr(reply, "__agentscope_rft_wrapped__", 0):
+        cls.reply = _wrap_reply(reply)  # type: ignore[method-assign]
+    if inspect.isasyncgenfunction(stream) and not getattr(stream, "__agentscope_rft_wrapped__", 0):
+        cls.reply_stream = _wrap_reply_stream(stream)  # type: ignore[method-assign]
+
+
+def _tagging_init_subclass(original: Any) -> Any:
+    def init_subclass(cls: type[Agent], **kwargs: Any) -> None:
+        if original is not None:
+            original.__func__(cls, **kwargs)
+        else:
+            super(Agent, cls).__init_subclass__(**kwargs)
+        _tag_replies(cls)
+
+    init_subclass.__agentscope_rft_wrapped__ = True  # type: ignore[attr-defined]
+    return classmethod(init_subclass)
 
 
 def rollout_model(
@@ -201,7 +298,7 @@ def rollout_model(
     # The model's own client is only used outside the rollout's scope; without a pool to share
     # it would build its own (an SSL context: ~25 ms on the event loop, for every episode).
     client_kwargs = {"http_client": scope.http_client} if scope.http_client is not None else None
-    return OpenAIChatModel(
+    model = OpenAIChatModel(
         credential=OpenAICredential(api_key=SecretStr(scope.api_key), base_url=scope.base_url),
         model=model_name,
         stream=stream,
@@ -209,3 +306,5 @@ def rollout_model(
         max_retries=2,
         client_kwargs=client_kwargs,
     )
+    model.__dict__[_BOUND_SCOPE] = scope
+    return model

@@ -264,3 +264,36 @@ async def test_stop_with_calls_in_flight_is_bounded_and_does_not_raise(tiny_mode
     assert "shutting down" in str(stream_text)  # the stream ends with an error event
     assert isinstance(plain, httpx.Response) and plain.status_code == 503
     assert await gateway.stop() == 0.0  # stopping twice is harmless
+
+
+async def test_an_app_that_exits_or_cancels_itself_fails_only_its_episode():
+    """`sys.exit()` in an app or a `CancelledError` it raises itself fails that episode with a
+    message saying so; its neighbours are recorded (before: sys.exit stopped the run, and the
+    CancelledError cancelled the whole batch, which `explore` reported as 0 rollouts)."""
+    import sys
+
+    from agentscope_rft.testing import ScriptedEngine
+
+    async def run(task, model):
+        await agent("solver", model).reply(UserMsg(name="user", content="hi"))
+        if task["id"] == "exits":
+            sys.exit("gave up")
+        if task["id"] == "cancels":
+            raise asyncio.CancelledError
+        return 1.0
+
+    async with Gateway(ScriptedEngine(lambda m, t: "done")) as gateway:
+        settings = EpisodeSettings(episode_timeout=30, max_retries=1)
+        explorer = Explorer(agentscope_rft.workflow(run), gateway, settings)
+        tasks = load_tasks([{"id": "exits"}, {"id": "ok"}, {"id": "cancels"}])
+        rollouts = await asyncio.gather(*(explorer.run_episode(t) for t in tasks))
+        await explorer.close()
+    by_task = {r.task_id: r for r in rollouts}
+    assert by_task["ok"].status is RolloutStatus.OK and by_task["ok"].reward == 1.0
+    assert by_task["exits"].status is RolloutStatus.FAILED
+    assert "called sys.exit('gave up')" in (by_task["exits"].error or "")
+    assert by_task["cancels"].status is RolloutStatus.FAILED
+    assert "raised asyncio.CancelledError though nothing cancelled it" in (
+        by_task["cancels"].error or ""
+    )
+    assert by_task["cancels"].attempts == 2  # a failure like any other: retried

@@ -99,3 +99,160 @@ async def test_rollout_models_share_the_episode_pool_and_answer(calc_gateway):
         RolloutScope(rollout_id="x", base_url="http://127.0.0.1:9/v1", api_key="k"), "m"
     )
     assert unscoped.__dict__["_agentscope_rft_own_client"]._client is not pool
+
+
+def _reply_in_a_thread(model, name: str, copy_context: bool) -> None:
+    """What a sync app does: run an agent on an event loop of its own, in a thread."""
+    import asyncio
+    import threading
+
+    from agentscope.agent import Agent, InjectionConfig
+    from agentscope.message import UserMsg
+
+    def reply() -> None:
+        agent = Agent(
+            name=name,
+            system_prompt="Hi.",
+            model=model,
+            injection_config=InjectionConfig(inject_runtime_state=False),
+        )
+        asyncio.run(agent.reply(UserMsg(name="user", content="from a thread")))
+
+    if copy_context:  # as `asyncio.to_thread` does
+        import contextvars
+
+        contextvars.copy_context().run(reply)
+    else:
+        thread = threading.Thread(target=reply)
+        thread.start()
+        thread.join()
+
+
+@pytest.mark.parametrize("copy_context", [True, False], ids=["to_thread", "plain-thread"])
+async def test_an_agent_on_an_event_loop_of_its_own_is_recorded(copy_context):
+    """The episode's calls from a thread's own event loop reach the rollout and leave the shared
+    pool usable (its connections opened on that loop broke the explorer's close before)."""
+    import asyncio
+
+    from agentscope_rft.check import check_workflow
+    from agentscope_rft.testing import ScriptedEngine
+
+    async def run(task, model):
+        await asyncio.to_thread(_reply_in_a_thread, model, "threaded", copy_context)
+        return 1.0
+
+    report = await check_workflow(
+        run, {"id": "t"}, engine=ScriptedEngine(lambda m, t: "done"), show=False
+    )
+    assert report.rollout.ok, report.rollout.error
+    assert [c.agent_name for c in report.rollout.calls] == ["threaded"]
+    assert [s.num_trained_tokens for s in report.samples] == [2]
+
+
+async def test_a_model_that_is_not_redirected_is_named_once(monkeypatch, caplog):
+    """An app on another AgentScope model class (here DeepSeek's) is told its episode's calls
+    bypass the trainable endpoint, once, with the fix (before: only a connection error)."""
+    import openai
+    from agentscope.credential import DeepSeekCredential
+    from agentscope.message import UserMsg
+    from agentscope.model import DeepSeekChatModel
+
+    from agentscope_rft.integration import agentscope as integration
+
+    monkeypatch.setattr(integration, "_WARNED_MODELS", set())
+    model = DeepSeekChatModel(
+        credential=DeepSeekCredential(api_key="sk-x", base_url="http://127.0.0.1:9/v1"),
+        model="deepseek-chat",
+        stream=False,
+        max_retries=0,
+    )
+    scope = RolloutScope(rollout_id="r", base_url="http://127.0.0.1:9/v1", api_key="k")
+    with pytest.raises(openai.APIConnectionError):  # outside an episode: nothing to say
+        await model([UserMsg(name="user", content="hi")])
+    assert "not trained" not in caplog.text
+    with rollout_scope(scope):
+        for _ in range(2):
+            with pytest.raises(openai.APIConnectionError):
+                await model([UserMsg(name="user", content="hi")])
+    warned = [r.getMessage() for r in caplog.records if "not trained" in r.getMessage()]
+    assert len(warned) == 1
+    assert "DeepSeekChatModel (model 'deepseek-chat')" in warned[0]
+    assert "OpenAIChatModel" in warned[0]
+
+
+async def test_agents_with_non_ascii_names_are_recorded_by_name():
+    """A Chinese or accented agent name travels in the ASCII header percent-encoded and comes
+    back as written (before: every call failed with UnicodeEncodeError)."""
+    from agentscope.agent import Agent, InjectionConfig
+    from agentscope.message import UserMsg
+
+    from agentscope_rft.check import check_workflow
+    from agentscope_rft.testing import ScriptedEngine
+
+    names = ["助手", "Zoë the 50% critic", "plain"]
+
+    async def run(task, model):
+        message = UserMsg(name="用户", content="你好")
+        for name in names:
+            agent = Agent(
+                name=name,
+                system_prompt="Reply.",
+                model=model,
+                injection_config=InjectionConfig(inject_runtime_state=False),
+            )
+            message = await agent.reply(message)
+        return 1.0
+
+    report = await check_workflow(
+        run, {"id": "t"}, engine=ScriptedEngine(lambda m, t: "done"), show=False
+    )
+    assert report.rollout.ok, report.rollout.error
+    assert [c.agent_name for c in report.rollout.calls] == names
+    assert sorted(s.sample_id for s in report.samples) == sorted(f"check:{n}:0" for n in names)
+
+
+def _critic_class():
+    from agentscope.agent import Agent
+    from agentscope.message import Msg, UserMsg
+
+    class Critic(Agent):
+        """An app's own agent: its `reply` calls the model itself, not `Agent.reply`."""
+
+        async def reply(self, msg=None, structured_schema=None):
+            text = msg.get_text_content() if msg is not None else ""
+            response = await self.model([UserMsg(name="user", content=f"critique: {text}")])
+            return Msg(name=self.name, content=response.content, role="assistant")
+
+    return Critic
+
+
+CriticDefinedAtImport = _critic_class()
+
+
+async def test_agent_subclasses_that_override_reply_tag_their_calls():
+    """Two agents of an app's own `Agent` subclass (one defined before the patches, one after)
+    train as two agents (before: their calls were untagged and merged into one trajectory)."""
+    from agentscope.agent import InjectionConfig
+    from agentscope.message import UserMsg
+
+    from agentscope_rft.check import check_workflow
+    from agentscope_rft.testing import ScriptedEngine
+
+    async def run(task, model):
+        defined_now = _critic_class()
+        for name, cls in (("early", CriticDefinedAtImport), ("late", defined_now)):
+            critic = cls(
+                name=name,
+                system_prompt="Critique.",
+                model=model,
+                injection_config=InjectionConfig(inject_runtime_state=False),
+            )
+            await critic.reply(UserMsg(name="user", content="a poem"))
+        return 1.0
+
+    report = await check_workflow(
+        run, {"id": "t"}, engine=ScriptedEngine(lambda m, t: "fine"), show=False
+    )
+    assert report.rollout.ok, report.rollout.error
+    assert [c.agent_name for c in report.rollout.calls] == ["early", "late"]
+    assert sorted(s.sample_id for s in report.samples) == ["check:early:0", "check:late:0"]

@@ -83,3 +83,18 @@ def test_a_json_file_that_is_not_utf8_says_so(tmp_path):
     path.write_bytes(b'[{"id": "a", "prompt": "caf\xe9"}]')
     with pytest.raises(TaskSetError, match=r"tasks\.json: not UTF-8 text"):
         load_tasks(path)
+
+
+@pytest.mark.parametrize("task", ["What is 2+3?", [{"id": "t1"}], None])
+async def test_check_workflow_says_its_task_is_one_dict_before_loading_a_model(task):
+    from agentscope_rft.check import check_workflow
+
+    class NoEngine:  # starting it would be loading a model first
+        async def start(self):
+            raise AssertionError("the task is checked before the engine starts")
+
+    async def run(task, model):
+        return 1.0
+
+    with pytest.raises(TaskSetError, match="pass one task as the dict your workflow gets"):
+        await check_workflow(run, task, engine=NoEngine(), show=False)  # type: ignore[arg-type]
