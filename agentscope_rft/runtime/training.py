@@ -47,6 +47,7 @@ from agentscope_rft.rss import PhasePeaks, phase_metric
 from agentscope_rft.runtime.best import RUN_STATE_FILE, BestCheckpoint
 from agentscope_rft.runtime.components import (
     RolloutLog,
+    RunFolderError,
     RunFolderLock,
     checkpoint_dir,
     episode_settings,
@@ -210,7 +211,7 @@ class TrainingRun:
         if self.resume:
             state = read_state(run_dir)
             self.start = int(state["step"])
-            await in_own_thread(self.trainer.load, checkpoint_dir(run_dir, self.start))
+            await self._load_resumed(checkpoint_dir(run_dir, self.start))
             self.rollback = RollbackState.from_dict(state.get("health", {}))
             await self._apply_rollback_changes()
             logger.info("resuming %s after step %d", run_dir, self.start)
@@ -248,6 +249,29 @@ class TrainingRun:
         self.best = BestCheckpoint(run_dir, config.run.best_metric, config.run.best_mode)
         if config.health.rolls_back():
             self._prepare_rollbacks()
+
+    async def _load_resumed(self, folder: Path) -> None:
+        """Load the checkpoint a resume starts from; a damaged file (a disk that filled up, a
+        copy cut short) is named, not a deserializer's traceback."""
+        import pickle
+
+        import torch
+        from safetensors import SafetensorError
+
+        unreadable = (OSError, RuntimeError, EOFError, KeyError, pickle.UnpicklingError)
+        try:
+            await in_own_thread(self.trainer.load, folder)
+        except torch.OutOfMemoryError:
+            raise
+        except (*unreadable, SafetensorError, ValueError) as exc:
+            raise RunFolderError(
+                f"cannot resume from {folder}: {str(exc).rstrip('.')}. A damaged checkpoint (a "
+                "full disk, a copy cut short) cannot be resumed: continue from an older one with "
+                "`agentscope-rft "
+                f"train --config {self.run_dir / 'config.yaml'} --set run.dir=<new folder> "
+                f"--fork-from {self.run_dir} --fork-step <step>`; one written for another model "
+                "needs the run's own model.name_or_path and trainer.lora"
+            ) from exc
 
     async def _open_exploring(self, state: dict[str, Any]) -> None:
         from agentscope_rft.runtime.local import episode_runner

@@ -319,3 +319,33 @@ async def test_a_resume_drops_the_records_of_the_step_the_crash_cut_off(
     assert sorted({s["step"] for s in samples}) == [0, 1, 2]
     step2 = {s["rollout_id"] for s in samples if s["step"] == 2}
     assert step2 == {r["rollout_id"] for r in rollouts if r["step"] == 2}
+
+
+async def test_resuming_from_a_damaged_checkpoint_names_it_and_the_way_on(
+    tiny_model_path, tmp_path
+):
+    """A checkpoint whose trainer.pt was cut short (a full disk, a copy interrupted) is named
+    with the fork that continues from an older one (it was torch's zip-reader traceback)."""
+    from agentscope_rft.runtime.components import RunFolderError
+
+    run_dir = tmp_path / "run"
+    config = load_config(
+        None,
+        [
+            f"model.name_or_path={tiny_model_path}",
+            f"offline.path={Path(__file__).parents[1] / 'data' / 'sft_tiny.jsonl'}",
+            "algorithm.objective=sft",
+            "trainer.dtype=float32",
+            "monitor.tensorboard=false",
+            "run.mode=offline",
+            "run.steps=1",
+            f"run.dir={run_dir}",
+        ],
+    )
+    await train(config, run_dir)
+    trainer_state = run_dir / "checkpoints" / "step-000001" / "trainer.pt"
+    trainer_state.write_bytes(trainer_state.read_bytes()[:1000])
+    resumed = load_config(run_dir / "config.yaml", ["run.steps=2"])
+    with pytest.raises(RunFolderError, match=r"cannot resume from .*step-000001: ") as error:
+        await train(resumed, run_dir, resume=True)
+    assert f"--fork-from {run_dir} --fork-step <step>" in str(error.value)
