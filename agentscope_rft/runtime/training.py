@@ -215,6 +215,16 @@ class TrainingRun:
             self.rollback = RollbackState.from_dict(state.get("health", {}))
             await self._apply_rollback_changes()
             logger.info("resuming %s after step %d", run_dir, self.start)
+            metrics_file = run_dir / "metrics.jsonl"
+            if self.start and not (metrics_file.is_file() and metrics_file.stat().st_size):
+                logger.warning(
+                    "resume: %s is missing or empty: steps 0-%d have no metrics (curves, best "
+                    "checkpoint and health rules start at step %d); the weights are the "
+                    "checkpoint's",
+                    metrics_file,
+                    self.start - 1,
+                    self.start,
+                )
             # The records of steps the crash cut off: those steps are explored again.
             rewind_step_logs(run_dir, self.start)
             # Groups taken by the steps lost in the crash (`start` and later) go back.

@@ -321,18 +321,12 @@ async def test_a_resume_drops_the_records_of_the_step_the_crash_cut_off(
     assert step2 == {r["rollout_id"] for r in rollouts if r["step"] == 2}
 
 
-async def test_resuming_from_a_damaged_checkpoint_names_it_and_the_way_on(
-    tiny_model_path, tmp_path
-):
-    """A checkpoint whose trainer.pt was cut short (a full disk, a copy interrupted) is named
-    with the fork that continues from an older one (it was torch's zip-reader traceback)."""
-    from agentscope_rft.runtime.components import RunFolderError
-
-    run_dir = tmp_path / "run"
-    config = load_config(
+def sft_config(model: str, run_dir: Path):
+    """One step of SFT on the test data: a run folder in seconds."""
+    return load_config(
         None,
         [
-            f"model.name_or_path={tiny_model_path}",
+            f"model.name_or_path={model}",
             f"offline.path={Path(__file__).parents[1] / 'data' / 'sft_tiny.jsonl'}",
             "algorithm.objective=sft",
             "trainer.dtype=float32",
@@ -342,10 +336,33 @@ async def test_resuming_from_a_damaged_checkpoint_names_it_and_the_way_on(
             f"run.dir={run_dir}",
         ],
     )
-    await train(config, run_dir)
+
+
+async def test_resuming_from_a_damaged_checkpoint_names_it_and_the_way_on(
+    tiny_model_path, tmp_path
+):
+    """A checkpoint whose trainer.pt was cut short (a full disk, a copy interrupted) is named
+    with the fork that continues from an older one (it was torch's zip-reader traceback)."""
+    from agentscope_rft.runtime.components import RunFolderError
+
+    run_dir = tmp_path / "run"
+    await train(sft_config(tiny_model_path, run_dir), run_dir)
     trainer_state = run_dir / "checkpoints" / "step-000001" / "trainer.pt"
     trainer_state.write_bytes(trainer_state.read_bytes()[:1000])
     resumed = load_config(run_dir / "config.yaml", ["run.steps=2"])
     with pytest.raises(RunFolderError, match=r"cannot resume from .*step-000001: ") as error:
         await train(resumed, run_dir, resume=True)
     assert f"--fork-from {run_dir} --fork-step <step>" in str(error.value)
+
+
+async def test_a_run_whose_metrics_file_was_lost_resumes_from_its_checkpoint(
+    tiny_model_path, tmp_path
+):
+    """metrics.jsonl deleted (or never copied along): the checkpoint still resumes, saying what
+    is missing (it was a MetricsFileError traceback from the health watcher's history)."""
+    run_dir = tmp_path / "run"
+    await train(sft_config(tiny_model_path, run_dir), run_dir)
+    (run_dir / "metrics.jsonl").unlink()
+    await train(load_config(run_dir / "config.yaml", ["run.steps=2"]), run_dir, resume=True)
+    assert [r["step"] for r in train_lines(run_dir)] == [1]
+    assert json.loads((run_dir / "state.json").read_text())["step"] == 2
