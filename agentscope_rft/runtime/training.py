@@ -15,7 +15,6 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -67,7 +66,7 @@ from agentscope_rft.runtime.memory import (
     release_freed_memory,
     share_trainer_weights,
 )
-from agentscope_rft.runtime.offline import offline_batches
+from agentscope_rft.runtime.offline import OfflineBatches, offline_batches
 from agentscope_rft.runtime.preflight import Checked
 from agentscope_rft.runtime.sample_log import SampleLog
 from agentscope_rft.runtime.signals import RunStop, RunStopped, Stopping
@@ -76,6 +75,9 @@ from agentscope_rft.trainers.factory import build_trainer
 from agentscope_rft.types import Sample
 
 logger = logging.getLogger(__name__)
+
+OFFLINE_UNITS = "offline_units"
+"""Run-state key: the offline units (samples, DPO pairs) the checkpoint's steps trained."""
 
 LEAD = {"sync": 0, "one_step_off": 1}
 MAX_EMPTY_STEPS = 3
@@ -145,7 +147,7 @@ class TrainingRun:
         self.saved_at: int | None = None
         self.last: dict[str, float] = {}
         self.rollback = RollbackState()
-        self.offline: Iterator[list[Sample]] | None = None
+        self.offline: OfflineBatches | None = None
         self.val_tasks, self.val_phase = self._validation_split(checked)
         self.diagnosis = RunDiagnosis(run_dir)  # the first batch of each phase, reported once
         self.peaks = PhasePeaks()  # memory/<phase>_peak_gib in each step's metrics
@@ -235,7 +237,9 @@ class TrainingRun:
         self.saved_at = self.start if self.resume else None
         # Demonstrations are read (and a bad file refused) before the engine loads.
         if config.uses_offline_data():
-            self.offline = offline_batches(config, self.start, self.checked.offline_units)
+            self.offline = offline_batches(
+                config, self.start, self.checked.offline_units, consumed=state.get(OFFLINE_UNITS)
+            )
         if self.mode in EXPLORING_MODES:
             await self._open_exploring(state)
         self.rollout_log = RolloutLog(run_dir / "rollouts.jsonl", resume=self.resume)
@@ -635,6 +639,8 @@ class TrainingRun:
         await in_own_thread(self.trainer.save, target)
         await in_own_thread(self.trainer.export_hf, target / "model")
         saved: dict[str, Any] = {"step": done, "health": self.rollback.to_dict()}
+        if self.offline is not None:  # resume trains on from the first unit not yet trained
+            saved[OFFLINE_UNITS] = self.offline.consumed
         if self.sampler is not None:  # resume re-explores from the first batch not yet trained
             saved["sampler"] = self.sampler_states.get(done, self.sampler.state_dict())
         (target / RUN_STATE_FILE).write_text(json.dumps(saved))
@@ -685,7 +691,9 @@ class TrainingRun:
         if self.gateway is not None:  # the redone steps sample as a run resumed here would
             self.gateway.restart_call_numbers()
         if self.config.uses_offline_data():
-            self.offline = offline_batches(self.config, target, self.checked.offline_units)
+            self.offline = offline_batches(
+                self.config, target, self.checked.offline_units, consumed=saved.get(OFFLINE_UNITS)
+            )
         self.health.rewind(target)
         self.monitor.supersede_from(target)
         self.start = self.steps_done = self.policy_version = target

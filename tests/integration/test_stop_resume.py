@@ -321,7 +321,7 @@ async def test_a_resume_drops_the_records_of_the_step_the_crash_cut_off(
     assert step2 == {r["rollout_id"] for r in rollouts if r["step"] == 2}
 
 
-def sft_config(model: str, run_dir: Path):
+def sft_config(model: str, run_dir: Path, *extra: str):
     """One step of SFT on the test data: a run folder in seconds."""
     return load_config(
         None,
@@ -334,6 +334,7 @@ def sft_config(model: str, run_dir: Path):
             "run.mode=offline",
             "run.steps=1",
             f"run.dir={run_dir}",
+            *extra,
         ],
     )
 
@@ -366,3 +367,42 @@ async def test_a_run_whose_metrics_file_was_lost_resumes_from_its_checkpoint(
     await train(load_config(run_dir / "config.yaml", ["run.steps=2"]), run_dir, resume=True)
     assert [r["step"] for r in train_lines(run_dir)] == [1]
     assert json.loads((run_dir / "state.json").read_text())["step"] == 2
+
+
+async def test_an_offline_run_resumed_with_another_batch_size_trains_every_sample_once_per_epoch(
+    tiny_model_path, tmp_path, monkeypatch
+):
+    """3 SFT steps of 2 samples, stopped, resumed with offline.batch_size=3: the resumed steps
+    go on with the 7th sample of the first epoch. The resume skipped 3 batches of the new size
+    (9 samples), so samples 7-9 of the stream were never trained."""
+    import agentscope_rft.runtime.training as training
+
+    trained: list[str] = []
+    build = training.build_trainer
+
+    class Recording:
+        def __init__(self, trainer) -> None:
+            self._trainer = trainer
+
+        def step(self, samples, step):
+            trained.extend(s.sample_id for s in samples)
+            return self._trainer.step(samples, step)
+
+        def __getattr__(self, name):
+            return getattr(self._trainer, name)
+
+    monkeypatch.setattr(training, "build_trainer", lambda *a, **k: Recording(build(*a, **k)))
+    data = tmp_path / "sft.jsonl"
+    chat = [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": "A."}]
+    data.write_text("".join(json.dumps({"messages": chat}) + "\n" for _ in range(7)))
+    run_dir = tmp_path / "run"
+    first = sft_config(tiny_model_path, run_dir, f"offline.path={data}", "offline.batch_size=2")
+    first.run.steps = 3
+    await train(first, run_dir)
+    assert len(trained) == 6
+    resumed = load_config(run_dir / "config.yaml", ["offline.batch_size=3", "run.steps=5"])
+    await train(resumed, run_dir, resume=True)
+    every = {f"sft.jsonl:{line}" for line in range(1, 8)}
+    assert len(trained) == 12
+    assert set(trained[:7]) == every  # the first epoch: each sample once
+    assert len(set(trained[7:])) == 5  # the second epoch under way: none twice
