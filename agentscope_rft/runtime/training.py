@@ -43,7 +43,7 @@ from agentscope_rft.health.watcher import (
 )
 from agentscope_rft.monitor import Monitor
 from agentscope_rft.rss import PhasePeaks, phase_metric
-from agentscope_rft.runtime.best import RUN_STATE_FILE, BestCheckpoint
+from agentscope_rft.runtime.best import RUN_STATE_FILE, BestCheckpoint, write_json
 from agentscope_rft.runtime.components import (
     RolloutLog,
     RunFolderError,
@@ -636,6 +636,9 @@ class TrainingRun:
         """Save the weights and optimizer of step `done`; returns the run state to commit."""
         self.saved_at = done
         target = checkpoint_dir(self.run_dir, done)
+        # run_state.json marks a whole checkpoint: a step saved again (redone after a resume)
+        # drops the one of the earlier attempt first, so a kill while saving leaves no mark
+        (target / RUN_STATE_FILE).unlink(missing_ok=True)
         await in_own_thread(self.trainer.save, target)
         await in_own_thread(self.trainer.export_hf, target / "model")
         saved: dict[str, Any] = {"step": done, "health": self.rollback.to_dict()}
@@ -643,7 +646,7 @@ class TrainingRun:
             saved[OFFLINE_UNITS] = self.offline.consumed
         if self.sampler is not None:  # resume re-explores from the first batch not yet trained
             saved["sampler"] = self.sampler_states.get(done, self.sampler.state_dict())
-        (target / RUN_STATE_FILE).write_text(json.dumps(saved))
+        write_json(target / RUN_STATE_FILE, saved)  # whole or absent, even if killed
         return saved
 
     def _commit(self, saved: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from agentscope_rft.config import load_config
+from agentscope_rft.runtime.components import write_state
 from agentscope_rft.runtime.local import train
 from agentscope_rft.runtime.signals import EXIT_STOPPED, RunStop, RunStopped
 
@@ -406,3 +407,39 @@ async def test_an_offline_run_resumed_with_another_batch_size_trains_every_sampl
     assert len(trained) == 12
     assert set(trained[:7]) == every  # the first epoch: each sample once
     assert len(set(trained[7:])) == 5  # the second epoch under way: none twice
+
+
+async def test_a_step_saved_again_is_not_marked_whole_until_it_is(tiny_model_path, tmp_path):
+    """Step 2's checkpoint was written whole by a run killed before committing it; the resume
+    redoes step 2 and is killed while saving it again. The folder kept the first attempt's
+    run_state.json beside half-rewritten weights, so a fork or rollback took it for whole."""
+    import agentscope_rft.runtime.training as training
+
+    run_dir = tmp_path / "run"
+    await train(
+        sft_config(tiny_model_path, run_dir, "run.steps=2", "run.checkpoint_every=1"), run_dir
+    )
+    write_state(run_dir, {"step": 1})  # the kill came before step 2 was committed
+    build = training.build_trainer
+
+    class Killed(Exception):
+        """Where a kill -9 would end the process."""
+
+    class KilledWhileExporting:
+        def __init__(self, trainer) -> None:
+            self._trainer = trainer
+
+        def export_hf(self, target):
+            raise Killed
+
+        def __getattr__(self, name):
+            return getattr(self._trainer, name)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            training, "build_trainer", lambda *a, **k: KilledWhileExporting(build(*a, **k))
+        )
+        with pytest.raises(Killed):
+            await train(load_config(run_dir / "config.yaml"), run_dir, resume=True)
+    assert (run_dir / "checkpoints" / "step-000002" / "trainer.pt").is_file()  # rewritten
+    assert not (run_dir / "checkpoints" / "step-000002" / "run_state.json").exists()
