@@ -164,6 +164,8 @@ async def _explore(
     await engine.start()
     results_path = out_dir / "results.jsonl"
     results_path.write_text("")
+    for earlier in ("summary.json", "diagnosis.jsonl"):  # of an earlier explore (killed or not)
+        (out_dir / earlier).unlink(missing_ok=True)
     log = RolloutLog(out_dir / "rollouts.jsonl")
     log.path.write_text("")
     all_rollouts: list[Rollout] = []
