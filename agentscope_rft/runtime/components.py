@@ -52,7 +52,10 @@ def prepare_run_dir(config: RunConfig, run_dir: Path, *, resume: bool) -> RunFol
     except BaseException:
         lock.release()
         raise
-    (run_dir / "config.yaml").write_text(dump_config(config))
+    # (every resume writes it again: a kill mid-write must leave the old one, not half of it)
+    partial = run_dir / "config.yaml.tmp"
+    partial.write_text(dump_config(config))
+    partial.replace(run_dir / "config.yaml")
     return lock
 
 

@@ -75,3 +75,28 @@ def test_a_resume_whose_checkpoint_is_missing_or_cut_off_names_it_and_the_whole_
         prepare_run_dir(CONFIG, run_dir, resume=True)
     (run_dir / "checkpoints" / "step-000004" / "run_state.json").write_text('{"step": 4}')
     prepare_run_dir(CONFIG, run_dir, resume=True).release()
+
+
+def test_a_resume_killed_while_saving_the_config_keeps_the_runs_config(tmp_path, monkeypatch):
+    """Each resume writes config.yaml again; a kill mid-write left half of it, and the next
+    `--resume` could not read the run's config."""
+    from pathlib import Path
+
+    run_dir = tmp_path / "run"
+    prepare_run_dir(CONFIG, run_dir, resume=False).release()
+    saved = (run_dir / "config.yaml").read_text()
+    step = run_dir / "checkpoints" / "step-000001"
+    step.mkdir(parents=True)
+    (step / "run_state.json").write_text('{"step": 1}')
+    (run_dir / "state.json").write_text('{"step": 1}')
+    write_text = Path.write_text
+
+    def killed_midway(path: Path, text: str, *args, **kwargs) -> int:
+        write_text(path, text[: len(text) // 2], *args, **kwargs)
+        raise KeyboardInterrupt  # the process ends here, as a kill -9 would end it
+
+    monkeypatch.setattr(Path, "write_text", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_run_dir(CONFIG, run_dir, resume=True)
+    monkeypatch.undo()
+    assert (run_dir / "config.yaml").read_text() == saved
