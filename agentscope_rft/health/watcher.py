@@ -199,7 +199,7 @@ def history_from_metrics(run_dir: Path) -> list[StepMetrics]:
     )
 
     path = run_dir / METRICS_FILE
-    if not path.is_file():
+    if not path.is_file() or not path.stat().st_size:  # lost (resume warns): no history
         return []
     records = surviving_history(read_metrics(path))
     return [StepMetrics(r.step, dict(r.metrics)) for r in per_step(records, "train")]

@@ -52,7 +52,10 @@ def prepare_run_dir(config: RunConfig, run_dir: Path, *, resume: bool) -> RunFol
     except BaseException:
         lock.release()
         raise
-    (run_dir / "config.yaml").write_text(dump_config(config))
+    # (every resume writes it again: a kill mid-write must leave the old one, not half of it)
+    partial = run_dir / "config.yaml.tmp"
+    partial.write_text(dump_config(config))
+    partial.replace(run_dir / "config.yaml")
     return lock
 
 
@@ -84,6 +87,7 @@ def _check_run_dir(config: RunConfig, run_dir: Path, *, resume: bool) -> None:
     if resume:
         if not (run_dir / STATE_FILE).is_file():
             raise RunFolderError(f"{run_dir} has no checkpoint to resume from ({STATE_FILE})")
+        _check_resume_checkpoint(run_dir, int(read_state(run_dir)["step"]))
     elif files := _run_files(run_dir):
         if not config.run.overwrite:
             if (run_dir / STATE_FILE).is_file():
@@ -102,6 +106,31 @@ def _check_run_dir(config: RunConfig, run_dir: Path, *, resume: bool) -> None:
                 shutil.rmtree(child)
             else:
                 child.unlink()
+
+
+def _check_resume_checkpoint(run_dir: Path, step: int) -> None:
+    """The checkpoint `state.json` names must be whole (its run state is written last), else
+    the resume would fail deep in the trainer with an error that does not say why."""
+    folder = checkpoint_dir(run_dir, step)
+    if (folder / RUN_STATE_FILE).is_file():
+        return
+    whole = sorted(
+        int(f.name.removeprefix("step-"))
+        for f in (run_dir / CHECKPOINTS).glob("step-*")
+        if (f / RUN_STATE_FILE).is_file()
+    )
+    what = "is incomplete (no run_state.json)" if folder.is_dir() else "is missing"
+    raise RunFolderError(
+        f"{run_dir / STATE_FILE} resumes after step {step}, but its checkpoint {folder} {what}; "
+        f"whole checkpoints: {', '.join(map(str, whole)) or 'none'}. "
+        + (
+            f"Continue from one of them in a new run folder: `agentscope-rft train --config "
+            f"{run_dir / 'config.yaml'} --set run.dir=<new folder> --fork-from {run_dir} "
+            f"--fork-step {whole[-1]}`"
+            if whole
+            else f"Start again with `agentscope-rft train --config {run_dir / 'config.yaml'}`"
+        )
+    )
 
 
 def _run_files(run_dir: Path) -> list[str]:

@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from agentscope_rft.api import load_workflow
 from agentscope_rft.buffer.base import group_samples
-from agentscope_rft.buffer.config import BufferConfig, build_buffer
+from agentscope_rft.buffer.config import DEFAULT_SQLITE_NAME, BufferConfig, build_buffer
 from agentscope_rft.config import RunConfig, dump_config
 from agentscope_rft.data.operators import Pipeline
 from agentscope_rft.data.side import (
@@ -68,6 +68,17 @@ def _task_result(task_id: str, rollouts: list[Rollout]) -> dict[str, Any]:
 
 SPLITS = ("train", "val", "test", "eval")
 """`explore --split` values (`eval` is the test split's older name)."""
+
+
+def _clear_earlier_buffer(path: Path) -> None:
+    """Delete the buffer an earlier explore (finished or killed) left in the output folder: its
+    results are replaced, and its samples would sit beside this run's twice over (a later
+    `train_only` would train those tasks twice). A buffer at `buffer.url` is shared and kept."""
+    if not path.exists():
+        return
+    logger.warning("explore: replacing the samples of an earlier explore in %s", path)
+    for leftover in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        leftover.unlink(missing_ok=True)
 
 
 def split_tasks(config: RunConfig, split: str) -> list[Task]:
@@ -144,6 +155,8 @@ async def _explore(
         )
         buffer_config = BufferConfig(type="sql")
     check_judges(config.data)
+    if buffer_config.url is None:
+        _clear_earlier_buffer(out_dir / DEFAULT_SQLITE_NAME)
     buffer = build_buffer(buffer_config, out_dir)
     engine = build_engine(config.model, config.engine, out_dir / "logs", config.gpus)
     if ray_runtime is not None:
@@ -151,6 +164,8 @@ async def _explore(
     await engine.start()
     results_path = out_dir / "results.jsonl"
     results_path.write_text("")
+    for earlier in ("summary.json", "diagnosis.jsonl"):  # of an earlier explore (killed or not)
+        (out_dir / earlier).unlink(missing_ok=True)
     log = RolloutLog(out_dir / "rollouts.jsonl")
     log.path.write_text("")
     all_rollouts: list[Rollout] = []

@@ -55,6 +55,7 @@ from agentscope_rft.runtime.best import (
 )
 from agentscope_rft.runtime.components import (
     CHECKPOINTS,
+    STATE_FILE,
     checkpoint_dir,
     write_state,
 )
@@ -62,6 +63,9 @@ from agentscope_rft.runtime.components import (
 logger = logging.getLogger(__name__)
 
 FORK_FILE = "fork.json"
+UNFINISHED = ".fork-unfinished"
+"""In a fork's folder until its `state.json` is written: a fork killed while copying is made
+again by the same command."""
 STEP_LOGS = ("rollouts.jsonl", "samples.jsonl", "diagnosis.jsonl")
 """JSON-lines files with a `step` and a `phase` per line, cut like the metrics."""
 
@@ -102,6 +106,7 @@ def fork_run(source: Path, step: int, dest: Path, config: RunConfig) -> dict[str
         )
     _clear(dest, source, overwrite=config.run.overwrite)
     dest.mkdir(parents=True)
+    (dest / UNFINISHED).write_text(f"a fork of {source} at step {step}, being made\n")
     shutil.copytree(checkpoint, dest / CHECKPOINTS / checkpoint.name)
     (dest / "config.yaml").write_text(dump_config(config))
     if (source / METRICS_FILE).is_file():
@@ -122,6 +127,7 @@ def fork_run(source: Path, step: int, dest: Path, config: RunConfig) -> dict[str
     (dest / FORK_FILE).write_text(json.dumps(record, indent=1))
     # Last: a fork killed before this line has no state to resume from, and is made again.
     write_state(dest, json.loads((checkpoint / RUN_STATE_FILE).read_text()))
+    (dest / UNFINISHED).unlink()
     shown = "; ".join(record["differences"][:8]) or "none"
     logger.info("forked %s at step %d into %s; config differences: %s", source, step, dest, shown)
     return record
@@ -170,11 +176,20 @@ def _checkpoint(source: Path, step: int) -> Path:
 def _clear(dest: Path, source: Path, *, overwrite: bool) -> None:
     if dest.resolve() == source.resolve():
         raise ForkError(f"the fork's run folder {dest} is its source: give the fork another name")
-    if dest.exists() and any(dest.iterdir()):
+    resumable = (dest / STATE_FILE).is_file()
+    if (dest / UNFINISHED).is_file() and not resumable:
+        logger.warning("%s: a fork cut off before it was made (killed?); making it again", dest)
+        shutil.rmtree(dest)
+    elif dest.exists() and any(dest.iterdir()):
         if not overwrite:
+            advice = (
+                f"continue it with `agentscope-rft train --resume {dest}`"
+                if resumable
+                else "it has no checkpoint to resume from"
+            )
             raise ForkError(
-                f"run folder {dest} already exists: continue it with `agentscope-rft train "
-                f"--resume {dest}`, pick another run.name, or pass --set run.overwrite=true"
+                f"run folder {dest} already exists: {advice}; pick another run.dir, or pass "
+                "--set run.overwrite=true to replace it"
             )
         logger.warning("run.overwrite: replacing %s with a fork of %s", dest, source)
         shutil.rmtree(dest)

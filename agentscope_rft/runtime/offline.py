@@ -15,14 +15,22 @@ logger = logging.getLogger(__name__)
 
 
 def offline_batches(
-    config: RunConfig, start: int = 0, units: dict[str, list[Sample]] | None = None
-) -> Iterator[list[Sample]]:
+    config: RunConfig,
+    start: int = 0,
+    units: dict[str, list[Sample]] | None = None,
+    *,
+    consumed: int | None = None,
+) -> OfflineBatches:
     """Endless shuffled batches of `offline.batch_size` samples (DPO: pairs), epoch by epoch.
 
     The file is read (and a bad one refused) when this is called, not at the first batch, unless
-    `units` (from `load_offline_units`, read by the preflight checks) are given. The order
-    depends only on `run.seed` and the file, so a run resumed after step `start` skips the
-    `start` batches it trained and goes on with the batch it would have trained next.
+    `units` (from `load_offline_units`, read by the preflight checks) are given. The units come
+    in one stream that depends only on `run.seed` and the file (one shuffle per epoch, one after
+    another), and each batch is the stream's next `batch_size` units. A run resumed after step
+    `start` goes on where it stopped: after the `consumed` units it trained (its checkpoint's
+    `OfflineBatches.consumed`), so a resume that changes `offline.batch_size` neither repeats nor
+    skips a unit; without `consumed` (a checkpoint from before it was saved), after `start`
+    batches of the configured size.
 
     Example:
         >>> batch = next(offline_batches(config))  # doctest: +SKIP
@@ -39,7 +47,13 @@ def offline_batches(
             config.offline.path,
             len(units),
         )
-    return _batches(units, config.offline.batch_size, random.Random(config.run.seed), start)
+    batches = OfflineBatches(units, config.offline.batch_size, random.Random(config.run.seed))
+    if consumed is None:
+        for _ in range(start):
+            next(batches)
+    else:
+        batches.skip(consumed)
+    return batches
 
 
 def load_offline_units(config: RunConfig) -> dict[str, list[Sample]]:
@@ -87,18 +101,34 @@ def load_offline_units(config: RunConfig) -> dict[str, list[Sample]]:
     return units
 
 
-def _batches(
-    units: dict[str, list[Sample]], batch_size: int, rng: random.Random, start: int
-) -> Iterator[list[Sample]]:
-    order = list(units)
-    epoch_order: list[str] = []
-    batch = 0
-    while True:
-        if len(epoch_order) < batch_size:
-            shuffled = order[:]
-            rng.shuffle(shuffled)
-            epoch_order += shuffled
-        chosen, epoch_order = epoch_order[:batch_size], epoch_order[batch_size:]
-        if batch >= start:
-            yield [s for key in chosen for s in units[key]]
-        batch += 1
+class OfflineBatches:
+    """The batches of `offline_batches`; `consumed` counts the units handed out so far."""
+
+    def __init__(self, units: dict[str, list[Sample]], batch_size: int, rng: random.Random) -> None:
+        self.units, self.batch_size, self.rng = units, batch_size, rng
+        self.order = list(units)
+        self.pending: list[str] = []  # the rest of the stream's shuffles drawn so far
+        self.consumed = 0
+
+    def __iter__(self) -> Iterator[list[Sample]]:
+        return self
+
+    def __next__(self) -> list[Sample]:
+        if len(self.pending) < self.batch_size:
+            self._draw_epoch()
+        chosen = self.pending[: self.batch_size]
+        del self.pending[: self.batch_size]
+        self.consumed += len(chosen)
+        return [s for key in chosen for s in self.units[key]]
+
+    def skip(self, units: int) -> None:
+        """Pass over the first `units` units of the stream (what a resumed run trained)."""
+        while len(self.pending) < units - self.consumed:
+            self._draw_epoch()
+        del self.pending[: units - self.consumed]
+        self.consumed = units
+
+    def _draw_epoch(self) -> None:
+        shuffled = self.order[:]
+        self.rng.shuffle(shuffled)
+        self.pending += shuffled

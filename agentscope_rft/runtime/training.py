@@ -15,7 +15,6 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -44,9 +43,10 @@ from agentscope_rft.health.watcher import (
 )
 from agentscope_rft.monitor import Monitor
 from agentscope_rft.rss import PhasePeaks, phase_metric
-from agentscope_rft.runtime.best import RUN_STATE_FILE, BestCheckpoint
+from agentscope_rft.runtime.best import RUN_STATE_FILE, BestCheckpoint, write_json
 from agentscope_rft.runtime.components import (
     RolloutLog,
+    RunFolderError,
     RunFolderLock,
     checkpoint_dir,
     episode_settings,
@@ -66,7 +66,7 @@ from agentscope_rft.runtime.memory import (
     release_freed_memory,
     share_trainer_weights,
 )
-from agentscope_rft.runtime.offline import offline_batches
+from agentscope_rft.runtime.offline import OfflineBatches, offline_batches
 from agentscope_rft.runtime.preflight import Checked
 from agentscope_rft.runtime.sample_log import SampleLog
 from agentscope_rft.runtime.signals import RunStop, RunStopped, Stopping
@@ -75,6 +75,9 @@ from agentscope_rft.trainers.factory import build_trainer
 from agentscope_rft.types import Sample
 
 logger = logging.getLogger(__name__)
+
+OFFLINE_UNITS = "offline_units"
+"""Run-state key: the offline units (samples, DPO pairs) the checkpoint's steps trained."""
 
 LEAD = {"sync": 0, "one_step_off": 1}
 MAX_EMPTY_STEPS = 3
@@ -144,7 +147,7 @@ class TrainingRun:
         self.saved_at: int | None = None
         self.last: dict[str, float] = {}
         self.rollback = RollbackState()
-        self.offline: Iterator[list[Sample]] | None = None
+        self.offline: OfflineBatches | None = None
         self.val_tasks, self.val_phase = self._validation_split(checked)
         self.diagnosis = RunDiagnosis(run_dir)  # the first batch of each phase, reported once
         self.peaks = PhasePeaks()  # memory/<phase>_peak_gib in each step's metrics
@@ -210,10 +213,20 @@ class TrainingRun:
         if self.resume:
             state = read_state(run_dir)
             self.start = int(state["step"])
-            await in_own_thread(self.trainer.load, checkpoint_dir(run_dir, self.start))
+            await self._load_resumed(checkpoint_dir(run_dir, self.start))
             self.rollback = RollbackState.from_dict(state.get("health", {}))
             await self._apply_rollback_changes()
             logger.info("resuming %s after step %d", run_dir, self.start)
+            metrics_file = run_dir / "metrics.jsonl"
+            if self.start and not (metrics_file.is_file() and metrics_file.stat().st_size):
+                logger.warning(
+                    "resume: %s is missing or empty: steps 0-%d have no metrics (curves, best "
+                    "checkpoint and health rules start at step %d); the weights are the "
+                    "checkpoint's",
+                    metrics_file,
+                    self.start - 1,
+                    self.start,
+                )
             # The records of steps the crash cut off: those steps are explored again.
             rewind_step_logs(run_dir, self.start)
             # Groups taken by the steps lost in the crash (`start` and later) go back.
@@ -224,7 +237,9 @@ class TrainingRun:
         self.saved_at = self.start if self.resume else None
         # Demonstrations are read (and a bad file refused) before the engine loads.
         if config.uses_offline_data():
-            self.offline = offline_batches(config, self.start, self.checked.offline_units)
+            self.offline = offline_batches(
+                config, self.start, self.checked.offline_units, consumed=state.get(OFFLINE_UNITS)
+            )
         if self.mode in EXPLORING_MODES:
             await self._open_exploring(state)
         self.rollout_log = RolloutLog(run_dir / "rollouts.jsonl", resume=self.resume)
@@ -248,6 +263,29 @@ class TrainingRun:
         self.best = BestCheckpoint(run_dir, config.run.best_metric, config.run.best_mode)
         if config.health.rolls_back():
             self._prepare_rollbacks()
+
+    async def _load_resumed(self, folder: Path) -> None:
+        """Load the checkpoint a resume starts from; a damaged file (a disk that filled up, a
+        copy cut short) is named, not a deserializer's traceback."""
+        import pickle
+
+        import torch
+        from safetensors import SafetensorError
+
+        unreadable = (OSError, RuntimeError, EOFError, KeyError, pickle.UnpicklingError)
+        try:
+            await in_own_thread(self.trainer.load, folder)
+        except torch.OutOfMemoryError:
+            raise
+        except (*unreadable, SafetensorError, ValueError) as exc:
+            raise RunFolderError(
+                f"cannot resume from {folder}: {str(exc).rstrip('.')}. A damaged checkpoint (a "
+                "full disk, a copy cut short) cannot be resumed: continue from an older one with "
+                "`agentscope-rft "
+                f"train --config {self.run_dir / 'config.yaml'} --set run.dir=<new folder> "
+                f"--fork-from {self.run_dir} --fork-step <step>`; one written for another model "
+                "needs the run's own model.name_or_path and trainer.lora"
+            ) from exc
 
     async def _open_exploring(self, state: dict[str, Any]) -> None:
         from agentscope_rft.runtime.local import episode_runner
@@ -598,12 +636,17 @@ class TrainingRun:
         """Save the weights and optimizer of step `done`; returns the run state to commit."""
         self.saved_at = done
         target = checkpoint_dir(self.run_dir, done)
+        # run_state.json marks a whole checkpoint: a step saved again (redone after a resume)
+        # drops the one of the earlier attempt first, so a kill while saving leaves no mark
+        (target / RUN_STATE_FILE).unlink(missing_ok=True)
         await in_own_thread(self.trainer.save, target)
         await in_own_thread(self.trainer.export_hf, target / "model")
         saved: dict[str, Any] = {"step": done, "health": self.rollback.to_dict()}
+        if self.offline is not None:  # resume trains on from the first unit not yet trained
+            saved[OFFLINE_UNITS] = self.offline.consumed
         if self.sampler is not None:  # resume re-explores from the first batch not yet trained
             saved["sampler"] = self.sampler_states.get(done, self.sampler.state_dict())
-        (target / RUN_STATE_FILE).write_text(json.dumps(saved))
+        write_json(target / RUN_STATE_FILE, saved)  # whole or absent, even if killed
         return saved
 
     def _commit(self, saved: dict[str, Any]) -> None:
@@ -651,7 +694,9 @@ class TrainingRun:
         if self.gateway is not None:  # the redone steps sample as a run resumed here would
             self.gateway.restart_call_numbers()
         if self.config.uses_offline_data():
-            self.offline = offline_batches(self.config, target, self.checked.offline_units)
+            self.offline = offline_batches(
+                self.config, target, self.checked.offline_units, consumed=saved.get(OFFLINE_UNITS)
+            )
         self.health.rewind(target)
         self.monitor.supersede_from(target)
         self.start = self.steps_done = self.policy_version = target

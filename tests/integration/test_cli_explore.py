@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 
@@ -156,3 +157,82 @@ async def test_explore_runs_the_data_operators_before_the_buffer(calc_model_path
         json.loads(x) for x in (tmp_path / "explore" / "results.jsonl").read_text().splitlines()
     ]
     assert [r["rewards"] for r in results] == [[1.0, 1.0], [0.0, 0.0]]  # the workflow's own
+
+
+async def test_exploring_again_into_a_folder_replaces_the_earlier_samples(
+    tiny_model_path, tmp_path
+):
+    """An explore killed after its first task, then run again into the same folder: the buffer
+    holds each task's group once (the killed run's groups stayed beside the new ones, so a
+    `train_only` run from it trained the first task twice), like `results.jsonl`."""
+    from collections import Counter
+
+    from agentscope_rft.buffer import iter_stored_samples
+    from agentscope_rft.config import load_config
+    from agentscope_rft.runtime.explore import explore
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(
+        "".join(json.dumps({"id": f"t{i}", "prompt": f"Say {i}"}) + "\n" for i in (0, 1))
+    )
+    config = load_config(
+        None,
+        [
+            f"model.name_or_path={tiny_model_path}",
+            "engine.dtype=float32",
+            "workflow=tests/integration/toy_app.py:run",
+            f"tasks.train={tasks}",
+            "explorer.group_size=2",
+            "explorer.sampling.max_tokens=4",
+        ],
+    )
+    out = tmp_path / "explore"
+    await explore(config, out, limit=1)  # what a run killed after its first task left
+    await explore(config, out)
+    stored = Counter(s.task_id for s in iter_stored_samples(out / "buffer.db"))
+    assert stored == {"t0": 2, "t1": 2}
+    results = [json.loads(x)["task_id"] for x in (out / "results.jsonl").read_text().splitlines()]
+    assert results == ["t0", "t1"]
+    assert len((out / "diagnosis.jsonl").read_text().splitlines()) == 1  # this explore's
+
+
+async def test_an_explore_killed_midway_leaves_no_summary_of_an_earlier_one(
+    tiny_model_path, tmp_path, monkeypatch
+):
+    """A finished explore, then one killed after its first task into the same folder: the
+    folder kept the first one's summary.json (all tasks, the earlier policy) beside the second
+    one's partial results.jsonl."""
+    import agentscope_rft.runtime.explore as explore_module
+    from agentscope_rft.config import load_config
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(
+        "".join(json.dumps({"id": f"t{i}", "prompt": f"Say {i}"}) + "\n" for i in (0, 1))
+    )
+    config = load_config(
+        None,
+        [
+            f"model.name_or_path={tiny_model_path}",
+            "engine.dtype=float32",
+            "workflow=tests/integration/toy_app.py:run",
+            f"tasks.train={tasks}",
+            "explorer.group_size=2",
+            "explorer.max_concurrency=2",  # one task at a time
+            "explorer.sampling.max_tokens=4",
+        ],
+    )
+    out = tmp_path / "explore"
+    await explore_module.explore(config, out)
+    assert (out / "summary.json").is_file()
+
+    class Killed(Exception):
+        """Where a kill -9 would end the process."""
+
+    def killed(engine):
+        raise Killed
+
+    monkeypatch.setattr(explore_module, "check_engine", killed)  # after the first task's lines
+    with pytest.raises(Killed):
+        await explore_module.explore(config, out)
+    assert len((out / "results.jsonl").read_text().splitlines()) == 1
+    assert not (out / "summary.json").exists() and not (out / "diagnosis.jsonl").exists()

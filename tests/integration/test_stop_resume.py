@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from agentscope_rft.config import load_config
+from agentscope_rft.runtime.components import write_state
 from agentscope_rft.runtime.local import train
 from agentscope_rft.runtime.signals import EXIT_STOPPED, RunStop, RunStopped
 
@@ -319,3 +320,126 @@ async def test_a_resume_drops_the_records_of_the_step_the_crash_cut_off(
     assert sorted({s["step"] for s in samples}) == [0, 1, 2]
     step2 = {s["rollout_id"] for s in samples if s["step"] == 2}
     assert step2 == {r["rollout_id"] for r in rollouts if r["step"] == 2}
+
+
+def sft_config(model: str, run_dir: Path, *extra: str):
+    """One step of SFT on the test data: a run folder in seconds."""
+    return load_config(
+        None,
+        [
+            f"model.name_or_path={model}",
+            f"offline.path={Path(__file__).parents[1] / 'data' / 'sft_tiny.jsonl'}",
+            "algorithm.objective=sft",
+            "trainer.dtype=float32",
+            "monitor.tensorboard=false",
+            "run.mode=offline",
+            "run.steps=1",
+            f"run.dir={run_dir}",
+            *extra,
+        ],
+    )
+
+
+async def test_resuming_from_a_damaged_checkpoint_names_it_and_the_way_on(
+    tiny_model_path, tmp_path
+):
+    """A checkpoint whose trainer.pt was cut short (a full disk, a copy interrupted) is named
+    with the fork that continues from an older one (it was torch's zip-reader traceback)."""
+    from agentscope_rft.runtime.components import RunFolderError
+
+    run_dir = tmp_path / "run"
+    await train(sft_config(tiny_model_path, run_dir), run_dir)
+    trainer_state = run_dir / "checkpoints" / "step-000001" / "trainer.pt"
+    trainer_state.write_bytes(trainer_state.read_bytes()[:1000])
+    resumed = load_config(run_dir / "config.yaml", ["run.steps=2"])
+    with pytest.raises(RunFolderError, match=r"cannot resume from .*step-000001: ") as error:
+        await train(resumed, run_dir, resume=True)
+    assert f"--fork-from {run_dir} --fork-step <step>" in str(error.value)
+
+
+async def test_a_run_whose_metrics_file_was_lost_resumes_from_its_checkpoint(
+    tiny_model_path, tmp_path
+):
+    """metrics.jsonl deleted (or never copied along): the checkpoint still resumes, saying what
+    is missing (it was a MetricsFileError traceback from the health watcher's history)."""
+    run_dir = tmp_path / "run"
+    await train(sft_config(tiny_model_path, run_dir), run_dir)
+    (run_dir / "metrics.jsonl").unlink()
+    await train(load_config(run_dir / "config.yaml", ["run.steps=2"]), run_dir, resume=True)
+    assert [r["step"] for r in train_lines(run_dir)] == [1]
+    assert json.loads((run_dir / "state.json").read_text())["step"] == 2
+
+
+async def test_an_offline_run_resumed_with_another_batch_size_trains_every_sample_once_per_epoch(
+    tiny_model_path, tmp_path, monkeypatch
+):
+    """3 SFT steps of 2 samples, stopped, resumed with offline.batch_size=3: the resumed steps
+    go on with the 7th sample of the first epoch. The resume skipped 3 batches of the new size
+    (9 samples), so samples 7-9 of the stream were never trained."""
+    import agentscope_rft.runtime.training as training
+
+    trained: list[str] = []
+    build = training.build_trainer
+
+    class Recording:
+        def __init__(self, trainer) -> None:
+            self._trainer = trainer
+
+        def step(self, samples, step):
+            trained.extend(s.sample_id for s in samples)
+            return self._trainer.step(samples, step)
+
+        def __getattr__(self, name):
+            return getattr(self._trainer, name)
+
+    monkeypatch.setattr(training, "build_trainer", lambda *a, **k: Recording(build(*a, **k)))
+    data = tmp_path / "sft.jsonl"
+    chat = [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": "A."}]
+    data.write_text("".join(json.dumps({"messages": chat}) + "\n" for _ in range(7)))
+    run_dir = tmp_path / "run"
+    first = sft_config(tiny_model_path, run_dir, f"offline.path={data}", "offline.batch_size=2")
+    first.run.steps = 3
+    await train(first, run_dir)
+    assert len(trained) == 6
+    resumed = load_config(run_dir / "config.yaml", ["offline.batch_size=3", "run.steps=5"])
+    await train(resumed, run_dir, resume=True)
+    every = {f"sft.jsonl:{line}" for line in range(1, 8)}
+    assert len(trained) == 12
+    assert set(trained[:7]) == every  # the first epoch: each sample once
+    assert len(set(trained[7:])) == 5  # the second epoch under way: none twice
+
+
+async def test_a_step_saved_again_is_not_marked_whole_until_it_is(tiny_model_path, tmp_path):
+    """Step 2's checkpoint was written whole by a run killed before committing it; the resume
+    redoes step 2 and is killed while saving it again. The folder kept the first attempt's
+    run_state.json beside half-rewritten weights, so a fork or rollback took it for whole."""
+    import agentscope_rft.runtime.training as training
+
+    run_dir = tmp_path / "run"
+    await train(
+        sft_config(tiny_model_path, run_dir, "run.steps=2", "run.checkpoint_every=1"), run_dir
+    )
+    write_state(run_dir, {"step": 1})  # the kill came before step 2 was committed
+    build = training.build_trainer
+
+    class Killed(Exception):
+        """Where a kill -9 would end the process."""
+
+    class KilledWhileExporting:
+        def __init__(self, trainer) -> None:
+            self._trainer = trainer
+
+        def export_hf(self, target):
+            raise Killed
+
+        def __getattr__(self, name):
+            return getattr(self._trainer, name)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            training, "build_trainer", lambda *a, **k: KilledWhileExporting(build(*a, **k))
+        )
+        with pytest.raises(Killed):
+            await train(load_config(run_dir / "config.yaml"), run_dir, resume=True)
+    assert (run_dir / "checkpoints" / "step-000002" / "trainer.pt").is_file()  # rewritten
+    assert not (run_dir / "checkpoints" / "step-000002" / "run_state.json").exists()

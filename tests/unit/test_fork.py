@@ -140,7 +140,10 @@ def test_a_fork_that_cannot_be_made_says_why(source, tmp_path, step, extra, mess
 def test_a_fork_never_replaces_a_folder_unasked(source, tmp_path):
     (tmp_path / "fork").mkdir()
     (tmp_path / "fork" / "keep").write_text("x")
-    with pytest.raises(ForkError, match="already exists: continue it with"):
+    with pytest.raises(ForkError, match="already exists: it has no checkpoint to resume from"):
+        fork_run(source, 6, tmp_path / "fork", config(tmp_path / "fork"))
+    (tmp_path / "fork" / "state.json").write_text('{"step": 2}')
+    with pytest.raises(ForkError, match=r"already exists: continue it with .*--resume"):
         fork_run(source, 6, tmp_path / "fork", config(tmp_path / "fork"))
     assert (tmp_path / "fork" / "keep").is_file()
     with pytest.raises(ForkError, match="is its source"):
@@ -149,6 +152,30 @@ def test_a_fork_never_replaces_a_folder_unasked(source, tmp_path):
         fork_run(tmp_path / "fork", 6, tmp_path / "other", config(tmp_path / "other"))
     fork_run(source, 6, tmp_path / "fork", config(tmp_path / "fork", "run.overwrite=true"))
     assert not (tmp_path / "fork" / "keep").exists()
+
+
+def test_a_fork_killed_while_it_was_made_is_made_again_by_the_same_command(
+    source, tmp_path, monkeypatch
+):
+    """Killed while copying (here: the buffer), the fork's folder had a checkpoint but no
+    state.json; the same command was refused with advice to `--resume` it, which had nothing to
+    resume from."""
+    import agentscope_rft.runtime.fork as fork
+
+    def killed(*_: object) -> None:
+        raise KeyboardInterrupt  # the process ends here, as a kill -9 would end it
+
+    dest = tmp_path / "fork"
+    with monkeypatch.context() as patch:
+        patch.setattr(fork, "_copy_sqlite", killed)
+        with pytest.raises(KeyboardInterrupt):
+            fork_run(source, 6, dest, config(dest))
+    assert (dest / "checkpoints" / "step-000006").is_dir() and not (dest / "state.json").exists()
+    fork_run(source, 6, dest, config(dest))
+    assert json.loads((dest / "state.json").read_text())["step"] == 6
+    made = {"best.json", "buffer.db", "checkpoints", "config.yaml", "fork.json", "state.json"}
+    made |= {"metrics.jsonl", "rollouts.jsonl", "samples.jsonl"}
+    assert {p.name for p in dest.iterdir()} == made  # no leftover of the cut-off attempt
 
 
 def test_a_resume_keeps_the_validation_of_the_checkpoint_it_resumes_from():

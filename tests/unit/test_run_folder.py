@@ -35,6 +35,8 @@ def test_a_folder_with_a_run_is_refused_and_kept(tmp_path):
 def test_a_run_folder_in_use_is_refused_until_its_run_ends(tmp_path):
     run_dir = tmp_path / "run"
     running = prepare_run_dir(CONFIG, run_dir, resume=False)
+    (run_dir / "checkpoints" / "step-000001").mkdir(parents=True)
+    (run_dir / "checkpoints" / "step-000001" / "run_state.json").write_text('{"step": 1}')
     (run_dir / "state.json").write_text('{"step": 1}')
     with pytest.raises(RunFolderError, match=r"is in use by another `agentscope-rft train`"):
         prepare_run_dir(CONFIG, run_dir, resume=True)  # a second process resuming it
@@ -52,3 +54,49 @@ def test_overwrite_replaces_the_contents_and_keeps_the_lock(tmp_path):
     with pytest.raises(RunFolderError, match="is in use"):
         prepare_run_dir(config, run_dir, resume=False)
     lock.release()
+
+
+def test_a_resume_whose_checkpoint_is_missing_or_cut_off_names_it_and_the_whole_ones(tmp_path):
+    """state.json names step 4; its checkpoint folder is gone, then half-written. The resume was
+    refused deep in the trainer ("does not match the model: missing [...]")."""
+    run_dir = tmp_path / "run"
+    whole = run_dir / "checkpoints" / "step-000002"
+    whole.mkdir(parents=True)
+    (whole / "run_state.json").write_text('{"step": 2}')
+    (run_dir / "state.json").write_text('{"step": 4}')
+    with pytest.raises(
+        RunFolderError, match=r"step-000004 is missing; whole checkpoints: 2\. "
+    ) as e:
+        prepare_run_dir(CONFIG, run_dir, resume=True)
+    assert f"--fork-from {run_dir} --fork-step 2" in str(e.value)
+    (run_dir / "checkpoints" / "step-000004").mkdir()
+    (run_dir / "checkpoints" / "step-000004" / "trainer.pt").write_bytes(b"")
+    with pytest.raises(RunFolderError, match=r"step-000004 is incomplete \(no run_state\.json\)"):
+        prepare_run_dir(CONFIG, run_dir, resume=True)
+    (run_dir / "checkpoints" / "step-000004" / "run_state.json").write_text('{"step": 4}')
+    prepare_run_dir(CONFIG, run_dir, resume=True).release()
+
+
+def test_a_resume_killed_while_saving_the_config_keeps_the_runs_config(tmp_path, monkeypatch):
+    """Each resume writes config.yaml again; a kill mid-write left half of it, and the next
+    `--resume` could not read the run's config."""
+    from pathlib import Path
+
+    run_dir = tmp_path / "run"
+    prepare_run_dir(CONFIG, run_dir, resume=False).release()
+    saved = (run_dir / "config.yaml").read_text()
+    step = run_dir / "checkpoints" / "step-000001"
+    step.mkdir(parents=True)
+    (step / "run_state.json").write_text('{"step": 1}')
+    (run_dir / "state.json").write_text('{"step": 1}')
+    write_text = Path.write_text
+
+    def killed_midway(path: Path, text: str, *args, **kwargs) -> int:
+        write_text(path, text[: len(text) // 2], *args, **kwargs)
+        raise KeyboardInterrupt  # the process ends here, as a kill -9 would end it
+
+    monkeypatch.setattr(Path, "write_text", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_run_dir(CONFIG, run_dir, resume=True)
+    monkeypatch.undo()
+    assert (run_dir / "config.yaml").read_text() == saved
