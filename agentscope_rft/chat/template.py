@@ -196,7 +196,11 @@ class ChatRenderer:
         self.tokenizer = tokenizer
         self.chat_template = chat_template or tokenizer.chat_template
         if not self.chat_template:
-            raise ChatFormatError("the tokenizer has no chat template; set model.chat_template")
+            raise ChatFormatError(
+                f"the tokenizer of {tokenizer.name_or_path} has no chat template (no "
+                "chat_template.jinja, no chat_template in tokenizer_config.json): set "
+                "model.chat_template to a .jinja file or the template text"
+            )
         self.end_of_turn = end_of_turn_token(tokenizer, self.chat_template)
         """The token text closing an assistant turn (`<|im_end|>`, `<|eot_id|>`, `</s>`)."""
         end_id = tokenizer.convert_tokens_to_ids(self.end_of_turn)

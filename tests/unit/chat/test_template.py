@@ -141,3 +141,12 @@ def test_end_of_turn_falls_back_to_eos_when_the_template_writes_no_special_token
     tokenizer = load_tokenizer(resolve_model("tiny-random"))
     plain = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     assert ChatRenderer(tokenizer, plain).end_of_turn == tokenizer.eos_token
+
+
+def test_a_tokenizer_without_a_template_names_its_folder_and_the_fix():
+    tokenizer = load_tokenizer(resolve_model("tiny-random"))
+    tokenizer.chat_template = None
+    with pytest.raises(
+        ChatFormatError, match=r"tiny-random has no chat template.*model\.chat_template"
+    ):
+        ChatRenderer(tokenizer)
