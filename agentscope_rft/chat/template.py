@@ -148,6 +148,42 @@ def normalize_tools(tools: Sequence[JSON] | None) -> list[JSON] | None:
     return list(tools)
 
 
+_PROBE_REPLY = "agentscope-rft probe reply"
+
+
+def end_of_turn_token(tokenizer: PreTrainedTokenizerBase, chat_template: str) -> str:
+    """The special token `chat_template` closes an assistant turn with.
+
+    It is the tokenizer's eos for most chat models, but not for all: a base model's tokenizer
+    (Qwen2.5 and Qwen3 base: eos `<|endoftext|>`) used with a ChatML template ends turns with
+    `<|im_end|>`. Found by rendering one assistant turn and taking the first special token after
+    its content; the tokenizer's eos when the template writes none there (or cannot render it).
+
+    Example:
+        >>> end_of_turn_token(tokenizer, tokenizer.chat_template)  # doctest: +SKIP
+        '<|im_end|>'
+    """
+    eos = str(tokenizer.eos_token)
+    conversation = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": _PROBE_REPLY},
+    ]
+    try:
+        text = tokenizer.apply_chat_template(
+            conversation, chat_template=chat_template, tokenize=False
+        )
+    except Exception:  # a template with its own conventions (roles, system turn): use eos
+        return eos
+    if not isinstance(text, str) or _PROBE_REPLY not in text:
+        return eos
+    tail = text[text.rindex(_PROBE_REPLY) + len(_PROBE_REPLY) :]
+    special = {
+        token.content for token in tokenizer.added_tokens_decoder.values() if token.special
+    } | set(tokenizer.all_special_tokens)
+    found = [(tail.find(token), token) for token in special if token and token in tail]
+    return min(found)[1] if found else eos
+
+
 class ChatRenderer:
     """Renders OpenAI-format conversations to token ids with a tokenizer's chat template.
 
@@ -160,7 +196,16 @@ class ChatRenderer:
         self.tokenizer = tokenizer
         self.chat_template = chat_template or tokenizer.chat_template
         if not self.chat_template:
-            raise ChatFormatError("the tokenizer has no chat template; set model.chat_template")
+            raise ChatFormatError(
+                f"the tokenizer of {tokenizer.name_or_path} has no chat template (no "
+                "chat_template.jinja, no chat_template in tokenizer_config.json): set "
+                "model.chat_template to a .jinja file or the template text"
+            )
+        self.end_of_turn = end_of_turn_token(tokenizer, self.chat_template)
+        """The token text closing an assistant turn (`<|im_end|>`, `<|eot_id|>`, `</s>`)."""
+        end_id = tokenizer.convert_tokens_to_ids(self.end_of_turn)
+        assert isinstance(end_id, int)  # one token in, one id out
+        self.end_of_turn_id = end_id
 
     def render_text(
         self,
@@ -194,7 +239,7 @@ class ChatRenderer:
             >>> ids, mask = renderer.render_ids_with_mask(  # doctest: +SKIP
             ...     [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])
         """
-        eos = self.tokenizer.eos_token
+        eos = self.end_of_turn
         ids: list[int] = []
         mask: list[int] = []
         done = 0  # characters of the full rendering already tokenized

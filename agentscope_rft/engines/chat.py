@@ -58,9 +58,9 @@ class PromptBuilder:
     ) -> None:
         self.renderer = renderer
         self.reuse = reuse
-        tokenizer = renderer.tokenizer
-        self._eos_id = tokenizer.eos_token_id
-        self._eos_text = tokenizer.eos_token
+        # A turn's end as the template writes it: a completion that ended there re-renders exactly.
+        self._eos_id = renderer.end_of_turn_id
+        self._eos_text = renderer.end_of_turn
         self._turns: collections.OrderedDict[tuple[str, str | None], list[_Turn]] = (
             collections.OrderedDict()
         )

@@ -280,6 +280,9 @@ class EmbeddedEngine:
             threads=threads,
             fused=fused,
         )
+        # The chat template's end of turn stops a reply even where the model's eos differs
+        # (a base model's tokenizer with a ChatML template: eos <|endoftext|>, turns <|im_end|>).
+        self._batcher.stop_token_ids.add(self.renderer.end_of_turn_id)
         self._batcher.start()
         logger.info(
             "embedded engine ready: %s on %s (%s), max_model_len %d, max batch %d, prefix cache %s"

@@ -203,7 +203,7 @@ class VLLMEngine:
         self.tokenizer = load_tokenizer(self.model_path)
         self.renderer = ChatRenderer(self.tokenizer, chat_template)
         self.prompts = PromptBuilder(self.renderer, reuse=reuse_prompt_tokens)
-        self._stop_ids = {int(self.tokenizer.eos_token_id)}
+        self._stop_ids = {int(self.tokenizer.eos_token_id), self.renderer.end_of_turn_id}
 
         self.replicas: list[_Replica] = []
         self.replica_hosts: ReplicaHosts | None = None
@@ -498,6 +498,8 @@ class VLLMEngine:
         replica = self._pick(rollout_id)
         async with self._admitted(replica) as (version, model):
             body = wire.completions_body(model, prompt_ids, sampling, max_tokens)
+            if self.renderer.end_of_turn_id != self.tokenizer.eos_token_id:
+                body["stop_token_ids"] = [self.renderer.end_of_turn_id]  # see EmbeddedEngine.start
             if response_format is not None:
                 body["response_format"] = response_format
             data = await self._post(replica, "/v1/completions", body)

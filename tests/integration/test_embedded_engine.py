@@ -301,3 +301,32 @@ async def test_a_failed_prefill_fails_its_requests_instead_of_hanging(engine):
         await asyncio.wait_for(engine.generate([5, 6, 7], GREEDY), timeout=30)
     [after] = await asyncio.wait_for(engine.generate([5, 6, 7], GREEDY), timeout=30)
     assert len(after.completion_ids) == GREEDY.max_tokens  # the engine still serves
+
+
+async def test_replies_stop_at_the_templates_end_of_turn_when_eos_differs(
+    tiny_model_path, tmp_path
+):
+    """A base model's tokenizer (eos <|endoftext|>) with a ChatML template: <|im_end|> ends a
+    reply too (it ran on to the token cap, past the turn's end)."""
+    import json
+    import shutil
+
+    folder = tmp_path / "base-eos"
+    shutil.copytree(tiny_model_path, folder)
+    config_file = folder / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["eos_token"] = "<|endoftext|>"
+    config_file.write_text(json.dumps(config))
+    for name in ("config.json", "generation_config.json"):
+        model_config = json.loads((folder / name).read_text())
+        model_config["eos_token_id"] = 0  # <|endoftext|>
+        (folder / name).write_text(json.dumps(model_config))
+    engine = EmbeddedEngine(folder, dtype="float32", device="cpu")
+    await engine.start()
+    try:
+        tokenizer = engine.tokenizer
+        assert tokenizer.eos_token == "<|endoftext|>"
+        assert engine.batcher.model.generation_config.eos_token_id == 0
+        assert tokenizer.convert_tokens_to_ids("<|im_end|>") in engine.batcher.stop_token_ids
+    finally:
+        await engine.close()

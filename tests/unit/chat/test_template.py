@@ -109,3 +109,44 @@ def test_assistant_mask_covers_exactly_the_assistant_turns(renderer):
         "<|im_end|>It is 5.<|im_end|>"
     )
     assert tok.decode(ids) == renderer.render_text(CONVERSATION, TOOLS, False)
+
+
+@pytest.fixture(scope="module")
+def base_renderer():
+    """A base model's tokenizer (eos `<|endoftext|>`, as Qwen2.5 base) with the ChatML template,
+    whose turns end with `<|im_end|>`."""
+    tokenizer = load_tokenizer(resolve_model("tiny-random"))
+    tokenizer.eos_token = "<|endoftext|>"
+    return ChatRenderer(tokenizer)
+
+
+def test_end_of_turn_is_read_from_the_template(renderer, base_renderer):
+    assert renderer.end_of_turn == base_renderer.end_of_turn == "<|im_end|>"
+    tok = base_renderer.tokenizer
+    assert base_renderer.end_of_turn_id == tok.convert_tokens_to_ids("<|im_end|>")
+    assert base_renderer.end_of_turn_id != tok.eos_token_id
+
+
+def test_assistant_mask_ends_at_the_templates_end_of_turn_not_eos(base_renderer):
+    ids, mask = base_renderer.render_ids_with_mask(CONVERSATION, TOOLS)
+    tok = base_renderer.tokenizer
+    trained = tok.decode([t for t, m in zip(ids, mask, strict=True) if m])
+    assert trained == (
+        '<tool_call>\n{"name": "add", "arguments": {"a": 2}}\n</tool_call>'
+        "<|im_end|>It is 5.<|im_end|>"
+    )
+
+
+def test_end_of_turn_falls_back_to_eos_when_the_template_writes_no_special_token():
+    tokenizer = load_tokenizer(resolve_model("tiny-random"))
+    plain = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    assert ChatRenderer(tokenizer, plain).end_of_turn == tokenizer.eos_token
+
+
+def test_a_tokenizer_without_a_template_names_its_folder_and_the_fix():
+    tokenizer = load_tokenizer(resolve_model("tiny-random"))
+    tokenizer.chat_template = None
+    with pytest.raises(
+        ChatFormatError, match=r"tiny-random has no chat template.*model\.chat_template"
+    ):
+        ChatRenderer(tokenizer)
