@@ -159,29 +159,41 @@ def end_of_turn_token(tokenizer: PreTrainedTokenizerBase, chat_template: str) ->
     `<|im_end|>`. Found by rendering one assistant turn and taking the first special token after
     its content; the tokenizer's eos when the template writes none there (or cannot render it).
 
+    Raises:
+        ChatFormatError: neither exists (a reply could never end).
+
     Example:
         >>> end_of_turn_token(tokenizer, tokenizer.chat_template)  # doctest: +SKIP
         '<|im_end|>'
     """
-    eos = str(tokenizer.eos_token)
+    eos = tokenizer.eos_token
     conversation = [
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": _PROBE_REPLY},
     ]
+    found: list[tuple[int, str]] = []
     try:
         text = tokenizer.apply_chat_template(
             conversation, chat_template=chat_template, tokenize=False
         )
     except Exception:  # a template with its own conventions (roles, system turn): use eos
-        return eos
-    if not isinstance(text, str) or _PROBE_REPLY not in text:
-        return eos
-    tail = text[text.rindex(_PROBE_REPLY) + len(_PROBE_REPLY) :]
-    special = {
-        token.content for token in tokenizer.added_tokens_decoder.values() if token.special
-    } | set(tokenizer.all_special_tokens)
-    found = [(tail.find(token), token) for token in special if token and token in tail]
-    return min(found)[1] if found else eos
+        text = None
+    if isinstance(text, str) and _PROBE_REPLY in text:
+        tail = text[text.rindex(_PROBE_REPLY) + len(_PROBE_REPLY) :]
+        special = {
+            token.content for token in tokenizer.added_tokens_decoder.values() if token.special
+        } | set(tokenizer.all_special_tokens)
+        found = [(tail.find(token), token) for token in special if token and token in tail]
+    if found:
+        return min(found)[1]
+    if not eos:
+        raise ChatFormatError(
+            "the tokenizer has no eos token and the chat template writes no special token after "
+            "an assistant turn, so a reply could never end: set the tokenizer's eos_token "
+            "(tokenizer_config.json) or use a chat template that closes each turn with one "
+            "(model.chat_template)"
+        )
+    return str(eos)
 
 
 class ChatRenderer:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,8 +43,14 @@ def review_use(objective: str, exploring: bool) -> ReviewUse:
     return "dpo" if objective == "dpo" else "rewards"
 
 
-def load_review_samples(run_dir: str | Path, use: ReviewUse, tokenizer: Any) -> list[Sample]:
+def load_review_samples(
+    run_dir: str | Path, use: ReviewUse, tokenizer: Any, end_of_turn_id: int | None = None
+) -> list[Sample]:
     """Training samples from the reviews of `run_dir` (see the module docstring).
+
+    A corrected answer ends with `end_of_turn_id`, the token the chat template closes an
+    assistant turn with (`ChatRenderer.end_of_turn_id`; the tokenizer's eos when None), as the
+    policy's own answers end.
 
     Raises:
         ReviewDataError: no reviews or no sample log in `run_dir`, or none of its reviews gives
@@ -66,11 +73,12 @@ def load_review_samples(run_dir: str | Path, use: ReviewUse, tokenizer: Any) -> 
             "or before the sample log existed, so its episodes' tokens are not on disk"
         )
     by_id = {r["sample_id"]: r for r in records if r.get("phase") == "train"}
+    turn = _TurnEnd(tokenizer, end_of_turn_id)
     if use == "sft":
-        samples = [_corrected(r, by_id, tokenizer) for r in reviews if r.kind == "correction"]
+        samples = [_corrected(r, by_id, turn) for r in reviews if r.kind == "correction"]
         wanted = "corrections (a corrected answer for a call)"
     elif use == "dpo":
-        samples = [s for r in reviews for s in _pair(r, by_id, records, tokenizer)]
+        samples = [s for r in reviews for s in _pair(r, by_id, records, turn)]
         wanted = "preferences (the better of two episodes) or corrections"
     else:
         samples = _rated_groups([r for r in reviews if r.kind == "rating"], by_id, records)
@@ -132,12 +140,29 @@ def _call_span(review: Review, by_id: dict[str, dict[str, Any]]) -> tuple[dict[s
     return record, int(start), int(end)
 
 
-def _corrected(review: Review, by_id: dict[str, dict[str, Any]], tokenizer: Any) -> Sample:
+@dataclass(frozen=True)
+class _TurnEnd:
+    """The tokenizer, and the tokens that end an answer: the template's end of turn (written
+    after a corrected answer) and the tokenizer's eos (a call may have stopped on either)."""
+
+    tokenizer: Any
+    end_of_turn_id: int | None
+
+    @property
+    def closing(self) -> int | None:
+        eot = self.end_of_turn_id
+        eos = self.tokenizer.eos_token_id
+        return eot if eot is not None else (eos if isinstance(eos, int) else None)
+
+    def stops(self, token: int) -> bool:
+        return token in (self.end_of_turn_id, self.tokenizer.eos_token_id)
+
+
+def _corrected(review: Review, by_id: dict[str, dict[str, Any]], turn: _TurnEnd) -> Sample:
     record, start, _ = _call_span(review, by_id)
     prompt = list(record["token_ids"][:start])
-    answer = list(tokenizer(review.text, add_special_tokens=False)["input_ids"])
-    eos = tokenizer.eos_token_id
-    completion = [*answer, *([eos] if isinstance(eos, int) else [])]
+    answer = list(turn.tokenizer(review.text, add_special_tokens=False)["input_ids"])
+    completion = [*answer, *([turn.closing] if turn.closing is not None else [])]
     sample_id = f"review:{review.id}"
     return Sample(
         token_ids=prompt + completion,
@@ -156,16 +181,16 @@ def _pair(
     review: Review,
     by_id: dict[str, dict[str, Any]],
     records: list[dict[str, Any]],
-    tokenizer: Any,
+    turn: _TurnEnd,
 ) -> list[Sample]:
     pair_id = f"review:{review.id}"
     if review.kind == "correction":
-        chosen = _corrected(review, by_id, tokenizer)
+        chosen = _corrected(review, by_id, turn)
         record, start, end = _call_span(review, by_id)
         # The answer as the chosen side has it: up to its end-of-turn token, which a call that
         # stopped sampled itself; after a cut-off call it is the next token of the sample.
         ids = record["token_ids"]
-        stopped = ids[end - 1] == tokenizer.eos_token_id
+        stopped = turn.stops(ids[end - 1])
         length = end + (1 if end < len(ids) and not stopped else 0)
         rejected = _sample(
             record,

@@ -80,7 +80,9 @@ def load_offline_units(config: RunConfig) -> dict[str, list[Sample]]:
     if config.offline.format == "review":
         exploring = config.run.mode in EXPLORING_MODES
         use = review_use(config.algorithm.objective, exploring)
-        samples = load_review_samples(config.offline.path, use, renderer.tokenizer)
+        samples = load_review_samples(
+            config.offline.path, use, renderer.tokenizer, renderer.end_of_turn_id
+        )
         what = {"sft": "reviewed corrections", "dpo": "reviewed pairs", "rewards": "groups"}[use]
     else:
         load = load_dpo_samples if config.offline.format == "dpo" else load_sft_samples

@@ -143,6 +143,15 @@ def test_end_of_turn_falls_back_to_eos_when_the_template_writes_no_special_token
     assert ChatRenderer(tokenizer, plain).end_of_turn == tokenizer.eos_token
 
 
+def test_no_eos_and_no_end_of_turn_in_the_template_is_refused_naming_the_fix():
+    tokenizer = load_tokenizer(resolve_model("tiny-random"))
+    tokenizer.eos_token = None
+    plain = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    with pytest.raises(ChatFormatError, match=r"no eos token.*model\.chat_template"):
+        ChatRenderer(tokenizer, plain)
+    assert ChatRenderer(tokenizer).end_of_turn == "<|im_end|>"  # its own template closes turns
+
+
 def test_a_tokenizer_without_a_template_names_its_folder_and_the_fix():
     tokenizer = load_tokenizer(resolve_model("tiny-random"))
     tokenizer.chat_template = None

@@ -256,3 +256,22 @@ def test_a_corrected_calls_rejected_side_ends_at_the_end_of_turn_the_call_sample
     chosen, rejected = load_review_samples(run, "dpo", CharTokenizer())
     assert list(chosen.token_ids) == [5, 6, ord("Z"), 2]
     assert list(rejected.token_ids) == [5, 6, 8, 2] and list(rejected.loss_mask) == [0, 0, 1, 1]
+
+
+def test_a_correction_ends_with_the_templates_end_of_turn_not_the_tokenizers_eos(run):
+    # A base model's tokenizer (eos <|endoftext|>) under a ChatML template (turns end with
+    # <|im_end|>): the corrected answer must end as the policy's answers do.
+    ReviewStore(run).add(
+        {
+            "kind": "correction",
+            "rollout_id": "s1.0",
+            "sample_id": "s1.0:solver:0",
+            "call": 0,
+            "text": "Z",
+        }  # fmt: skip
+    )
+    (sft,) = load_review_samples(run, "sft", CharTokenizer(), end_of_turn_id=3)
+    assert list(sft.token_ids) == [5, 6, 7, ord("Z"), 3]
+    chosen, rejected = load_review_samples(run, "dpo", CharTokenizer(), end_of_turn_id=3)
+    assert list(chosen.token_ids) == [5, 6, 7, ord("Z"), 3]
+    assert list(rejected.token_ids) == [5, 6, 7, 8, 9, 2]  # the policy's own answer as sampled
