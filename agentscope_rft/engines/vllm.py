@@ -497,9 +497,9 @@ class VLLMEngine:
         max_tokens = completion_room(len(prompt_ids), self.max_model_len, sampling.max_tokens)
         replica = self._pick(rollout_id)
         async with self._admitted(replica) as (version, model):
-            body = wire.completions_body(model, prompt_ids, sampling, max_tokens)
-            if self.renderer.end_of_turn_id != self.tokenizer.eos_token_id:
-                body["stop_token_ids"] = [self.renderer.end_of_turn_id]  # see EmbeddedEngine.start
+            body = self._stop_at_turn_end(
+                wire.completions_body(model, prompt_ids, sampling, max_tokens), sampling
+            )
             if response_format is not None:
                 body["response_format"] = response_format
             data = await self._post(replica, "/v1/completions", body)
@@ -534,6 +534,14 @@ class VLLMEngine:
             yield ChoiceDone(choice)
         self.prompts.remember(request, prompt_ids, choices)
 
+    def _stop_at_turn_end(self, body: JSON, sampling: SamplingParams) -> JSON:
+        """`body` stopping at the chat template's end of turn where the model's eos differs (a
+        base model's tokenizer with a ChatML template: eos <|endoftext|>, turns <|im_end|>),
+        as the embedded engine does; not with `ignore_eos`, which ignores both there."""
+        if self.renderer.end_of_turn_id != self.tokenizer.eos_token_id and not sampling.ignore_eos:
+            body["stop_token_ids"] = [self.renderer.end_of_turn_id]
+        return body
+
     async def _chat_vllm(self, request: ChatRequest) -> AsyncIterator[ChatEvent]:
         try:  # the same validation (and error messages) as the engine's own rendering
             normalize_messages(request.messages)
@@ -544,8 +552,16 @@ class VLLMEngine:
         replica = self._pick(request.rollout_id)
         max_tokens = min(sampling.max_tokens or self.max_model_len, self.max_model_len)
         async with self._admitted(replica) as (version, model):
-            body = wire.chat_body(
-                model, request.messages, request.tools, request.tool_choice, sampling, max_tokens
+            body = self._stop_at_turn_end(
+                wire.chat_body(
+                    model,
+                    request.messages,
+                    request.tools,
+                    request.tool_choice,
+                    sampling,
+                    max_tokens,
+                ),
+                sampling,
             )
             if request.response_format is not None:
                 body["response_format"] = request.response_format
