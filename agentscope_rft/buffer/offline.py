@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agentscope_rft.buffer.jsonl import read_json_objects
-from agentscope_rft.chat.template import ChatFormatError, ChatRenderer
+from agentscope_rft.chat.template import ChatFormatError, ChatRenderer, normalize_tools
 from agentscope_rft.types import JSON, Sample
 
 
@@ -36,7 +36,10 @@ def _tools_field(record: JSON, where: str) -> list[JSON] | None:
     tools = record.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise OfflineDataError(f"{where}: field 'tools' must be a list of tool schemas")
-    return tools or None
+    try:
+        return normalize_tools(tools)
+    except ChatFormatError as err:
+        raise OfflineDataError(f"{where}: field 'tools': {err}") from err
 
 
 def _assistant_span(

@@ -91,6 +91,11 @@ def test_dpo_samples_come_in_pairs(renderer: ChatRenderer) -> None:
             ":2: field 'tools' must be a list",
         ),
         (
+            "sft",
+            '{"messages": [{"role": "assistant", "content": "y"}], "tools": ["get_weather"]}',
+            ":2: field 'tools': tools[0] must be {'type': 'function'",
+        ),
+        (
             "dpo",
             '{"prompt": [{"role": "user", "content": "x"}], "chosen": "a"}',
             "field 'rejected'",
