@@ -1,7 +1,8 @@
 """Offline training data from JSONL files: SFT conversations and DPO preference pairs.
 
 SFT lines are `{"messages": [...], "tools"?: [...]}` in OpenAI chat format; every assistant turn is
-trained (its text and its end-of-turn token), nothing else. DPO lines are `{"prompt": [messages],
+trained (its text and its end-of-turn token), except those marked `"weight": 0` (as in OpenAI's
+fine-tuning files), nothing else. DPO lines are `{"prompt": [messages],
 "chosen": <assistant message or string>, "rejected": ..., "tools"?: [...]}`; only the final
 assistant turn of each side is trained. Conversations are rendered with the model's chat template
 through `ChatRenderer`, so the tokens are exactly what the template produces; assistant spans are
@@ -14,7 +15,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agentscope_rft.buffer.jsonl import read_json_objects
-from agentscope_rft.chat.template import ChatFormatError, ChatRenderer, normalize_tools
+from agentscope_rft.chat.template import (
+    ChatFormatError,
+    ChatRenderer,
+    normalize_tools,
+)
 from agentscope_rft.types import JSON, Sample
 
 
@@ -40,6 +45,47 @@ def _tools_field(record: JSON, where: str) -> list[JSON] | None:
         return normalize_tools(tools)
     except ChatFormatError as err:
         raise OfflineDataError(f"{where}: field 'tools': {err}") from err
+
+
+def _is_empty_turn(message: JSON) -> bool:
+    content = message.get("content")
+    text = (
+        "".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
+        if isinstance(content, list)
+        else content
+    )
+    return not message.get("tool_calls") and (
+        text is None or (isinstance(text, str) and not text.strip())
+    )
+
+
+def _trained_turns(messages: Sequence[JSON], where: str) -> list[int]:
+    """Positions of the assistant turns to train: all, except those with OpenAI's `"weight": 0`."""
+    trained = []
+    for i, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        weight = message.get("weight")
+        if weight is not None and (isinstance(weight, bool) or weight not in (0, 1)):
+            raise OfflineDataError(
+                f"{where}: field 'messages'[{i}].weight must be 0 (context, not trained) or 1 "
+                f"(trained), got {weight!r}"
+            )
+        if weight == 0:
+            continue
+        if _is_empty_turn(message):
+            raise OfflineDataError(
+                f"{where}: field 'messages'[{i}] is an assistant turn with no text and no tool "
+                "calls: training on it teaches the model to answer nothing; give it its text, "
+                'mark it "weight": 0, or drop the line'
+            )
+        trained.append(i)
+    if not trained:
+        raise OfflineDataError(
+            f"{where}: field 'messages' has no assistant turn to train on (every assistant turn "
+            'is missing or has "weight": 0)'
+        )
+    return trained
 
 
 def _assistant_span(
@@ -107,9 +153,7 @@ def load_sft_samples(path: str | Path, renderer: ChatRenderer) -> list[Sample]:
         where = f"{path}:{lineno}"
         messages = _messages_field(record, "messages", where)
         tools = _tools_field(record, where)
-        trained = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
-        if not trained:
-            raise OfflineDataError(f"{where}: field 'messages' has no assistant turn to train on")
+        trained = _trained_turns(messages, where)
         try:
             token_ids, mask = render_with_assistant_mask(renderer, messages, tools, trained)
         except ChatFormatError as err:
@@ -167,9 +211,19 @@ def load_dpo_samples(path: str | Path, renderer: ChatRenderer) -> list[Sample]:
                 "go in 'chosen' and 'rejected')"
             )
         tools = _tools_field(record, where)
+        chosen = _response_message(record, "chosen", where)
+        rejected = _response_message(record, "rejected", where)
+        if _is_empty_turn(chosen):
+            raise OfflineDataError(
+                f"{where}: field 'chosen' is empty (no text and no tool calls): DPO would teach "
+                "the model to prefer answering nothing; give the chosen response or drop the line"
+            )
         pair_id = f"{path.name}:{lineno}"
-        for field, kind in (("chosen", "dpo_chosen"), ("rejected", "dpo_rejected")):
-            messages = [*prompt, _response_message(record, field, where)]
+        for field, kind, response in (
+            ("chosen", "dpo_chosen", chosen),
+            ("rejected", "dpo_rejected", rejected),
+        ):
+            messages = [*prompt, response]
             try:
                 token_ids, mask = render_with_assistant_mask(
                     renderer, messages, tools, [len(prompt)]
@@ -188,6 +242,11 @@ def load_dpo_samples(path: str | Path, renderer: ChatRenderer) -> list[Sample]:
                     kind=kind,
                     pair_id=pair_id,
                 )
+            )
+        if samples[-1].token_ids == samples[-2].token_ids:
+            raise OfflineDataError(
+                f"{where}: fields 'chosen' and 'rejected' are the same response: the pair "
+                "teaches nothing (its DPO gradient is zero); fix one of them or drop the line"
             )
     if not samples:
         raise OfflineDataError(f"{path}: no samples (the file is empty)")

@@ -96,6 +96,41 @@ def test_dpo_samples_come_in_pairs(renderer: ChatRenderer) -> None:
             ":2: field 'tools': tools[0] must be {'type': 'function'",
         ),
         (
+            "sft",
+            '{"messages": [{"role": "user", "content": "x"}, '
+            '{"role": "assistant", "content": ""}]}',
+            ":2: field 'messages'[1] is an assistant turn with no text and no tool calls",
+        ),
+        (
+            "sft",
+            '{"messages": [{"role": "user", "content": "x"}, {"role": "assistant"}]}',
+            ":2: field 'messages'[1] is an assistant turn with no text",
+        ),
+        (
+            "sft",
+            '{"messages": [{"role": "user", "content": "x"}, '
+            '{"role": "assistant", "content": "y", "weight": 0.5}]}',
+            ":2: field 'messages'[1].weight must be 0 (context, not trained) or 1",
+        ),
+        (
+            "sft",
+            '{"messages": [{"role": "user", "content": "x"}, '
+            '{"role": "assistant", "content": "y", "weight": 0}]}',
+            ":2: field 'messages' has no assistant turn to train on (every assistant turn is "
+            'missing or has "weight": 0)',
+        ),
+        (
+            "dpo",
+            '{"prompt": [{"role": "user", "content": "x"}], "chosen": " ", "rejected": "b"}',
+            ":2: field 'chosen' is empty",
+        ),
+        (
+            "dpo",
+            '{"prompt": [{"role": "user", "content": "x"}], "chosen": "b", '
+            '"rejected": {"role": "assistant", "content": "b"}}',
+            ":2: fields 'chosen' and 'rejected' are the same response",
+        ),
+        (
             "dpo",
             '{"prompt": [{"role": "user", "content": "x"}], "chosen": "a"}',
             "field 'rejected'",
@@ -137,3 +172,27 @@ def test_empty_and_missing_files_fail(renderer: ChatRenderer, tmp_path: Path) ->
         load_sft_samples(empty, renderer)
     with pytest.raises(OfflineDataError, match="no such file"):
         load_dpo_samples(tmp_path / "missing.jsonl", renderer)
+
+
+def test_weight_0_turns_are_context_not_trained(renderer: ChatRenderer, tmp_path: Path) -> None:
+    # OpenAI's fine-tuning files mark assistant turns not to learn from with "weight": 0.
+    messages = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "5", "weight": 0},
+        {"role": "user", "content": "Wrong, try again."},
+        {"role": "assistant", "content": "4", "weight": 1},
+        {"role": "user", "content": "And 3+3?"},
+        {"role": "assistant", "content": "6"},
+    ]
+    path = tmp_path / "weights.jsonl"
+    path.write_text(json.dumps({"messages": messages}) + "\n")
+    [sample] = load_sft_samples(path, renderer)
+    assert _trained_text(sample, renderer) == ["4<|im_end|>", "6<|im_end|>"]
+    assert sample.num_calls == 2
+    # The untrained turn is still in the context, rendered as the template renders it.
+    assert list(sample.token_ids) == renderer.render_ids(messages, None, False)
+    # An empty assistant turn is fine as untrained context.
+    messages[1] = {"role": "assistant", "content": "", "weight": 0}
+    path.write_text(json.dumps({"messages": messages}) + "\n")
+    [sample] = load_sft_samples(path, renderer)
+    assert _trained_text(sample, renderer) == ["4<|im_end|>", "6<|im_end|>"]
