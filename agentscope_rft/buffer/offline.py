@@ -88,6 +88,15 @@ def _trained_turns(messages: Sequence[JSON], where: str) -> list[int]:
     return trained
 
 
+def _check_length(length: int, max_tokens: tuple[int, str] | None, where: str, field: str) -> None:
+    if max_tokens is not None and length > max_tokens[0]:
+        limit, source = max_tokens
+        raise OfflineDataError(
+            f"{where}: field {field!r} renders to {length} tokens, more than the {limit} the run "
+            f"can train ({source}); shorten the conversation or drop the line"
+        )
+
+
 def _assistant_span(
     renderer: ChatRenderer, messages: Sequence[JSON], tools: list[JSON] | None, index: int
 ) -> tuple[int, int]:
@@ -136,8 +145,13 @@ def render_with_assistant_mask(
     return token_ids, mask
 
 
-def load_sft_samples(path: str | Path, renderer: ChatRenderer) -> list[Sample]:
+def load_sft_samples(
+    path: str | Path, renderer: ChatRenderer, max_tokens: tuple[int, str] | None = None
+) -> list[Sample]:
     """Samples of kind `sft` from a chat JSONL file, trained on assistant turns only.
+
+    `max_tokens` is the longest sample the run can train and what sets it (`trainer.max_seq_len`,
+    the context window); a longer conversation is refused here rather than at its step.
 
     Raises:
         OfflineDataError: a bad line (names the file, line number and field), or an empty file.
@@ -158,6 +172,7 @@ def load_sft_samples(path: str | Path, renderer: ChatRenderer) -> list[Sample]:
             token_ids, mask = render_with_assistant_mask(renderer, messages, tools, trained)
         except ChatFormatError as err:
             raise OfflineDataError(f"{where}: field 'messages': {err}") from err
+        _check_length(len(token_ids), max_tokens, where, "messages")
         sample_id = f"{path.name}:{lineno}"
         samples.append(
             Sample(
@@ -188,9 +203,12 @@ def _response_message(record: JSON, field: str, where: str) -> JSON:
     )
 
 
-def load_dpo_samples(path: str | Path, renderer: ChatRenderer) -> list[Sample]:
+def load_dpo_samples(
+    path: str | Path, renderer: ChatRenderer, max_tokens: tuple[int, str] | None = None
+) -> list[Sample]:
     """Two samples per line (kinds `dpo_chosen`, `dpo_rejected`, a shared `pair_id`) from a
-    preference JSONL file; each trains only its final assistant turn.
+    preference JSONL file; each trains only its final assistant turn (`max_tokens`: as for
+    `load_sft_samples`).
 
     Raises:
         OfflineDataError: a bad line (names the file, line number and field), or an empty file.
@@ -230,6 +248,7 @@ def load_dpo_samples(path: str | Path, renderer: ChatRenderer) -> list[Sample]:
                 )
             except ChatFormatError as err:
                 raise OfflineDataError(f"{where}: field {field!r}: {err}") from err
+            _check_length(len(token_ids), max_tokens, where, field)
             samples.append(
                 Sample(
                     token_ids=token_ids,
