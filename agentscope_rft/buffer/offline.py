@@ -27,8 +27,32 @@ class OfflineDataError(ValueError):
     """A bad line in an offline data file; the message names the file, line and field."""
 
 
+def _other_format_hint(record: JSON, field: str) -> str:
+    """What a line without `field` looks like, when it is another format this package knows."""
+    if "token_ids" in record:
+        return (
+            " (this line is a sample exported by `agentscope-rft buffer export`: store the file "
+            "back with `agentscope-rft buffer import --url BUFFER --input FILE` and train from "
+            "that buffer with run.mode: train_only)"
+        )
+    if field == "messages" and "chosen" in record:
+        return " (this line is a DPO pair: set offline.format: dpo and algorithm.objective: dpo)"
+    if field == "prompt" and "messages" in record:
+        return " (this line is an SFT conversation: set offline.format: sft)"
+    if field == "prompt" and "chosen" in record:
+        return (
+            " (write the conversation before the responses in 'prompt', and only the final "
+            "assistant response in 'chosen' and 'rejected')"
+        )
+    return f" (the line has {', '.join(map(repr, record)) or 'no fields'})"
+
+
 def _messages_field(record: JSON, field: str, where: str) -> list[JSON]:
     messages = record.get(field)
+    if field not in record:
+        raise OfflineDataError(
+            f"{where}: field {field!r} is missing{_other_format_hint(record, field)}"
+        )
     if not isinstance(messages, list) or not messages:
         raise OfflineDataError(f"{where}: field {field!r} must be a non-empty list of messages")
     for i, message in enumerate(messages):

@@ -77,7 +77,32 @@ def test_dpo_samples_come_in_pairs(renderer: ChatRenderer) -> None:
     [
         ("sft", "{not json", ":2: not valid JSON"),
         ("sft", "[1, 2]", ":2: each line must be a JSON object"),
-        ("sft", '{"msgs": []}', ":2: field 'messages' must be a non-empty list"),
+        ("sft", '{"msgs": []}', ":2: field 'messages' is missing (the line has 'msgs')"),
+        ("sft", '{"messages": []}', ":2: field 'messages' must be a non-empty list"),
+        (
+            "sft",
+            '{"prompt": [{"role": "user", "content": "x"}], "chosen": "a", "rejected": "b"}',
+            ":2: field 'messages' is missing (this line is a DPO pair: set offline.format: dpo",
+        ),
+        (
+            "sft",
+            '{"sample_id": "s", "kind": "rl", "token_ids": [1, 2], "loss_mask": [0, 1]}',
+            "exported by `agentscope-rft buffer export`: store the file back with "
+            "`agentscope-rft buffer import",
+        ),
+        (
+            "dpo",
+            '{"messages": [{"role": "user", "content": "x"}]}',
+            ":2: field 'prompt' is missing (this line is an SFT conversation: set offline.format",
+        ),
+        (
+            "dpo",
+            '{"chosen": [{"role": "user", "content": "x"}, '
+            '{"role": "assistant", "content": "a"}], '
+            '"rejected": [{"role": "user", "content": "x"}, '
+            '{"role": "assistant", "content": "b"}]}',
+            ":2: field 'prompt' is missing (write the conversation before the responses in",
+        ),
         ("sft", '{"messages": [{"role": "user", "content": "x"}]}', ":2: field 'messages' has no"),
         (
             "sft",
