@@ -2,11 +2,13 @@
 
 SFT lines are `{"messages": [...], "tools"?: [...]}` in OpenAI chat format; every assistant turn is
 trained (its text and its end-of-turn token), except those marked `"weight": 0` (as in OpenAI's
-fine-tuning files), nothing else. DPO lines are `{"prompt": [messages],
-"chosen": <assistant message or string>, "rejected": ..., "tools"?: [...]}`; only the final
-assistant turn of each side is trained. Conversations are rendered with the model's chat template
-through `ChatRenderer`, so the tokens are exactly what the template produces; assistant spans are
-found from rendered prefixes, which relies on the template being append-only (it is checked).
+fine-tuning files), nothing else. TRL's `{"prompt": ..., "completion": ...}` lines (each a text
+or a list of messages) train the completion's assistant turns. DPO lines are `{"prompt":
+[messages] or a text, "chosen": <assistant message, a list of one, or a string>, "rejected": ...,
+"tools"?: [...]}`; only the final assistant turn of each side is trained. Conversations are
+rendered with the model's chat template through `ChatRenderer`, so the tokens are exactly what the
+template produces; assistant spans are found from rendered prefixes, which relies on the template
+being append-only (it is checked).
 """
 
 from __future__ import annotations
@@ -83,11 +85,19 @@ def _is_empty_turn(message: JSON) -> bool:
     )
 
 
-def _trained_turns(messages: Sequence[JSON], where: str) -> list[int]:
-    """Positions of the assistant turns to train: all, except those with OpenAI's `"weight": 0`."""
+def _turns_field(record: JSON, field: str, role: str, where: str) -> list[JSON]:
+    """A field that is a text (one message of `role`) or a list of messages."""
+    if isinstance(record.get(field), str):
+        return [{"role": role, "content": record[field]}]
+    return _messages_field(record, field, where)
+
+
+def _trained_turns(messages: Sequence[JSON], where: str, first: int = 0) -> list[int]:
+    """Positions of the assistant turns to train, from `first` on: all, except those with
+    OpenAI's `"weight": 0`."""
     trained = []
     for i, message in enumerate(messages):
-        if message.get("role") != "assistant":
+        if i < first or message.get("role") != "assistant":
             continue
         weight = message.get("weight")
         if weight is not None and (isinstance(weight, bool) or weight not in (0, 1)):
@@ -189,9 +199,14 @@ def load_sft_samples(
     samples: list[Sample] = []
     for lineno, record in read_json_objects(path, OfflineDataError):
         where = f"{path}:{lineno}"
-        messages = _messages_field(record, "messages", where)
+        if "messages" not in record and "completion" in record:  # TRL's prompt-completion
+            prompt = _turns_field(record, "prompt", "user", where)
+            messages = [*prompt, *_turns_field(record, "completion", "assistant", where)]
+            trained = _trained_turns(messages, where, first=len(prompt))
+        else:
+            messages = _messages_field(record, "messages", where)
+            trained = _trained_turns(messages, where)
         tools = _tools_field(record, where)
-        trained = _trained_turns(messages, where)
         try:
             token_ids, mask = render_with_assistant_mask(renderer, messages, tools, trained)
         except ChatFormatError as err:
@@ -218,12 +233,15 @@ def load_sft_samples(
 
 def _response_message(record: JSON, field: str, where: str) -> JSON:
     value = record.get(field)
+    if isinstance(value, list) and len(value) == 1:  # TRL's conversational preference rows
+        value = value[0]
     if isinstance(value, str):
         return {"role": "assistant", "content": value}
     if isinstance(value, dict) and value.get("role", "assistant") == "assistant":
         return {"role": "assistant", **value}
     raise OfflineDataError(
-        f"{where}: field {field!r} must be a string or an assistant message object"
+        f"{where}: field {field!r} must be a string or one assistant message (an object, or a "
+        "list holding it); earlier turns go in 'prompt'"
     )
 
 
@@ -246,7 +264,7 @@ def load_dpo_samples(
     samples: list[Sample] = []
     for lineno, record in read_json_objects(path, OfflineDataError):
         where = f"{path}:{lineno}"
-        prompt = _messages_field(record, "prompt", where)
+        prompt = _turns_field(record, "prompt", "user", where)
         if prompt[-1].get("role") == "assistant":
             raise OfflineDataError(
                 f"{where}: field 'prompt' must not end with an assistant message (the responses "

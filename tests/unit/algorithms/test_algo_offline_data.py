@@ -169,7 +169,7 @@ def test_dpo_samples_come_in_pairs(renderer: ChatRenderer) -> None:
             "dpo",
             '{"prompt": [{"role": "user", "content": "x"}], "chosen": {"role": "user"}, '
             '"rejected": "b"}',
-            ":2: field 'chosen' must be a string or an assistant message",
+            ":2: field 'chosen' must be a string or one assistant message",
         ),
     ],
 )
@@ -221,3 +221,36 @@ def test_weight_0_turns_are_context_not_trained(renderer: ChatRenderer, tmp_path
     path.write_text(json.dumps({"messages": messages}) + "\n")
     [sample] = load_sft_samples(path, renderer)
     assert _trained_text(sample, renderer) == ["4<|im_end|>", "6<|im_end|>"]
+
+
+def test_trl_prompt_completion_and_preference_rows(renderer: ChatRenderer, tmp_path: Path) -> None:
+    """TRL's dataset formats, standard (texts) and conversational (message lists), train the same
+    tokens as the equivalent `messages` / message-object rows."""
+    user, answer = {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}
+    sft = tmp_path / "sft.jsonl"
+    rows = [
+        {"messages": [user, answer]},
+        {"prompt": "2+2?", "completion": "4"},
+        {"prompt": [user], "completion": [answer]},
+    ]
+    sft.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    samples = load_sft_samples(sft, renderer)
+    assert [s.token_ids for s in samples[1:]] == [samples[0].token_ids] * 2
+    assert [s.loss_mask for s in samples[1:]] == [samples[0].loss_mask] * 2
+    assert _trained_text(samples[1], renderer) == ["4<|im_end|>"]
+    # An assistant turn in the prompt is context: only the completion trains.
+    sft.write_text(json.dumps({"prompt": [user, answer, user], "completion": "5"}) + "\n")
+    [sample] = load_sft_samples(sft, renderer)
+    assert _trained_text(sample, renderer) == ["5<|im_end|>"]
+
+    dpo = tmp_path / "dpo.jsonl"
+    rows = [
+        {"prompt": [user], "chosen": "4", "rejected": "5"},
+        {"prompt": "2+2?", "chosen": "4", "rejected": "5"},
+        {"prompt": [user], "chosen": [answer], "rejected": [{"role": "assistant", "content": "5"}]},
+    ]
+    dpo.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    samples = load_dpo_samples(dpo, renderer)
+    assert [s.token_ids for s in samples[2:4]] == [s.token_ids for s in samples[0:2]]
+    assert [s.token_ids for s in samples[4:6]] == [s.token_ids for s in samples[0:2]]
+    assert [s.loss_mask for s in samples[4:6]] == [s.loss_mask for s in samples[0:2]]
