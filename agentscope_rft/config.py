@@ -214,8 +214,9 @@ class OfflineConfig(Section):
     exploring run (`warmup_steps`, `algorithm.objective: sft_rl_mix`)."""
 
     path: str | None = None
-    """Chat JSONL (`{"messages": [...]}`) for SFT, `{"prompt", "chosen", "rejected"}` for DPO,
-    or a run folder whose dashboard reviews to train on (format `review`)."""
+    """Chat JSONL (`{"messages": [...]}`, or TRL's `{"prompt", "completion"}`) for SFT,
+    `{"prompt", "chosen", "rejected"}` for DPO, or a run folder whose dashboard reviews to train
+    on (format `review`)."""
     format: Literal["sft", "dpo", "review"] = "sft"
     """`sft`: chat JSONL; `dpo`: prompt/chosen/rejected JSONL; `review`: the human reviews of
     the run folder at `path` (docs/dashboard.md): objective `sft` trains its corrections, `dpo`

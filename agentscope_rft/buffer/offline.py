@@ -1,11 +1,14 @@
 """Offline training data from JSONL files: SFT conversations and DPO preference pairs.
 
 SFT lines are `{"messages": [...], "tools"?: [...]}` in OpenAI chat format; every assistant turn is
-trained (its text and its end-of-turn token), nothing else. DPO lines are `{"prompt": [messages],
-"chosen": <assistant message or string>, "rejected": ..., "tools"?: [...]}`; only the final
-assistant turn of each side is trained. Conversations are rendered with the model's chat template
-through `ChatRenderer`, so the tokens are exactly what the template produces; assistant spans are
-found from rendered prefixes, which relies on the template being append-only (it is checked).
+trained (its text and its end-of-turn token), except those marked `"weight": 0` (as in OpenAI's
+fine-tuning files), nothing else. TRL's `{"prompt": ..., "completion": ...}` lines (each a text
+or a list of messages) train the completion's assistant turns. DPO lines are `{"prompt":
+[messages] or a text, "chosen": <assistant message, a list of one, or a string>, "rejected": ...,
+"tools"?: [...]}`; only the final assistant turn of each side is trained. Conversations are
+rendered with the model's chat template through `ChatRenderer`, so the tokens are exactly what the
+template produces; assistant spans are found from rendered prefixes, which relies on the template
+being append-only (it is checked).
 """
 
 from __future__ import annotations
@@ -14,7 +17,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agentscope_rft.buffer.jsonl import read_json_objects
-from agentscope_rft.chat.template import ChatFormatError, ChatRenderer
+from agentscope_rft.chat.template import (
+    ChatFormatError,
+    ChatRenderer,
+    normalize_tools,
+)
 from agentscope_rft.types import JSON, Sample
 
 
@@ -22,8 +29,32 @@ class OfflineDataError(ValueError):
     """A bad line in an offline data file; the message names the file, line and field."""
 
 
+def _other_format_hint(record: JSON, field: str) -> str:
+    """What a line without `field` looks like, when it is another format this package knows."""
+    if "token_ids" in record:
+        return (
+            " (this line is a sample exported by `agentscope-rft buffer export`: store the file "
+            "back with `agentscope-rft buffer import --url BUFFER --input FILE` and train from "
+            "that buffer with run.mode: train_only)"
+        )
+    if field == "messages" and "chosen" in record:
+        return " (this line is a DPO pair: set offline.format: dpo and algorithm.objective: dpo)"
+    if field == "prompt" and "messages" in record:
+        return " (this line is an SFT conversation: set offline.format: sft)"
+    if field == "prompt" and "chosen" in record:
+        return (
+            " (write the conversation before the responses in 'prompt', and only the final "
+            "assistant response in 'chosen' and 'rejected')"
+        )
+    return f" (the line has {', '.join(map(repr, record)) or 'no fields'})"
+
+
 def _messages_field(record: JSON, field: str, where: str) -> list[JSON]:
     messages = record.get(field)
+    if field not in record:
+        raise OfflineDataError(
+            f"{where}: field {field!r} is missing{_other_format_hint(record, field)}"
+        )
     if not isinstance(messages, list) or not messages:
         raise OfflineDataError(f"{where}: field {field!r} must be a non-empty list of messages")
     for i, message in enumerate(messages):
@@ -36,7 +67,68 @@ def _tools_field(record: JSON, where: str) -> list[JSON] | None:
     tools = record.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise OfflineDataError(f"{where}: field 'tools' must be a list of tool schemas")
-    return tools or None
+    try:
+        return normalize_tools(tools)
+    except ChatFormatError as err:
+        raise OfflineDataError(f"{where}: field 'tools': {err}") from err
+
+
+def _is_empty_turn(message: JSON) -> bool:
+    content = message.get("content")
+    text = (
+        "".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
+        if isinstance(content, list)
+        else content
+    )
+    return not message.get("tool_calls") and (
+        text is None or (isinstance(text, str) and not text.strip())
+    )
+
+
+def _turns_field(record: JSON, field: str, role: str, where: str) -> list[JSON]:
+    """A field that is a text (one message of `role`) or a list of messages."""
+    if isinstance(record.get(field), str):
+        return [{"role": role, "content": record[field]}]
+    return _messages_field(record, field, where)
+
+
+def _trained_turns(messages: Sequence[JSON], where: str, first: int = 0) -> list[int]:
+    """Positions of the assistant turns to train, from `first` on: all, except those with
+    OpenAI's `"weight": 0`."""
+    trained = []
+    for i, message in enumerate(messages):
+        if i < first or message.get("role") != "assistant":
+            continue
+        weight = message.get("weight")
+        if weight is not None and (isinstance(weight, bool) or weight not in (0, 1)):
+            raise OfflineDataError(
+                f"{where}: field 'messages'[{i}].weight must be 0 (context, not trained) or 1 "
+                f"(trained), got {weight!r}"
+            )
+        if weight == 0:
+            continue
+        if _is_empty_turn(message):
+            raise OfflineDataError(
+                f"{where}: field 'messages'[{i}] is an assistant turn with no text and no tool "
+                "calls: training on it teaches the model to answer nothing; give it its text, "
+                'mark it "weight": 0, or drop the line'
+            )
+        trained.append(i)
+    if not trained:
+        raise OfflineDataError(
+            f"{where}: field 'messages' has no assistant turn to train on (every assistant turn "
+            'is missing or has "weight": 0)'
+        )
+    return trained
+
+
+def _check_length(length: int, max_tokens: tuple[int, str] | None, where: str, field: str) -> None:
+    if max_tokens is not None and length > max_tokens[0]:
+        limit, source = max_tokens
+        raise OfflineDataError(
+            f"{where}: field {field!r} renders to {length} tokens, more than the {limit} the run "
+            f"can train ({source}); shorten the conversation or drop the line"
+        )
 
 
 def _assistant_span(
@@ -87,8 +179,13 @@ def render_with_assistant_mask(
     return token_ids, mask
 
 
-def load_sft_samples(path: str | Path, renderer: ChatRenderer) -> list[Sample]:
+def load_sft_samples(
+    path: str | Path, renderer: ChatRenderer, max_tokens: tuple[int, str] | None = None
+) -> list[Sample]:
     """Samples of kind `sft` from a chat JSONL file, trained on assistant turns only.
+
+    `max_tokens` is the longest sample the run can train and what sets it (`trainer.max_seq_len`,
+    the context window); a longer conversation is refused here rather than at its step.
 
     Raises:
         OfflineDataError: a bad line (names the file, line number and field), or an empty file.
@@ -102,15 +199,19 @@ def load_sft_samples(path: str | Path, renderer: ChatRenderer) -> list[Sample]:
     samples: list[Sample] = []
     for lineno, record in read_json_objects(path, OfflineDataError):
         where = f"{path}:{lineno}"
-        messages = _messages_field(record, "messages", where)
+        if "messages" not in record and "completion" in record:  # TRL's prompt-completion
+            prompt = _turns_field(record, "prompt", "user", where)
+            messages = [*prompt, *_turns_field(record, "completion", "assistant", where)]
+            trained = _trained_turns(messages, where, first=len(prompt))
+        else:
+            messages = _messages_field(record, "messages", where)
+            trained = _trained_turns(messages, where)
         tools = _tools_field(record, where)
-        trained = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
-        if not trained:
-            raise OfflineDataError(f"{where}: field 'messages' has no assistant turn to train on")
         try:
             token_ids, mask = render_with_assistant_mask(renderer, messages, tools, trained)
         except ChatFormatError as err:
             raise OfflineDataError(f"{where}: field 'messages': {err}") from err
+        _check_length(len(token_ids), max_tokens, where, "messages")
         sample_id = f"{path.name}:{lineno}"
         samples.append(
             Sample(
@@ -132,18 +233,24 @@ def load_sft_samples(path: str | Path, renderer: ChatRenderer) -> list[Sample]:
 
 def _response_message(record: JSON, field: str, where: str) -> JSON:
     value = record.get(field)
+    if isinstance(value, list) and len(value) == 1:  # TRL's conversational preference rows
+        value = value[0]
     if isinstance(value, str):
         return {"role": "assistant", "content": value}
     if isinstance(value, dict) and value.get("role", "assistant") == "assistant":
         return {"role": "assistant", **value}
     raise OfflineDataError(
-        f"{where}: field {field!r} must be a string or an assistant message object"
+        f"{where}: field {field!r} must be a string or one assistant message (an object, or a "
+        "list holding it); earlier turns go in 'prompt'"
     )
 
 
-def load_dpo_samples(path: str | Path, renderer: ChatRenderer) -> list[Sample]:
+def load_dpo_samples(
+    path: str | Path, renderer: ChatRenderer, max_tokens: tuple[int, str] | None = None
+) -> list[Sample]:
     """Two samples per line (kinds `dpo_chosen`, `dpo_rejected`, a shared `pair_id`) from a
-    preference JSONL file; each trains only its final assistant turn.
+    preference JSONL file; each trains only its final assistant turn (`max_tokens`: as for
+    `load_sft_samples`).
 
     Raises:
         OfflineDataError: a bad line (names the file, line number and field), or an empty file.
@@ -157,22 +264,33 @@ def load_dpo_samples(path: str | Path, renderer: ChatRenderer) -> list[Sample]:
     samples: list[Sample] = []
     for lineno, record in read_json_objects(path, OfflineDataError):
         where = f"{path}:{lineno}"
-        prompt = _messages_field(record, "prompt", where)
+        prompt = _turns_field(record, "prompt", "user", where)
         if prompt[-1].get("role") == "assistant":
             raise OfflineDataError(
                 f"{where}: field 'prompt' must not end with an assistant message (the responses "
                 "go in 'chosen' and 'rejected')"
             )
         tools = _tools_field(record, where)
+        chosen = _response_message(record, "chosen", where)
+        rejected = _response_message(record, "rejected", where)
+        if _is_empty_turn(chosen):
+            raise OfflineDataError(
+                f"{where}: field 'chosen' is empty (no text and no tool calls): DPO would teach "
+                "the model to prefer answering nothing; give the chosen response or drop the line"
+            )
         pair_id = f"{path.name}:{lineno}"
-        for field, kind in (("chosen", "dpo_chosen"), ("rejected", "dpo_rejected")):
-            messages = [*prompt, _response_message(record, field, where)]
+        for field, kind, response in (
+            ("chosen", "dpo_chosen", chosen),
+            ("rejected", "dpo_rejected", rejected),
+        ):
+            messages = [*prompt, response]
             try:
                 token_ids, mask = render_with_assistant_mask(
                     renderer, messages, tools, [len(prompt)]
                 )
             except ChatFormatError as err:
                 raise OfflineDataError(f"{where}: field {field!r}: {err}") from err
+            _check_length(len(token_ids), max_tokens, where, field)
             samples.append(
                 Sample(
                     token_ids=token_ids,
@@ -185,6 +303,11 @@ def load_dpo_samples(path: str | Path, renderer: ChatRenderer) -> list[Sample]:
                     kind=kind,
                     pair_id=pair_id,
                 )
+            )
+        if samples[-1].token_ids == samples[-2].token_ids:
+            raise OfflineDataError(
+                f"{where}: fields 'chosen' and 'rejected' are the same response: the pair "
+                "teaches nothing (its DPO gradient is zero); fix one of them or drop the line"
             )
     if not samples:
         raise OfflineDataError(f"{path}: no samples (the file is empty)")

@@ -139,7 +139,7 @@ def normalize_tools(tools: Sequence[JSON] | None) -> list[JSON] | None:
         return None
     for i, tool in enumerate(tools):
         fn = tool.get("function") if isinstance(tool, dict) else None
-        if tool.get("type", "function") != "function" or not isinstance(fn, dict):
+        if not isinstance(fn, dict) or tool.get("type", "function") != "function":
             raise ChatFormatError(
                 f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}", param="tools"
             )

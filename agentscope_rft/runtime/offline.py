@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from collections.abc import Iterator
+from pathlib import Path
 
 from agentscope_rft.chat.template import ChatRenderer
 from agentscope_rft.config import EXPLORING_MODES, RunConfig
@@ -86,7 +88,7 @@ def load_offline_units(config: RunConfig) -> dict[str, list[Sample]]:
         what = {"sft": "reviewed corrections", "dpo": "reviewed pairs", "rewards": "groups"}[use]
     else:
         load = load_dpo_samples if config.offline.format == "dpo" else load_sft_samples
-        samples = load(config.offline.path, renderer)
+        samples = load(config.offline.path, renderer, _max_sample_tokens(config))
         what = "pairs" if config.offline.format == "dpo" else "samples"
     units: dict[str, list[Sample]] = {}
     for sample in samples:
@@ -101,6 +103,28 @@ def load_offline_units(config: RunConfig) -> dict[str, list[Sample]]:
         )
     logger.info("offline data: %d %s from %s", len(units), what, config.offline.path)
     return units
+
+
+def _max_sample_tokens(config: RunConfig) -> tuple[int, str] | None:
+    """The longest sample the run can train, and what sets it: `trainer.max_seq_len`, else the
+    context window (`model.max_model_len`, at most the model's positions, as engines take it)."""
+    if config.trainer.max_seq_len is not None:
+        return config.trainer.max_seq_len, "trainer.max_seq_len"
+    path = Path(resolve_model(config.model.name_or_path)) / "config.json"
+    try:
+        model_config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        model_config = {}
+    text = model_config.get("text_config") or model_config
+    positions = text.get("max_position_embeddings")
+    if not isinstance(positions, int) or text.get("rope_scaling"):
+        positions = None  # with rope scaling the window is longer than the positions say
+    wanted = config.model.max_model_len
+    if wanted is not None and (positions is None or wanted <= positions):
+        return wanted, "model.max_model_len"
+    if positions is None:
+        return None
+    return positions, f"the model's context window: max_position_embeddings in {path}"
 
 
 class OfflineBatches:

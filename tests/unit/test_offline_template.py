@@ -45,3 +45,57 @@ def test_demonstrations_render_with_the_configured_template(
     template = tmp_path / "template.jinja"
     template.write_text(TEMPLATE)
     assert first_text(f"model.chat_template={template}").count("[[custom]]") == 2
+
+
+def test_a_conversation_longer_than_the_context_window_fails_at_load_naming_its_line(
+    tiny_model_path: str, tmp_path: Path
+):
+    import pytest
+
+    from agentscope_rft.buffer.offline import OfflineDataError
+
+    demos = tmp_path / "demos.jsonl"
+    short = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
+    long = [{"role": "user", "content": "word " * 9000}, {"role": "assistant", "content": "ok"}]
+    demos.write_text(json.dumps({"messages": short}) + "\n" + json.dumps({"messages": long}) + "\n")
+
+    def load(*extra: str) -> None:
+        config = load_config(
+            None,
+            [
+                f"model.name_or_path={tiny_model_path}",
+                "run.mode=offline",
+                "algorithm.objective=sft",
+                f"offline.path={demos}",
+                *extra,
+            ],
+        )
+        next(offline_batches(config))
+
+    # The tiny model has 8192 positions: the second line cannot be trained.
+    with pytest.raises(OfflineDataError) as excinfo:
+        load()
+    message = str(excinfo.value)
+    assert message.startswith(f"{demos}:2: field 'messages' renders to ")
+    assert "more than the 8192 the run can train (the model's context window" in message
+    with pytest.raises(
+        OfflineDataError,
+        match=r":2: .* more than the 64 the run can train "
+        r"\(model.max_model_len\)",
+    ):
+        load("model.max_model_len=64")
+    demos.write_text(json.dumps({"messages": short}) + "\n")
+    with pytest.raises(OfflineDataError, match=r":1: .*\(trainer.max_seq_len\)"):
+        load("trainer.max_seq_len=16")
+    load("trainer.max_seq_len=64")  # fits
+    # DPO pairs: each side is checked.
+    pairs = tmp_path / "pairs.jsonl"
+    pair = {"prompt": [{"role": "user", "content": "2+2?"}], "chosen": "4", "rejected": "x " * 40}
+    pairs.write_text(json.dumps(pair) + "\n")
+    with pytest.raises(OfflineDataError, match=r":1: field 'rejected' renders to"):
+        load(
+            f"offline.path={pairs}",
+            "offline.format=dpo",
+            "algorithm.objective=dpo",
+            "trainer.max_seq_len=48",
+        )

@@ -77,7 +77,32 @@ def test_dpo_samples_come_in_pairs(renderer: ChatRenderer) -> None:
     [
         ("sft", "{not json", ":2: not valid JSON"),
         ("sft", "[1, 2]", ":2: each line must be a JSON object"),
-        ("sft", '{"msgs": []}', ":2: field 'messages' must be a non-empty list"),
+        ("sft", '{"msgs": []}', ":2: field 'messages' is missing (the line has 'msgs')"),
+        ("sft", '{"messages": []}', ":2: field 'messages' must be a non-empty list"),
+        (
+            "sft",
+            '{"prompt": [{"role": "user", "content": "x"}], "chosen": "a", "rejected": "b"}',
+            ":2: field 'messages' is missing (this line is a DPO pair: set offline.format: dpo",
+        ),
+        (
+            "sft",
+            '{"sample_id": "s", "kind": "rl", "token_ids": [1, 2], "loss_mask": [0, 1]}',
+            "exported by `agentscope-rft buffer export`: store the file back with "
+            "`agentscope-rft buffer import",
+        ),
+        (
+            "dpo",
+            '{"messages": [{"role": "user", "content": "x"}]}',
+            ":2: field 'prompt' is missing (this line is an SFT conversation: set offline.format",
+        ),
+        (
+            "dpo",
+            '{"chosen": [{"role": "user", "content": "x"}, '
+            '{"role": "assistant", "content": "a"}], '
+            '"rejected": [{"role": "user", "content": "x"}, '
+            '{"role": "assistant", "content": "b"}]}',
+            ":2: field 'prompt' is missing (write the conversation before the responses in",
+        ),
         ("sft", '{"messages": [{"role": "user", "content": "x"}]}', ":2: field 'messages' has no"),
         (
             "sft",
@@ -89,6 +114,46 @@ def test_dpo_samples_come_in_pairs(renderer: ChatRenderer) -> None:
             "sft",
             '{"messages": [{"role": "assistant", "content": "y"}], "tools": {}}',
             ":2: field 'tools' must be a list",
+        ),
+        (
+            "sft",
+            '{"messages": [{"role": "assistant", "content": "y"}], "tools": ["get_weather"]}',
+            ":2: field 'tools': tools[0] must be {'type': 'function'",
+        ),
+        (
+            "sft",
+            '{"messages": [{"role": "user", "content": "x"}, '
+            '{"role": "assistant", "content": ""}]}',
+            ":2: field 'messages'[1] is an assistant turn with no text and no tool calls",
+        ),
+        (
+            "sft",
+            '{"messages": [{"role": "user", "content": "x"}, {"role": "assistant"}]}',
+            ":2: field 'messages'[1] is an assistant turn with no text",
+        ),
+        (
+            "sft",
+            '{"messages": [{"role": "user", "content": "x"}, '
+            '{"role": "assistant", "content": "y", "weight": 0.5}]}',
+            ":2: field 'messages'[1].weight must be 0 (context, not trained) or 1",
+        ),
+        (
+            "sft",
+            '{"messages": [{"role": "user", "content": "x"}, '
+            '{"role": "assistant", "content": "y", "weight": 0}]}',
+            ":2: field 'messages' has no assistant turn to train on (every assistant turn is "
+            'missing or has "weight": 0)',
+        ),
+        (
+            "dpo",
+            '{"prompt": [{"role": "user", "content": "x"}], "chosen": " ", "rejected": "b"}',
+            ":2: field 'chosen' is empty",
+        ),
+        (
+            "dpo",
+            '{"prompt": [{"role": "user", "content": "x"}], "chosen": "b", '
+            '"rejected": {"role": "assistant", "content": "b"}}',
+            ":2: fields 'chosen' and 'rejected' are the same response",
         ),
         (
             "dpo",
@@ -104,7 +169,7 @@ def test_dpo_samples_come_in_pairs(renderer: ChatRenderer) -> None:
             "dpo",
             '{"prompt": [{"role": "user", "content": "x"}], "chosen": {"role": "user"}, '
             '"rejected": "b"}',
-            ":2: field 'chosen' must be a string or an assistant message",
+            ":2: field 'chosen' must be a string or one assistant message",
         ),
     ],
 )
@@ -132,3 +197,60 @@ def test_empty_and_missing_files_fail(renderer: ChatRenderer, tmp_path: Path) ->
         load_sft_samples(empty, renderer)
     with pytest.raises(OfflineDataError, match="no such file"):
         load_dpo_samples(tmp_path / "missing.jsonl", renderer)
+
+
+def test_weight_0_turns_are_context_not_trained(renderer: ChatRenderer, tmp_path: Path) -> None:
+    # OpenAI's fine-tuning files mark assistant turns not to learn from with "weight": 0.
+    messages = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "5", "weight": 0},
+        {"role": "user", "content": "Wrong, try again."},
+        {"role": "assistant", "content": "4", "weight": 1},
+        {"role": "user", "content": "And 3+3?"},
+        {"role": "assistant", "content": "6"},
+    ]
+    path = tmp_path / "weights.jsonl"
+    path.write_text(json.dumps({"messages": messages}) + "\n")
+    [sample] = load_sft_samples(path, renderer)
+    assert _trained_text(sample, renderer) == ["4<|im_end|>", "6<|im_end|>"]
+    assert sample.num_calls == 2
+    # The untrained turn is still in the context, rendered as the template renders it.
+    assert list(sample.token_ids) == renderer.render_ids(messages, None, False)
+    # An empty assistant turn is fine as untrained context.
+    messages[1] = {"role": "assistant", "content": "", "weight": 0}
+    path.write_text(json.dumps({"messages": messages}) + "\n")
+    [sample] = load_sft_samples(path, renderer)
+    assert _trained_text(sample, renderer) == ["4<|im_end|>", "6<|im_end|>"]
+
+
+def test_trl_prompt_completion_and_preference_rows(renderer: ChatRenderer, tmp_path: Path) -> None:
+    """TRL's dataset formats, standard (texts) and conversational (message lists), train the same
+    tokens as the equivalent `messages` / message-object rows."""
+    user, answer = {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}
+    sft = tmp_path / "sft.jsonl"
+    rows = [
+        {"messages": [user, answer]},
+        {"prompt": "2+2?", "completion": "4"},
+        {"prompt": [user], "completion": [answer]},
+    ]
+    sft.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    samples = load_sft_samples(sft, renderer)
+    assert [s.token_ids for s in samples[1:]] == [samples[0].token_ids] * 2
+    assert [s.loss_mask for s in samples[1:]] == [samples[0].loss_mask] * 2
+    assert _trained_text(samples[1], renderer) == ["4<|im_end|>"]
+    # An assistant turn in the prompt is context: only the completion trains.
+    sft.write_text(json.dumps({"prompt": [user, answer, user], "completion": "5"}) + "\n")
+    [sample] = load_sft_samples(sft, renderer)
+    assert _trained_text(sample, renderer) == ["5<|im_end|>"]
+
+    dpo = tmp_path / "dpo.jsonl"
+    rows = [
+        {"prompt": [user], "chosen": "4", "rejected": "5"},
+        {"prompt": "2+2?", "chosen": "4", "rejected": "5"},
+        {"prompt": [user], "chosen": [answer], "rejected": [{"role": "assistant", "content": "5"}]},
+    ]
+    dpo.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    samples = load_dpo_samples(dpo, renderer)
+    assert [s.token_ids for s in samples[2:4]] == [s.token_ids for s in samples[0:2]]
+    assert [s.token_ids for s in samples[4:6]] == [s.token_ids for s in samples[0:2]]
+    assert [s.loss_mask for s in samples[4:6]] == [s.loss_mask for s in samples[0:2]]
