@@ -143,8 +143,8 @@ def _assistant_span(
             f"messages[{index}]: the chat template is not append-only here (the generation "
             "prompt is not a prefix of the rendered assistant turn)"
         )
-    eos = renderer.tokenizer.eos_token
-    end = after.rfind(eos) + len(eos) if isinstance(eos, str) and eos else -1
+    eos = renderer.end_of_turn  # the template's (a base model's tokenizer eos may differ)
+    end = after.rfind(eos) + len(eos) if eos else -1
     return len(before), end if end > len(before) else len(after)
 
 

@@ -54,6 +54,18 @@ def test_sft_samples_train_assistant_turns_only(renderer: ChatRenderer) -> None:
     assert samples[0].sample_id == "sft_tiny.jsonl:1"
 
 
+def test_a_base_tokenizers_eos_does_not_move_the_trained_span() -> None:
+    # Qwen2.5/3 base: eos <|endoftext|>, the ChatML template closes turns with <|im_end|>.
+    from agentscope_rft.models import load_tokenizer, resolve_model
+
+    tokenizer = load_tokenizer(resolve_model("tiny-random"))
+    tokenizer.eos_token = "<|endoftext|>"
+    base = ChatRenderer(tokenizer)
+    samples = load_sft_samples(DATA / "sft_tiny.jsonl", base)
+    assert _trained_text(samples[0], base) == ["Paris.<|im_end|>"]  # not its "\n" after
+    assert _trained_text(samples[1], base) == ["4<|im_end|>", "6<|im_end|>"]
+
+
 def test_dpo_samples_come_in_pairs(renderer: ChatRenderer) -> None:
     samples = load_dpo_samples(DATA / "dpo_tiny.jsonl", renderer)
     assert len(samples) == 6
