@@ -42,9 +42,16 @@ def read_json_objects(path: Path, error: type[Exception]) -> Iterator[tuple[int,
     if not path.is_file():
         raise error(f"{path}: no such file")
     with path.open("rb") as handle:  # bytes: a line that is not UTF-8 is named by its number
+        if handle.read(4) == _PARQUET_MAGIC:
+            raise error(
+                f"{path}: a Parquet file; this data is read from JSON Lines (one JSON object per "
+                f"line): convert it with {_PARQUET_TO_JSONL.format(path=path)}"
+            )
+        handle.seek(0)
         for lineno, raw in enumerate(handle, start=1):
             try:
-                line = decode_line(raw)
+                # utf-8-sig: files saved by Windows editors start with a byte-order mark
+                line = decode_line(raw, "utf-8-sig" if lineno == 1 else "utf-8")
             except ValueError as err:
                 raise error(f"{path}:{lineno}: {err}: save the file as UTF-8") from None
             if not line.strip():
@@ -52,7 +59,28 @@ def read_json_objects(path: Path, error: type[Exception]) -> Iterator[tuple[int,
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
-                raise error(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
+                raise error(
+                    f"{path}:{lineno}: not valid JSON ({err.msg}){_one_per_line(line)}"
+                ) from err
             if not isinstance(record, dict):
-                raise error(f"{path}:{lineno}: each line must be a JSON object")
+                raise error(
+                    f"{path}:{lineno}: each line must be a JSON object{_one_per_line(line)}"
+                )
             yield lineno, record
+
+
+_PARQUET_MAGIC = b"PAR1"
+_PARQUET_TO_JSONL = (
+    'python -c "import json, sys, pyarrow.parquet as pq; '
+    '[print(json.dumps(r, default=str)) for r in pq.read_table(sys.argv[1]).to_pylist()]" '
+    "{path} > data.jsonl"
+)
+
+
+def _one_per_line(line: str) -> str:
+    """A hint for a file written as one JSON document (an array, or an object spread over many
+    lines) rather than JSON Lines."""
+    text = line.strip()
+    if text in ("[", "{") or text.startswith("["):
+        return " (write one JSON object per line, JSON Lines, not one JSON array or document)"
+    return ""

@@ -211,6 +211,30 @@ def test_empty_and_missing_files_fail(renderer: ChatRenderer, tmp_path: Path) ->
         load_dpo_samples(tmp_path / "missing.jsonl", renderer)
 
 
+def test_files_from_other_tools_load_or_say_how_to_convert(
+    renderer: ChatRenderer, tmp_path: Path
+) -> None:
+    row = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    bom = tmp_path / "windows.jsonl"  # saved by a Windows editor: a byte-order mark first
+    bom.write_bytes(b"\xef\xbb\xbf" + json.dumps(row).encode() + b"\n")
+    assert len(load_sft_samples(bom, renderer)) == 1
+    array = tmp_path / "array.jsonl"
+    array.write_text(json.dumps([row, row]))
+    with pytest.raises(OfflineDataError, match=r"array.jsonl:1: .*one JSON object per line"):
+        load_sft_samples(array, renderer)
+    pretty = tmp_path / "pretty.jsonl"
+    pretty.write_text(json.dumps(row, indent=2))
+    with pytest.raises(OfflineDataError, match=r"pretty.jsonl:1: not valid JSON.*per line"):
+        load_sft_samples(pretty, renderer)
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    parquet = tmp_path / "data.parquet"
+    pq.write_table(pa.Table.from_pylist([{"prompt": "q", "completion": "a"}]), parquet)
+    with pytest.raises(OfflineDataError, match=r"data.parquet: a Parquet file.*pq.read_table"):
+        load_sft_samples(parquet, renderer)
+
+
 def test_weight_0_turns_are_context_not_trained(renderer: ChatRenderer, tmp_path: Path) -> None:
     # OpenAI's fine-tuning files mark assistant turns not to learn from with "weight": 0.
     messages = [
