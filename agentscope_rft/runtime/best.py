@@ -79,7 +79,14 @@ class BestCheckpoint:
             )
             return False
         value = criterion_value(metrics, self.names)
-        assert value is not None  # (every name was logged)
+        if value is None:
+            logger.warning(
+                "validation at step %d: every episode failed (their errors are in %s): no "
+                "measurement, so not a candidate for the best checkpoint",
+                step,
+                self.run_dir / "rollouts.jsonl",
+            )
+            return False
         if not self.better(value):
             return False
         folder = self.run_dir / "checkpoints" / BEST_DIR
@@ -108,10 +115,28 @@ def metric_names(metric: str | Sequence[str]) -> list[str]:
 
 def criterion_value(metrics: Mapping[str, float], names: Sequence[str]) -> float | None:
     """The mean of `metrics[name]` over `names` (the criterion's value), or None when one is
-    missing."""
-    if any(name not in metrics for name in names):
+    missing or no episode of the evaluation finished (its metrics then are zeros, not a score).
+
+    Example:
+        >>> criterion_value({"reward/mean": 0.5, "explore/rollouts": 4}, ["reward/mean"])
+        0.5
+        >>> failed = {"reward/mean": 0.0, "explore/rollouts": 4, "explore/failed": 4}
+        >>> criterion_value(failed, ["reward/mean"]) is None
+        True
+    """
+    if any(name not in metrics for name in names) or not finished_any(metrics):
         return None
     return sum(float(metrics[name]) for name in names) / len(names)
+
+
+def finished_any(metrics: Mapping[str, float]) -> bool:
+    """Whether an evaluation's metrics come from at least one finished episode (one that
+    failed or timed out has no reward: the means over none are logged as 0)."""
+    rollouts = metrics.get("explore/rollouts")
+    if rollouts is None:  # (not an explorer's metrics)
+        return True
+    lost = metrics.get("explore/failed", 0.0) + metrics.get("explore/timeout", 0.0)
+    return rollouts > lost
 
 
 def best_point(curve: Sequence[tuple[int, float]], mode: str) -> tuple[int, float] | None:

@@ -10,6 +10,7 @@ from agentscope_rft.runtime.best import (
     RUN_STATE_FILE,
     BestCheckpoint,
     CheckpointNotFoundError,
+    criterion_value,
     read_best,
     resolve_checkpoint,
 )
@@ -190,3 +191,23 @@ def test_best_metric_must_name_validation_metrics(metric):
     RunConfig.model_validate({**fine, "run": {"best_metric": ["val/a", "val/b"]}})
     with pytest.raises(ValueError, match="must be a validation metric"):
         RunConfig.model_validate({**fine, "run": {"best_metric": metric}})
+
+
+def test_a_validation_whose_episodes_all_failed_is_never_the_best(tmp_path, caplog):
+    # Failed episodes have no reward: the means over none are logged as 0, which a `min`
+    # criterion (or a `max` one with nothing better yet) would take for a score.
+    low = BestCheckpoint(tmp_path, "val/response_length/mean", "min")
+    measured = {"response_length/mean": 30.0, "explore/rollouts": 4.0, "explore/failed": 1.0}
+    assert low.consider(0, measured, export_to)
+    broken = {"response_length/mean": 0.0, "explore/rollouts": 4.0, "explore/failed": 3.0}
+    assert not low.consider(2, {**broken, "explore/timeout": 1.0}, export_to)
+    assert "every episode failed" in caplog.text
+    assert read_best(tmp_path)["step"] == 0
+    first = BestCheckpoint(tmp_path / "first", "val/reward/mean", "max")
+    assert not first.consider(0, {"reward/mean": 0.0, **broken, "explore/failed": 4.0}, export_to)
+    assert read_best(tmp_path / "first") is None
+    # fork and sweep-summary read the curve through the same criterion
+    assert (
+        criterion_value({"reward/mean": 0.0, **broken, "explore/failed": 4.0}, ["reward/mean"])
+        is None
+    )
