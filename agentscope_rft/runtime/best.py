@@ -10,6 +10,7 @@ checkpoint accept `best` (and `last`) through `resolve_checkpoint`.
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import math
@@ -154,6 +155,63 @@ def best_point(curve: Sequence[tuple[int, float]], mode: str) -> tuple[int, floa
         return None
     pick = max if mode == "max" else min
     return pick(points, key=lambda point: point[1])
+
+
+APP_PREFIXES = ("workflow/", "runtime/", "diagnosis/", "memory/")
+"""Validation metrics that only some runs log (the app's `Reward(metrics=...)`, the episode
+runners', the diagnosis's findings, memory): not checked before the run."""
+
+
+def validation_metrics() -> set[str]:
+    """The metrics every validation logs (what `ExploreResult.metrics` writes for any batch)."""
+    from agentscope_rft.explorer.explorer import ExploreResult
+    from agentscope_rft.explorer.loop_monitor import LoopStats
+    from agentscope_rft.explorer.trajectory import TrajectoryStats
+
+    empty = ExploreResult([], [], TrajectoryStats(), 0.0, loop=LoopStats())
+    return {name for name in empty.metrics() if not name.startswith("trajectory/")}
+
+
+def best_metric_problem(
+    metric: str | Sequence[str], stratify_field: str | None, val_tasks: Sequence[Mapping[str, Any]]
+) -> str | None:
+    """Why `run.best_metric` names a metric the validation never logs (a typo, a stratum of
+    another field or of no validation task), with the fix; None when every name can be logged.
+
+    Example:
+        >>> best_metric_problem("val/sucess_rate", None, [])  # doctest: +ELLIPSIS
+        "run.best_metric names val/sucess_rate, which validation never logs; did you mean ...
+    """
+    known = validation_metrics()
+    for full in metric_names(metric):
+        name = full.removeprefix("val/")
+        if name in known or name.startswith(APP_PREFIXES):
+            continue
+        if name.startswith("reward/by_"):
+            field, _, value = name.removeprefix("reward/by_").partition("/")
+            if field != stratify_field:
+                return (
+                    f"run.best_metric names {full}, a per-{field} reward, which validation logs "
+                    f"only with tasks.stratify_field: {field} (it is {stratify_field!r}): set it, "
+                    "or choose another metric"
+                )
+            values = sorted({str(t[field]) for t in val_tasks if field in t})
+            if value in values:
+                continue
+            return (
+                f"run.best_metric names {full}, but no validation task has {field} {value!r} "
+                f"(the validation slice has: {', '.join(values)}); use "
+                f"val/reward/by_{field}/<one of them>"
+            )
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        hint = f"did you mean val/{close[0]}? " if close else ""
+        scores = [f"val/{k}" for k in sorted(known) if k.startswith(("reward/", "success", "resp"))]
+        return (
+            f"run.best_metric names {full}, which validation never logs; {hint}(it logs "
+            f"{', '.join(scores)}, val/reward/by_<tasks.stratify_field>/<value>, the app's "
+            "val/workflow/<name>, ...: see the `val` lines of metrics.jsonl)"
+        )
+    return None
 
 
 def metric_label(metric: str | Sequence[str]) -> str:

@@ -162,6 +162,14 @@ def preflight(config: RunConfig) -> Checked:
                 config.tasks.stratify_field,
             )
             _warn_overlap(train, vals, evals, config.tasks.id_field)
+            if config.run.eval_every:
+                from agentscope_rft.runtime.best import best_metric_problem
+
+                problem = best_metric_problem(
+                    config.run.best_metric, config.tasks.stratify_field, [t.data for t in vals]
+                )
+                if problem is not None:
+                    raise ConfigError(problem)
         elif config.tasks.eval and config.run.eval_every:
             logger.warning(
                 "tasks.val not set: evaluating on the test split (tasks.eval) every %d steps for "

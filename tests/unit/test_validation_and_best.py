@@ -211,3 +211,38 @@ def test_a_validation_whose_episodes_all_failed_is_never_the_best(tmp_path, capl
         criterion_value({"reward/mean": 0.0, **broken, "explore/failed": 4.0}, ["reward/mean"])
         is None
     )
+
+
+def test_a_best_metric_validation_never_logs_is_refused_before_the_run(tmp_path):
+    from agentscope_rft.config import ConfigError, load_config
+    from agentscope_rft.runtime.best import best_metric_problem
+    from agentscope_rft.runtime.preflight import preflight
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(
+        "".join(json.dumps({"id": f"t{i}", "type": "ab"[i % 2]}) + "\n" for i in range(4))
+    )
+    base = [
+        "workflow=tests/integration/toy_app.py:run",
+        f"tasks.train={tasks}",
+        f"tasks.val={tasks}",
+        "run.eval_every=2",
+        "model.name_or_path=/no/model/needed/before/this",
+    ]
+    typo = load_config(None, [*base, "run.best_metric=val/sucess_rate"])
+    with pytest.raises(ConfigError, match=r"val/sucess_rate.*did you mean val/success_rate\?"):
+        preflight(typo)
+    unstratified = load_config(None, [*base, "run.best_metric=val/reward/by_type/a"])
+    with pytest.raises(ConfigError, match=r"only with tasks.stratify_field: type"):
+        preflight(unstratified)
+    no_such_type = [*base, "tasks.stratify_field=type", "run.best_metric=val/reward/by_type/c"]
+    with pytest.raises(ConfigError, match=r"no validation task has type 'c'.*has: a, b"):
+        preflight(load_config(None, no_such_type))
+    # what validation logs, strata of the slice and the app's own metrics pass
+    for fine in (
+        "val/success_rate",
+        ["val/reward/by_type/a", "val/reward/by_type/b"],
+        "val/workflow/searches",
+        "val/response_length/mean",
+    ):
+        assert best_metric_problem(fine, "type", [{"type": "a"}, {"type": "b"}]) is None
