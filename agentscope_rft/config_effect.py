@@ -175,6 +175,8 @@ def _validation(config: RunConfig, keys: set[str]) -> list[NoEffect]:
     elif not run.eval_every:
         why = "run.eval_every is 0, so the run never validates"
         out += idle(keys, why, "set run.eval_every, or remove it", *best)
+        why += " and keeps no checkpoints/best (`explore --split val` still reads it)"
+        out += idle(keys, why, "set run.eval_every (e.g. 5) to validate", "tasks.val")
     return out
 
 

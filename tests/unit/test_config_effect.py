@@ -55,6 +55,7 @@ CASES = [
         ["tasks.eval=e.jsonl", "run.eval_every=2", "run.best_mode=min"],
         ["tasks.val=v.jsonl", "run.eval_every=2", "run.best_mode=min"],
     ),
+    ("tasks.val", ["tasks.val=v.jsonl"], ["tasks.val=v.jsonl", "run.eval_every=2"]),
     ("tasks.val_limit", ["tasks.val_limit=3"], ["tasks.val_limit=3", "tasks.val=v.jsonl"]),
     ("tasks.eval_limit", ["tasks.eval_limit=3"], ["tasks.eval_limit=3", "tasks.eval=e.jsonl"]),
     (
@@ -364,7 +365,9 @@ def test_an_exported_config_keeps_the_users_keys(tmp_path):
 def test_a_config_saved_before_the_key_list_names_keys_set_off_their_default(tmp_path):
     """Run folders written before the first line named the user's keys list every key: there,
     the keys whose value is not the default are the user's (and `--set`s on resume)."""
-    config = load_config(None, [*BASE, "explorer.reward_gamma=0.9", "tasks.val=v.jsonl"])
+    config = load_config(
+        None, [*BASE, "explorer.reward_gamma=0.9", "tasks.val=v.jsonl", "run.eval_every=2"]
+    )
     saved = tmp_path / "config.yaml"
     saved.write_text(dump_config(config).partition("\n")[2])  # no first line
     assert "max_staleness: 2" in saved.read_text() and "# keys" not in saved.read_text()
