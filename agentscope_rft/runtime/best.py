@@ -108,6 +108,63 @@ class BestCheckpoint:
         logger.info("best checkpoint: step %d, %s = %.4g", step, self.metric, value)
         return True
 
+    def rewind(
+        self, step: int, curve: Sequence[tuple[int, float]], policy: Callable[[int], Path | None]
+    ) -> None:
+        """A rollback to `step` abandoned the policies after it: a best among them gives way to
+        the best validation of `curve` (the run's kept (step, value) points) up to `step` whose
+        policy is still at hand (`policy(step)`: an HF folder, or None), or to none.
+
+        Example:
+            >>> best.rewind(4, [(0, 0.2), (4, 0.3)], kept_models.get)  # doctest: +SKIP
+        """
+        if self.record is None or int(self.record["step"]) <= step:
+            return
+        abandoned = self.record
+        at_hand = [(s, v) for s, v in curve if s <= step and policy(s) is not None]
+        point = best_point([(s, v) for s, v in at_hand if math.isfinite(v)], self.mode)
+        shutil.rmtree(self.run_dir / "checkpoints" / BEST_DIR, ignore_errors=True)
+        (self.run_dir / BEST_FILE).unlink(missing_ok=True)
+        self.record = None
+        if point is None:
+            logger.warning(
+                "best checkpoint: step %d was abandoned by the rollback to step %d, and no kept "
+                "validation up to it has its policy at hand: no best checkpoint until the next "
+                "validation",
+                abandoned["step"],
+                step,
+            )
+            return
+        source = policy(point[0])
+        assert source is not None
+
+        def copy(folder: Path) -> None:
+            shutil.copytree(source, folder)
+
+        self.consider(point[0], {name: point[1] for name in self.names}, copy)
+        logger.warning(
+            "best checkpoint: step %d was abandoned by the rollback to step %d; the best kept is "
+            "step %d",
+            abandoned["step"],
+            step,
+            point[0],
+        )
+
+
+def kept_curve(run_dir: Path, names: Sequence[str]) -> list[tuple[int, float]]:
+    """The (step, criterion value) of the validations the run kept (a resume or rollback
+    supersedes the rest), as `metrics.jsonl` holds them."""
+    from agentscope_rft.monitor.records import (
+        METRICS_FILE,
+        per_step,
+        read_metrics,
+        surviving_history,
+    )
+
+    records = per_step(surviving_history(read_metrics(run_dir / METRICS_FILE)), "val")
+    values = [(r.step, criterion_value(r.metrics, names)) for r in records]
+    return [(step, value) for step, value in values if value is not None]
+
 
 def metric_names(metric: str | Sequence[str]) -> list[str]:
     """The metrics `run.best_metric` names: one, or several whose mean is the criterion."""

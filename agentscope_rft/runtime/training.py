@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -43,7 +44,7 @@ from agentscope_rft.health.watcher import (
 )
 from agentscope_rft.monitor import Monitor
 from agentscope_rft.rss import PhasePeaks, phase_metric
-from agentscope_rft.runtime.best import RUN_STATE_FILE, BestCheckpoint, write_json
+from agentscope_rft.runtime.best import RUN_STATE_FILE, BestCheckpoint, kept_curve, write_json
 from agentscope_rft.runtime.components import (
     RolloutLog,
     RunFolderError,
@@ -699,6 +700,7 @@ class TrainingRun:
             )
         self.health.rewind(target)
         self.monitor.supersede_from(target)
+        await in_own_thread(self._rewind_best, target)
         self.start = self.steps_done = self.policy_version = target
         self.saved_at = target
         write_state(self.run_dir, {**saved, "health": self.rollback.to_dict()})
@@ -710,6 +712,26 @@ class TrainingRun:
             settings.max_rollbacks,
             self.rollback.describe(),
         )
+
+    def _rewind_best(self, target: int) -> None:
+        """A best checkpoint chosen after `target` was abandoned with its steps: the best kept
+        validation up to `target` takes its place (its policy: the restored one, or a kept
+        checkpoint's)."""
+        restored = self.run_dir / "checkpoints" / "best.restored"
+        shutil.rmtree(restored, ignore_errors=True)
+
+        def policy(step: int) -> Path | None:
+            if step == target:
+                if not restored.is_dir():
+                    self.trainer.export_hf(restored)
+                return restored
+            model = checkpoint_dir(self.run_dir, step) / "model"
+            return model if (model / "config.json").is_file() else None
+
+        try:
+            self.best.rewind(target, kept_curve(self.run_dir, self.best.names), policy)
+        finally:
+            shutil.rmtree(restored, ignore_errors=True)
 
     def _rollback_refusal(self, event: HealthEvent) -> str | None:
         """Why the run cannot roll back for `event` (then it stops), or None."""

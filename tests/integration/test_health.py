@@ -193,3 +193,35 @@ async def test_the_best_checkpoint_is_chosen_on_validation_only(
     summary = await explore(config, tmp_path / "on-test", split="test", limit=2)
     assert summary["explore/rollouts"] == 2
     assert {"reward/by_kind/a", "reward/by_kind/b"} <= set(summary)
+
+
+async def test_a_best_checkpoint_of_abandoned_steps_gives_way_to_the_best_kept(
+    tiny_model_path, toy_tasks, tmp_path
+):
+    from agentscope_rft.runtime.best import read_best
+
+    # The third validation (step 2, the policy the rule then finds unhealthy) scores 1, every
+    # other 0: the rollback to step 1 abandons it, so the best is a kept validation.
+    val = tmp_path / "val.jsonl"
+    val.write_text(
+        "".join(
+            json.dumps({"id": f"v{i}", "prompt": f"Hi {i}", "val_tasks": 2}) + "\n"
+            for i in range(2)
+        )
+    )
+    run_dir = tmp_path / "run"
+    extra = [
+        "workflow=tests/integration/toy_app.py:peak_at_third_validation",
+        "run.steps=4",
+        "run.eval_every=1",
+        "run.checkpoint_every=1",
+        f"tasks.val={val}",
+        *forced_rule("once_at", 2, 2, tmp_path / "f"),
+    ]
+    await train(toy_config(tiny_model_path, toy_tasks, run_dir, *extra), run_dir)
+    records = surviving_history(read_metrics(run_dir / "metrics.jsonl"))
+    kept = {r.step: r.metrics["reward/mean"] for r in per_step(records, "val")}
+    assert kept == {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0, 4: 0.0}
+    best = read_best(run_dir)
+    assert best is not None and best["value"] == 0.0 and best["step"] <= 1
+    assert (run_dir / "checkpoints" / "best" / "model" / "config.json").is_file()

@@ -83,3 +83,16 @@ async def two_agents(task: dict, model) -> float:
     ).get_text_content()
     critique = (await critic.reply(UserMsg(name="user", content=proposal or ""))).get_text_content()
     return uppercase_share(f"{proposal or ''} {critique or ''}")
+
+
+_VALIDATIONS: list[int] = []
+
+
+async def peak_at_third_validation(task: dict, model) -> float:
+    """`run` on training tasks; a validation task (`"val_tasks": n` in it, n of them) scores 1
+    in the process's third validation and 0 in every other."""
+    if "val_tasks" not in task:
+        return await run(task, model)
+    _VALIDATIONS.append(1)
+    await run(task, model)
+    return 1.0 if (len(_VALIDATIONS) - 1) // task["val_tasks"] == 2 else 0.0

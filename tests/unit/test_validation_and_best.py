@@ -246,3 +246,20 @@ def test_a_best_metric_validation_never_logs_is_refused_before_the_run(tmp_path)
         "val/response_length/mean",
     ):
         assert best_metric_problem(fine, "type", [{"type": "a"}, {"type": "b"}]) is None
+
+
+def test_a_rollback_drops_a_best_of_abandoned_steps_for_the_best_kept(tmp_path):
+    best = BestCheckpoint(tmp_path, "val/loss", "min")
+    for step, loss in ((0, 3.0), (2, 2.0), (4, 1.0)):
+        assert best.consider(step, {"loss": loss}, export_to)
+    kept = tmp_path / "kept-step-2"
+    export_to(kept)
+    # back to step 3: step 4's policy is gone; step 2 is the best kept one at hand
+    best.rewind(3, [(0, 3.0), (2, 2.0)], {2: kept}.get)
+    assert read_best(tmp_path) == {"step": 2, "metric": "val/loss", "value": 2.0, "mode": "min"}
+    assert (tmp_path / "checkpoints" / "best" / "model" / "config.json").is_file()
+    best.rewind(2, [(0, 3.0), (2, 2.0)], {}.get)  # not abandoned: kept as it is
+    assert read_best(tmp_path)["step"] == 2
+    best.rewind(1, [(0, 3.0)], {}.get)  # no kept policy at hand: no best until the next
+    assert read_best(tmp_path) is None and not (tmp_path / "checkpoints" / "best").exists()
+    assert best.consider(2, {"loss": 5.0}, export_to)
