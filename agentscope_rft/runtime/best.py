@@ -48,11 +48,16 @@ class BestCheckpoint:
         self.names = [m.removeprefix("val/") for m in metric_names(metric)]
         self.mode = mode
         self.record = read_best(run_dir)
-        if self.record is not None and self.record.get("metric") != self.metric:
+        chosen_by = (
+            None if self.record is None else (self.record.get("metric"), self.record.get("mode"))
+        )
+        if chosen_by is not None and chosen_by != (self.metric, mode):
             logger.warning(
-                "best.json was chosen by %s, this run chooses by %s: starting the best anew",
-                self.record.get("metric"),
+                "best.json was chosen by %s (%s), this run chooses by %s (%s): starting the best "
+                "anew",
+                *chosen_by,
                 self.metric,
+                mode,
             )
             self.record = None
 

@@ -263,3 +263,12 @@ def test_a_rollback_drops_a_best_of_abandoned_steps_for_the_best_kept(tmp_path):
     best.rewind(1, [(0, 3.0)], {}.get)  # no kept policy at hand: no best until the next
     assert read_best(tmp_path) is None and not (tmp_path / "checkpoints" / "best").exists()
     assert best.consider(2, {"loss": 5.0}, export_to)
+
+
+def test_a_resume_that_flips_best_mode_starts_the_best_anew(tmp_path, caplog):
+    high = BestCheckpoint(tmp_path, "val/reward/mean", "max")
+    assert high.consider(0, {"reward/mean": 0.9}, export_to)
+    low = BestCheckpoint(tmp_path, "val/reward/mean", "min")  # resumed with best_mode: min
+    assert low.record is None and "starting the best anew" in caplog.text
+    assert low.consider(2, {"reward/mean": 0.5}, export_to)
+    assert read_best(tmp_path)["mode"] == "min"
