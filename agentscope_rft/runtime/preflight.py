@@ -47,6 +47,19 @@ class Checked:
     """`offline.path` read and rendered (`load_offline_units`), when the run trains on it."""
 
 
+def _check_health_rules(config: RunConfig) -> None:
+    """Import the user's health rules now, not after the model and engine have loaded."""
+    from agentscope_rft.health.config import CustomRule
+    from agentscope_rft.health.rules import rule_function
+
+    for name, settings in config.health.named_rules():
+        if isinstance(settings, CustomRule):
+            try:
+                rule_function(name, settings)
+            except (TypeError, ValueError) as exc:  # WorkflowError: a bad path, module or name
+                raise ConfigError(f"health.custom: {exc}") from exc
+
+
 def _check_cuda(device: str, where: str) -> None:
     if not device.startswith("cuda"):
         return
@@ -135,6 +148,7 @@ def preflight(config: RunConfig) -> Checked:
     from agentscope_rft.config_effect import warn_no_effect
 
     warn_no_effect(config)  # keys the user set that do nothing here: one line each
+    _check_health_rules(config)
     mode = config.run.mode
     workflow, train, evals, vals = None, [], [], []
     if mode in EXPLORING_MODES:

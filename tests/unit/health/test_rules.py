@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import pytest
 
@@ -270,3 +271,27 @@ def test_a_bare_off_in_yaml_turns_a_rule_off(tmp_path):
     assert rules.kl.action == rules.non_finite.action == rules.entropy_collapse.action == "off"
     assert config.health.custom[0].action == "off"
     assert "kl" not in dict(config.health.named_rules())
+
+
+def test_a_bad_custom_rule_is_refused_before_anything_loads(tmp_path):
+    from agentscope_rft.runtime.preflight import preflight
+
+    module = tmp_path / "my_rules.py"
+    module.write_text("LIMIT = 3\n\ndef fine(history, params):\n    return None\n")
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "t0", "prompt": "hi"}\n')
+    base = [
+        "workflow=tests/integration/toy_app.py:run",
+        f"tasks.train={tasks}",
+        "model.name_or_path=/not/loaded/before/the/rules",
+    ]
+    for path, fragment in [
+        (str(module), "must be `package.module:function`"),
+        (f"{tmp_path / 'none.py'}:fine", "does not exist"),
+        (f"{module}:nope", "has no 'nope'"),
+        (f"{module}:LIMIT", "is not callable"),
+    ]:
+        custom = json.dumps([{"path": path, "action": "warn"}])
+        config = load_config(None, [*base, f"health.custom={custom}"])
+        with pytest.raises(ConfigError, match=f"health.custom: .*{re.escape(fragment)}"):
+            preflight(config)
