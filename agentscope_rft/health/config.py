@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from agentscope_rft.config_base import Section
 
@@ -145,7 +145,8 @@ class CustomRule(RuleSettings):
     path: str
     """`package.module:function` or `path/to/file.py:function`."""
     name: str | None = None
-    """The rule's name in events and metrics (`health/<name>`); default: the function's name."""
+    """The rule's name in events and metrics (`health/<name>`), unique among the rules; default:
+    the function's name."""
     params: dict[str, Any] = Field(default_factory=dict)
     """Passed to the function as its second argument."""
 
@@ -177,6 +178,21 @@ class HealthConfig(HealthSection):
     custom: list[CustomRule] = Field(default_factory=list)
     """Your own rules by import path."""
     rollback: RollbackSettings = Field(default_factory=RollbackSettings)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> HealthConfig:
+        # Events, `health/<rule>` metrics and each rule's streak are keyed by the rule's name.
+        seen = set(HealthRules.model_fields)
+        for rule in self.custom:
+            name = rule.name or rule.path.rpartition(":")[2]
+            if name in seen:
+                raise ValueError(
+                    f"health.custom: the rule {rule.path!r} is named {name!r}, as another rule "
+                    "is (events and health/<rule> metrics are keyed by name): give it its own "
+                    "`name:`"
+                )
+            seen.add(name)
+        return self
 
     def named_rules(self) -> list[tuple[str, RuleSettings]]:
         """(name, settings) of every rule that is on, built-in first."""

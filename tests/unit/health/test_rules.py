@@ -5,6 +5,7 @@ import math
 import re
 
 import pytest
+import yaml
 
 from agentscope_rft.config import ConfigError, load_config
 from agentscope_rft.health.config import (
@@ -295,3 +296,26 @@ def test_a_bad_custom_rule_is_refused_before_anything_loads(tmp_path):
         config = load_config(None, [*base, f"health.custom={custom}"])
         with pytest.raises(ConfigError, match=f"health.custom: .*{re.escape(fragment)}"):
             preflight(config)
+
+
+@pytest.mark.parametrize(
+    "custom",
+    [
+        [{"path": "my_rules.py:kl"}],
+        [{"path": "a.py:check"}, {"path": "b.py:check"}],
+        [{"path": "a.py:one", "name": "x"}, {"path": "b.py:two", "name": "x"}],
+    ],
+)
+def test_two_rules_of_one_name_are_refused(tmp_path, custom):
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {"workflow": "app.py:run", "tasks": {"train": "t.jsonl"}, "health": {"custom": custom}}
+        )
+    )
+    with pytest.raises(ConfigError, match=r"health.custom: .* give it its own `name:`"):
+        load_config(config)
+    renamed = [{**rule, "name": f"mine{i}"} for i, rule in enumerate(custom)]
+    assert HealthConfig.model_validate({"custom": renamed}).named_rules()[-1][0] == "mine" + str(
+        len(custom) - 1
+    )
