@@ -357,6 +357,10 @@ def _health(config: RunConfig, keys: set[str]) -> list[NoEffect]:
         fix = "set health.enabled: true, or remove it"
         return idle(keys, "health.enabled is false", fix, "health", but=["health.enabled"])
     out = []
+    if config.run.mode == "offline":  # health/watcher.py `policy_from`: no RL step to judge
+        why = "run.mode 'offline' has no RL step: of the health rules only non_finite judges it"
+        policy = ("health.rules", "health.custom")
+        out += idle(keys, why, "remove it", *policy, but=["health.rules.non_finite"])
     if not health.rolls_back():
         why = "no health rule that is on has action 'rollback'"
         out += idle(keys, why, "give a rule `action: rollback`, or remove it", "health.rollback")

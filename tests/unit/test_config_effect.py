@@ -56,6 +56,11 @@ CASES = [
         ["tasks.val=v.jsonl", "run.eval_every=2", "run.best_mode=min"],
     ),
     ("tasks.val", ["tasks.val=v.jsonl"], ["tasks.val=v.jsonl", "run.eval_every=2"]),
+    (
+        "health.rules.entropy_collapse.action",
+        [*OFFLINE_SFT, "health.rules.entropy_collapse.action=stop"],
+        ["health.rules.entropy_collapse.action=stop"],
+    ),
     ("tasks.val_limit", ["tasks.val_limit=3"], ["tasks.val_limit=3", "tasks.val=v.jsonl"]),
     ("tasks.eval_limit", ["tasks.eval_limit=3"], ["tasks.eval_limit=3", "tasks.eval=e.jsonl"]),
     (
