@@ -126,6 +126,8 @@ class HealthWatcher:
         history = self.history
         if name != "non_finite":  # (a NaN is a NaN in any objective)
             history = [h for h in history if h.step >= self.policy_from]
+        if not history:  # (a warm start's SFT steps: no RL step to judge yet)
+            return None
         try:
             finding = rule(history)
         except Exception as exc:  # a user's rule must not end the run it watches

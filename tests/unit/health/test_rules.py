@@ -319,3 +319,19 @@ def test_two_rules_of_one_name_are_refused(tmp_path, custom):
     assert HealthConfig.model_validate({"custom": renamed}).named_rules()[-1][0] == "mine" + str(
         len(custom) - 1
     )
+
+
+def test_a_users_rule_is_not_called_before_the_first_rl_step(tmp_path, caplog):
+    # A rule reads `history[-1]`, as the documented example does: the warm start's SFT steps
+    # (and every step of an offline run) leave it nothing to judge, not an IndexError a step.
+    module = tmp_path / "my_rules.py"
+    module.write_text(
+        "def last_loss(history, params):\n"
+        "    assert history, 'called with no step'\n"
+        "    return None\n"
+    )
+    config = HealthConfig.model_validate({"custom": [{"path": f"{module}:last_loss"}]})
+    watcher = HealthWatcher(config, tmp_path, policy_from=2)
+    for step in range(4):
+        assert watcher.observe(step, {"loss": 1.0}) == []
+    assert "raised" not in caplog.text
