@@ -119,6 +119,7 @@ async def test_a_forced_entropy_collapse_is_caught_and_rolled_back(
         "run.steps=5",
         "run.checkpoint_every=1",
         "trainer.lr=0.3",
+        "run.deterministic=true",  # which requests share a batch (timing) cannot move the fall
         "health.rules.entropy_collapse.action=rollback",
         "health.rules.entropy_collapse.baseline_steps=1",
         "health.rules.entropy_collapse.fraction=0.2",
