@@ -268,7 +268,7 @@ def test_a_correction_ends_with_the_templates_end_of_turn_not_the_tokenizers_eos
             "sample_id": "s1.0:solver:0",
             "call": 0,
             "text": "Z",
-        }  # fmt: skip
+        }
     )
     (sft,) = load_review_samples(run, "sft", CharTokenizer(), end_of_turn_id=3)
     assert list(sft.token_ids) == [5, 6, 7, ord("Z"), 3]
