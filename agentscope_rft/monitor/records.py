@@ -247,3 +247,18 @@ def plain_config(resolved_config: Mapping[str, object]) -> dict[str, object]:
     """The config as JSON-safe data (paths and other objects become strings) for the backends."""
     plain: dict[str, object] = json.loads(json.dumps(dict(resolved_config), default=str))
     return plain
+
+
+def logged_at(run_dir: Path, step: int, phase: str) -> bool:
+    """Whether the run's metrics hold a surviving `phase` record of `step` (False when its
+    metrics file cannot be read).
+
+    Example:
+        >>> logged_at(Path("runs/quickstart"), 4, "val")  # doctest: +SKIP
+        True
+    """
+    try:
+        records = surviving_history(read_metrics(run_dir / METRICS_FILE))
+    except MetricsFileError:
+        return False
+    return any(r.step == step and r.phase == phase for r in records)

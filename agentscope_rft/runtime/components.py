@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,16 @@ def _check_run_dir(config: RunConfig, run_dir: Path, *, resume: bool) -> None:
                 shutil.rmtree(child)
             else:
                 child.unlink()
+
+
+def healthy_checkpoint(run_dir: Path, before: int, healthy: Callable[[int], bool]) -> int | None:
+    """The newest whole checkpoint of a step before `before` whose policy broke no health rule
+    (`healthy(step)`), or None."""
+    for folder in sorted((run_dir / CHECKPOINTS).glob("step-*"), reverse=True):
+        step = int(folder.name.removeprefix("step-"))
+        if step < before and healthy(step) and (folder / RUN_STATE_FILE).exists():
+            return step
+    return None
 
 
 def _check_resume_checkpoint(run_dir: Path, step: int) -> None:

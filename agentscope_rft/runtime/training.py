@@ -43,6 +43,7 @@ from agentscope_rft.health.watcher import (
     strongest,
 )
 from agentscope_rft.monitor import Monitor
+from agentscope_rft.monitor.records import logged_at
 from agentscope_rft.rss import PhasePeaks, phase_metric
 from agentscope_rft.runtime.best import RUN_STATE_FILE, BestCheckpoint, kept_curve, write_json
 from agentscope_rft.runtime.components import (
@@ -51,6 +52,7 @@ from agentscope_rft.runtime.components import (
     RunFolderLock,
     checkpoint_dir,
     episode_settings,
+    healthy_checkpoint,
     max_tokens_per_call,
     nominal_batch_size,
     prepare_run_dir,
@@ -660,13 +662,7 @@ class TrainingRun:
         prune_checkpoints(self.run_dir, self.config.run.keep_checkpoints, protect=keep)
 
     def _healthy_checkpoint(self, before: int) -> int | None:
-        """The newest checkpoint of a step before `before` whose policy broke no rule."""
-        folders = sorted((self.run_dir / "checkpoints").glob("step-*"), reverse=True)
-        for folder in folders:
-            step = int(folder.name.removeprefix("step-"))
-            if step < before and self.health.healthy(step) and (folder / RUN_STATE_FILE).exists():
-                return step
-        return None
+        return healthy_checkpoint(self.run_dir, before, self.health.healthy)
 
     # ------------------------------------------------------------------ rollback
     async def _roll_back(self, event: HealthEvent, progress: Any) -> None:
@@ -675,7 +671,7 @@ class TrainingRun:
         settings = self.config.health.rollback
         target = self._healthy_checkpoint(event.onset)
         assert target is not None  # (`_rollback_refusal` said there is one)
-        self.health.record(_rolled_back(event, target))
+        self.health.record(replace(event, rolled_back_to=target))
         folder = checkpoint_dir(self.run_dir, target)
         saved = json.loads((folder / RUN_STATE_FILE).read_text())
         # (the engine may share these weights, or free its own copy meanwhile)
@@ -752,26 +748,6 @@ class TrainingRun:
             return
         algorithm = self.rollback.algorithm(self.config.algorithm)
         await in_own_thread(self.trainer.adjust, self.rollback.lr_scale, algorithm)
-
-
-def _rolled_back(event: HealthEvent, target: int) -> HealthEvent:
-    return replace(event, rolled_back_to=target)
-
-
-def logged_at(run_dir: Path, step: int, phase: str) -> bool:
-    """Whether the run's metrics hold a surviving `phase` record of `step`."""
-    from agentscope_rft.monitor.records import (
-        METRICS_FILE,
-        MetricsFileError,
-        read_metrics,
-        surviving_history,
-    )
-
-    try:
-        records = surviving_history(read_metrics(run_dir / METRICS_FILE))
-    except MetricsFileError:
-        return False
-    return any(r.step == step and r.phase == phase for r in records)
 
 
 async def _until_stopped(job: Any) -> None:
