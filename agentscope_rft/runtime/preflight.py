@@ -4,11 +4,11 @@ First, every key the user set that has no effect in this config is logged as a w
 each (`config_effect`). A run that would fail on a bad workflow path, an unreadable task file or
 a missing model must fail in seconds, not after the engine has loaded and the gateway has
 started. `preflight` checks, cheapest first: the workflow and judge (import and signature), the
-task files (parsed), that the offline data exists, the model path, the engine (a vLLM
-interpreter, a CUDA device), the GPU placement (which also limits this process to the trainer's
-GPUs), the trainer's device, and last the offline data itself (every line parsed and rendered
-with the model's tokenizer); what it loads (workflow, tasks, offline data) is handed to the run
-so nothing is read twice.
+task files (parsed), that the offline data exists, the engine (a vLLM interpreter, a CUDA
+device), the GPU placement (which also limits this process to the trainer's GPUs), the trainer's
+device, the model folder (a causal LM whose embedding covers its tokenizer), and last the
+offline data itself (every line parsed and rendered with the model's tokenizer); what it loads
+(workflow, tasks, offline data) is handed to the run so nothing is read twice.
 """
 
 from __future__ import annotations
@@ -206,9 +206,11 @@ def preflight(config: RunConfig) -> Checked:
         raise ConfigError(str(exc)) from exc
     restrict_trainer_gpus(config.gpus)  # before anything initialises CUDA
     _check_trainer(config.trainer)
-    from agentscope_rft.models import resolve_model  # imports transformers: after the cheap checks
+    # imports transformers: after the cheap checks
+    from agentscope_rft.models import check_model_folder, resolve_model
 
     model_path = resolve_model(config.model.name_or_path)
+    check_model_folder(model_path)
     _check_context_window(config, model_path)
     offline_units = None
     if config.uses_offline_data():  # every line parsed and rendered: a bad one fails here
