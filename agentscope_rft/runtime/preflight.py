@@ -27,6 +27,7 @@ from agentscope_rft.runtime.gpus import PlacementError, check_placement, restric
 
 if TYPE_CHECKING:
     from agentscope_rft.config import EngineConfig, TrainerConfig
+    from agentscope_rft.trainers.config import LoRAConfig
     from agentscope_rft.types import Sample
 
 logger = logging.getLogger(__name__)
@@ -211,6 +212,7 @@ def preflight(config: RunConfig) -> Checked:
 
     model_path = resolve_model(config.model.name_or_path)
     check_model_folder(model_path)
+    _check_lora_targets(config.trainer.lora, model_path)
     _check_context_window(config, model_path)
     offline_units = None
     if config.uses_offline_data():  # every line parsed and rendered: a bad one fails here
@@ -246,6 +248,40 @@ def _check_context_window(config: RunConfig, model_path: Path) -> None:
         f"(max_position_embeddings {limit} in {model_path / 'config.json'}); set it to at most "
         f"{limit}, or leave it unset to use {limit}"
     )
+
+
+def _check_lora_targets(lora: LoRAConfig | None, model_path: Path) -> None:
+    """Every name in `trainer.lora.target_modules` must name layers of the model: peft refused
+    a list matching none with a traceback when the trainer started, and ignored a misspelt name
+    beside a matching one (that layer silently not trained)."""
+    if lora is None or isinstance(lora.target_modules, str):
+        return
+    from accelerate import init_empty_weights
+    from torch import nn
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.pytorch_utils import Conv1D
+
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model_path)))
+    names = [name for name, _ in model.named_modules()]
+    missing = [
+        target
+        for target in lora.target_modules
+        if not any(name == target or name.endswith("." + target) for name in names)
+    ]
+    if missing:
+        linear = sorted(
+            {
+                name.rsplit(".", 1)[-1]
+                for name, module in model.named_modules()
+                if isinstance(module, nn.Linear | Conv1D) and name != "lm_head"
+            }
+        )
+        raise ConfigError(
+            f"trainer.lora.target_modules names {', '.join(missing)}, which the model in "
+            f"{model_path} does not have; its linear layers are {', '.join(linear)} (or set "
+            "`all-linear`)"
+        )
 
 
 def _check_groups(config: RunConfig) -> None:

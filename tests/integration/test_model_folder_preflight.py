@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, T5Config
 
-from agentscope_rft.config import load_config
+from agentscope_rft.config import ConfigError, load_config
 from agentscope_rft.models import ModelNotFoundError
 from agentscope_rft.runtime.preflight import preflight
 
@@ -70,3 +70,19 @@ def test_a_tokenizer_larger_than_the_models_embedding_is_refused(
     LlamaForCausalLM(config).save_pretrained(padded)
     tokenizer.save_pretrained(padded)
     preflight(load_config(None, _sets(padded, toy_tasks, tmp_path)))
+
+
+def test_lora_target_modules_the_model_does_not_have_are_refused(
+    tiny_model_path, toy_tasks, tmp_path
+):
+    """A list matching no layer was peft's traceback at the trainer's start; a misspelt name
+    beside a matching one was ignored (that layer silently not trained)."""
+    sets = [*_sets(Path(tiny_model_path), toy_tasks, tmp_path), "trainer.lora.rank=4"]
+    with pytest.raises(ConfigError) as error:
+        preflight(load_config(None, [*sets, "trainer.lora.target_modules=[q_proj,v_prj]"]))
+    assert str(error.value) == (
+        f"trainer.lora.target_modules names v_prj, which the model in {tiny_model_path} does "
+        "not have; its linear layers are down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, "
+        "v_proj (or set `all-linear`)"
+    )
+    preflight(load_config(None, [*sets, "trainer.lora.target_modules=[q_proj,self_attn.v_proj]"]))
