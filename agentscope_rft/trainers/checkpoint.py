@@ -76,6 +76,23 @@ def save_hf_model(trainer: TorchTrainer, target: Path, source_model: Path) -> No
     copy_tokenizer(source_model, target)
 
 
+def write_chat_template(folder: Path, template: str) -> None:
+    """Make `template` (`model.chat_template`, what the policy was trained with) the chat template
+    of the HF model folder `folder`, in place of the one its tokenizer came with.
+
+    Example:
+        >>> write_chat_template(run_dir / "checkpoints/step-000004/model", text)  # doctest: +SKIP
+    """
+    import json
+
+    (folder / "chat_template.jinja").write_text(template)
+    tokenizer_config = folder / "tokenizer_config.json"
+    if tokenizer_config.is_file():  # a template there too would be a second, conflicting one
+        settings = json.loads(tokenizer_config.read_text())
+        if settings.pop("chat_template", None) is not None:
+            tokenizer_config.write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
+
+
 def without_tied_copies(state: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
     """`state` less the tied weights (lm_head = embeddings) held as a second, equal tensor.
 
