@@ -247,6 +247,7 @@ _USER_ERRORS = {
     "agentscope_rft.runtime.fork": ("ForkError",),
     "agentscope_rft.runtime.memory": ("AllocatorError",),
     "agentscope_rft.runtime.training": ("NoSamplesError",),
+    "agentscope_rft.trainers.memory_budget": ("MemoryBudgetError",),
     "agentscope_rft.trainers.verl.placement": ("VerlConfigError",),
 }
 """Errors that are the user's input (shown as one line, exit 2), by the module defining them."""

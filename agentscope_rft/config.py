@@ -63,7 +63,8 @@ class ModelConfig(Section):
     name_or_path: str = "smollm2-135m-instruct"
     """`smollm2-135m-instruct` (embedded default), `tiny-random` (tests), or a local HF folder."""
     chat_template: str | None = None
-    """A Jinja chat template (text or a path to a .jinja file) replacing the tokenizer's."""
+    """A Jinja chat template (text or a path to a .jinja file) replacing the tokenizer's; the run's
+    checkpoints (and so `agentscope-rft export`) carry it as their chat template."""
     max_model_len: int | None = Field(default=None, ge=16)
     """Context window in tokens; default and upper bound: the model's `max_position_embeddings`
     (checked before anything starts)."""

@@ -195,6 +195,50 @@ def resolve_model(name_or_path: str | Path) -> Path:
     )
 
 
+def check_model_folder(path: Path) -> None:
+    """Refuse a model folder that engines and trainers cannot use, before anything loads it.
+
+    A folder transformers does not load as a causal LM (an encoder-decoder such as T5) failed
+    with a traceback at the trainer's start; a tokenizer with more tokens than the model's
+    embedding (another model's tokenizer) failed every request with an IndexError in the engine
+    while the run went on at reward 0.
+
+    Raises:
+        ModelNotFoundError: naming the folder, what is wrong and the fix.
+
+    Example:
+        >>> check_model_folder(resolve_model("tiny-random"))  # doctest: +SKIP
+    """
+    from transformers import AutoConfig, AutoTokenizer
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        config = AutoConfig.from_pretrained(str(path))
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelNotFoundError(
+            f"{path / 'config.json'} is not a model config transformers can read ({exc}); "
+            "pass the folder of a transformers causal LM"
+        ) from exc
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        architectures = ", ".join(getattr(config, "architectures", None) or []) or "none"
+        raise ModelNotFoundError(
+            f"{path} holds a {config.model_type!r} model (architectures: {architectures}), which "
+            "transformers does not load as a causal LM (AutoModelForCausalLM); agentscope-rft "
+            "trains decoder-only causal language models: pass one (Llama, Qwen, Mistral, GPT-2, "
+            "...)"
+        )
+    vocab_size = getattr(config.get_text_config(), "vocab_size", None)
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    if isinstance(vocab_size, int) and len(tokenizer) > vocab_size:
+        raise ModelNotFoundError(
+            f"the tokenizer in {path} has {len(tokenizer)} tokens but the model's embedding has "
+            f"{vocab_size} (vocab_size in config.json): token ids past {vocab_size - 1} have no "
+            "embedding. Put the model's own tokenizer in the folder, or resize the embedding "
+            "to the tokenizer (model.resize_token_embeddings(len(tokenizer)), then "
+            "save_pretrained) and train that"
+        )
+
+
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 

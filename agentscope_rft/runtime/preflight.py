@@ -4,11 +4,11 @@ First, every key the user set that has no effect in this config is logged as a w
 each (`config_effect`). A run that would fail on a bad workflow path, an unreadable task file or
 a missing model must fail in seconds, not after the engine has loaded and the gateway has
 started. `preflight` checks, cheapest first: the workflow and judge (import and signature), the
-task files (parsed), that the offline data exists, the model path, the engine (a vLLM
-interpreter, a CUDA device), the GPU placement (which also limits this process to the trainer's
-GPUs), the trainer's device, and last the offline data itself (every line parsed and rendered
-with the model's tokenizer); what it loads (workflow, tasks, offline data) is handed to the run
-so nothing is read twice.
+task files (parsed), that the offline data exists, the engine (a vLLM interpreter, a CUDA
+device), the GPU placement (which also limits this process to the trainer's GPUs), the trainer's
+device, the model folder (a causal LM whose embedding covers its tokenizer), and last the
+offline data itself (every line parsed and rendered with the model's tokenizer); what it loads
+(workflow, tasks, offline data) is handed to the run so nothing is read twice.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from agentscope_rft.runtime.gpus import PlacementError, check_placement, restric
 
 if TYPE_CHECKING:
     from agentscope_rft.config import EngineConfig, TrainerConfig
+    from agentscope_rft.trainers.config import LoRAConfig
     from agentscope_rft.types import Sample
 
 logger = logging.getLogger(__name__)
@@ -228,9 +229,12 @@ def preflight(config: RunConfig) -> Checked:
         raise ConfigError(str(exc)) from exc
     restrict_trainer_gpus(config.gpus)  # before anything initialises CUDA
     _check_trainer(config.trainer)
-    from agentscope_rft.models import resolve_model  # imports transformers: after the cheap checks
+    # imports transformers: after the cheap checks
+    from agentscope_rft.models import check_model_folder, resolve_model
 
     model_path = resolve_model(config.model.name_or_path)
+    check_model_folder(model_path)
+    _check_lora_targets(config.trainer.lora, model_path)
     _check_context_window(config, model_path)
     offline_units = None
     if config.uses_offline_data():  # every line parsed and rendered: a bad one fails here
@@ -266,6 +270,40 @@ def _check_context_window(config: RunConfig, model_path: Path) -> None:
         f"(max_position_embeddings {limit} in {model_path / 'config.json'}); set it to at most "
         f"{limit}, or leave it unset to use {limit}"
     )
+
+
+def _check_lora_targets(lora: LoRAConfig | None, model_path: Path) -> None:
+    """Every name in `trainer.lora.target_modules` must name layers of the model: peft refused
+    a list matching none with a traceback when the trainer started, and ignored a misspelt name
+    beside a matching one (that layer silently not trained)."""
+    if lora is None or isinstance(lora.target_modules, str):
+        return
+    from accelerate import init_empty_weights
+    from torch import nn
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.pytorch_utils import Conv1D
+
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model_path)))
+    names = [name for name, _ in model.named_modules()]
+    missing = [
+        target
+        for target in lora.target_modules
+        if not any(name == target or name.endswith("." + target) for name in names)
+    ]
+    if missing:
+        linear = sorted(
+            {
+                name.rsplit(".", 1)[-1]
+                for name, module in model.named_modules()
+                if isinstance(module, nn.Linear | Conv1D) and name != "lm_head"
+            }
+        )
+        raise ConfigError(
+            f"trainer.lora.target_modules names {', '.join(missing)}, which the model in "
+            f"{model_path} does not have; its linear layers are {', '.join(linear)} (or set "
+            "`all-linear`)"
+        )
 
 
 def _check_groups(config: RunConfig) -> None:

@@ -27,7 +27,7 @@ from agentscope_rft.config import EXPLORING_MODES, RunConfig
 from agentscope_rft.data.selection import TaskSelector
 from agentscope_rft.data.side import DataSide
 from agentscope_rft.engines.base import Engine, check_engine, engine_metrics
-from agentscope_rft.engines.factory import build_engine
+from agentscope_rft.engines.factory import build_engine, read_chat_template
 from agentscope_rft.engines.threads import in_own_thread
 from agentscope_rft.explorer.diagnosis import RunDiagnosis
 from agentscope_rft.explorer.explorer import Explorer, stratum_metrics
@@ -74,6 +74,7 @@ from agentscope_rft.runtime.preflight import Checked
 from agentscope_rft.runtime.sample_log import SampleLog
 from agentscope_rft.runtime.signals import RunStop, RunStopped, Stopping
 from agentscope_rft.trainers.base import Trainer
+from agentscope_rft.trainers.checkpoint import write_chat_template
 from agentscope_rft.trainers.factory import build_trainer
 from agentscope_rft.types import Sample
 
@@ -632,9 +633,16 @@ class TrainingRun:
         self._peak(metrics, "eval")
         self.monitor.log(step, metrics, phase=phase)
         if phase == "val":
-            await in_own_thread(self.best.consider, step, metrics, self.trainer.export_hf)
+            await in_own_thread(self.best.consider, step, metrics, self._export_hf)
 
     # ------------------------------------------------------------------ checkpoints
+    def _export_hf(self, target: Path) -> None:
+        """The policy as an HF model folder, with the chat template it was trained with."""
+        self.trainer.export_hf(target)
+        template = read_chat_template(self.config.model.chat_template)
+        if template is not None:
+            write_chat_template(target, template)
+
     async def _save_checkpoint(self, done: int) -> dict[str, Any]:
         """Save the weights and optimizer of step `done`; returns the run state to commit."""
         self.saved_at = done
@@ -643,7 +651,7 @@ class TrainingRun:
         # drops the one of the earlier attempt first, so a kill while saving leaves no mark
         (target / RUN_STATE_FILE).unlink(missing_ok=True)
         await in_own_thread(self.trainer.save, target)
-        await in_own_thread(self.trainer.export_hf, target / "model")
+        await in_own_thread(self._export_hf, target / "model")
         saved: dict[str, Any] = {"step": done, "health": self.rollback.to_dict()}
         if self.offline is not None:  # resume trains on from the first unit not yet trained
             saved[OFFLINE_UNITS] = self.offline.consumed

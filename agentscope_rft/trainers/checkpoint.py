@@ -71,10 +71,47 @@ def save_hf_model(trainer: TorchTrainer, target: Path, source_model: Path) -> No
     """The current policy as an HF model folder (weights + config + tokenizer)."""
     target.mkdir(parents=True, exist_ok=True)
     base = trainer._base()
-    base.save_pretrained(
-        target, state_dict=merged_state_dict(trainer.model), safe_serialization=True
-    )
+    state = without_tied_copies(merged_state_dict(trainer.model), base)
+    base.save_pretrained(target, state_dict=state, safe_serialization=True)
     copy_tokenizer(source_model, target)
+
+
+def write_chat_template(folder: Path, template: str) -> None:
+    """Make `template` (`model.chat_template`, what the policy was trained with) the chat template
+    of the HF model folder `folder`, in place of the one its tokenizer came with.
+
+    Example:
+        >>> write_chat_template(run_dir / "checkpoints/step-000004/model", text)  # doctest: +SKIP
+    """
+    import json
+
+    (folder / "chat_template.jinja").write_text(template)
+    tokenizer_config = folder / "tokenizer_config.json"
+    if tokenizer_config.is_file():  # a template there too would be a second, conflicting one
+        settings = json.loads(tokenizer_config.read_text())
+        if settings.pop("chat_template", None) is not None:
+            tokenizer_config.write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
+
+
+def without_tied_copies(state: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
+    """`state` less the tied weights (lm_head = embeddings) held as a second, equal tensor.
+
+    `save_pretrained` of the live model writes a tied weight once; a gathered or LoRA-merged state
+    dict holds it as two tensors, which it would write twice (the embedding's size again on disk).
+    """
+    tied = getattr(model, "_tied_weights_keys", None) or {}
+    config: Any = getattr(model, "config", None)
+    if (
+        not isinstance(tied, dict)
+        or config is None
+        or not config.get_text_config().tie_word_embeddings
+    ):
+        return state
+    state = dict(state)
+    for name, source in tied.items():
+        if name in state and source in state and torch.equal(state[name], state[source]):
+            del state[name]
+    return state
 
 
 def save_hf_weights(state: dict[str, Tensor], source_model: Path, target: Path) -> None:
@@ -92,15 +129,9 @@ def save_hf_weights(state: dict[str, Tensor], source_model: Path, target: Path) 
     config = AutoConfig.from_pretrained(source_model)
     with init_empty_weights():
         shell = AutoModelForCausalLM.from_config(config)
-    # A tied weight (lm_head = embeddings) is written once, as `save_pretrained` of the live
-    # model does; a gathered state dict holds it as two equal tensors.
-    tied = getattr(shell, "_tied_weights_keys", None) or {}
-    if isinstance(tied, dict) and config.get_text_config().tie_word_embeddings:
-        state = dict(state)
-        for name, source in tied.items():
-            if name in state and source in state and torch.equal(state[name], state[source]):
-                del state[name]
-    shell.save_pretrained(target, state_dict=state, safe_serialization=True)
+    shell.save_pretrained(
+        target, state_dict=without_tied_copies(state, shell), safe_serialization=True
+    )
     copy_tokenizer(source_model, target)
 
 

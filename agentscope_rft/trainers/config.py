@@ -19,7 +19,8 @@ class LoRAConfig(Section):
     dropout: float = Field(default=0.0, ge=0, lt=1)
     """Dropout on the adapter input."""
     target_modules: list[str] | Literal["all-linear"] = "all-linear"
-    """Module names to adapt, or `all-linear`."""
+    """Module names to adapt (each must name layers of the model, e.g. `q_proj` or
+    `self_attn.v_proj`: checked before the run starts), or `all-linear`."""
 
 
 class TrainerSettings(Section):

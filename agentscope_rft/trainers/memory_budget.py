@@ -166,6 +166,37 @@ class StepPlan:
         return self.expected_bytes(self.micro_batch_tokens)
 
 
+def room_above_fixed(
+    footprint: ModelFootprint, budget_gib: float, overshoot_bytes: float = 0
+) -> float:
+    """Bytes of `budget_gib` left for passes above the fixed part and the workspace.
+
+    Raises:
+        MemoryBudgetError: the fixed part alone exceeds the budget (naming the fixes).
+
+    Example:
+        >>> fp = ModelFootprint(135_000_000, 135_000_000, False, 30, 576, 1536, 192, 49152, 2)
+        >>> round(room_above_fixed(fp, 3.5) / GIB, 2)
+        1.14
+    """
+    fixed = footprint.fixed_bytes() + footprint.workspace_bytes()
+    left = budget_gib * GIB - fixed - overshoot_bytes
+    if left <= 0:
+        measured = (
+            f" and {overshoot_bytes / GIB:.2f} GiB that earlier steps measured above their plans"
+            if overshoot_bytes
+            else ""
+        )
+        raise MemoryBudgetError(
+            f"trainer.memory_budget_gib={budget_gib:g} is below the trainer's fixed footprint "
+            f"({fixed / GIB:.2f} GiB: fp32 weights, gradients and AdamW moments of "
+            f"{footprint.trainable / 1e6:.0f}M trained parameters, plus the output projection's "
+            f"workspace{measured}); raise the budget, keep AdamW's moments in bf16 "
+            "(trainer.optimizer_state_dtype: bfloat16), or train LoRA adapters (trainer.lora)"
+        )
+    return left
+
+
 def plan_step(
     footprint: ModelFootprint,
     budget_gib: float,
@@ -193,20 +224,7 @@ def plan_step(
         (960, False, True, False)
     """
     fixed = footprint.fixed_bytes() + footprint.workspace_bytes()
-    left = budget_gib * GIB - fixed - overshoot_bytes
-    if left <= 0:
-        measured = (
-            f" and {overshoot_bytes / GIB:.2f} GiB that earlier steps measured above their plans"
-            if overshoot_bytes
-            else ""
-        )
-        raise MemoryBudgetError(
-            f"trainer.memory_budget_gib={budget_gib:g} is below the trainer's fixed footprint "
-            f"({fixed / GIB:.2f} GiB: fp32 weights, gradients and AdamW moments of "
-            f"{footprint.trainable / 1e6:.0f}M trained parameters, plus the output projection's "
-            f"workspace{measured}); raise the budget, keep AdamW's moments in bf16 "
-            "(trainer.optimizer_state_dtype: bfloat16), or train LoRA adapters (trainer.lora)"
-        )
+    left = room_above_fixed(footprint, budget_gib, overshoot_bytes)
     # Fastest first: no checkpointing with small passes keeping their log-probs, then without
     # keeping them (a recompute of the output projection), then checkpointing. Within each, the
     # shared prefix keeps its graph across the passes unless recomputing it after them (its

@@ -70,6 +70,7 @@ from agentscope_rft.trainers.memory_budget import (
     StepPlan,
     footprint_of,
     plan_step,
+    room_above_fixed,
 )
 from agentscope_rft.trainers.optim import (
     BF16StateAdamW,
@@ -250,6 +251,8 @@ class TorchTrainer:
                 compute_bytes,
                 optimizer_bytes_per_parameter(config.optimizer_state_dtype),
             )
+            # a budget below the fixed part is said now, not after the first step's episodes
+            room_above_fixed(self.footprint, config.memory_budget_gib)
         self.plan = StepPlan(config.micro_batch_tokens, config.gradient_checkpointing)
         self.budget_watch = BudgetWatch()  # what steps measured above their plans
         measured = self.footprint is not None and config.memory_budget_measured

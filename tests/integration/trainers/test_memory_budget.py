@@ -3,6 +3,11 @@ one sample would not fit) so a step stays within the budget, with the same resul
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -123,6 +128,32 @@ def test_plan_refuses_a_budget_below_the_fixed_part_and_names_the_key() -> None:
         plan_step(SMOLLM2, 1.0, 2048, 100)
     with pytest.raises(MemoryBudgetError, match="even with gradient checkpointing"):
         plan_step(SMOLLM2, _budget_for(SMOLLM2, 100), 2048, longest_row=10**6)
+
+
+def test_a_budget_below_the_fixed_part_is_one_error_before_any_episode(
+    tiny_model_path, toy_tasks, tmp_path
+) -> None:
+    """It was a MemoryBudgetError traceback from the first step, after its episodes ran."""
+    app = Path(__file__).parent.parent / "toy_app.py"
+    command = [sys.executable, "-m", "agentscope_rft.cli", "train"]
+    for item in (
+        f"model.name_or_path={tiny_model_path}",
+        f"workflow={app}:run",
+        f"tasks.train={toy_tasks}",
+        "engine.device=cpu",
+        "trainer.memory_budget_gib=0.001",
+        f"run.dir={tmp_path / 'run'}",
+        "monitor.tensorboard=false",
+    ):
+        command += ["--set", item]
+    env = {**os.environ, "COLUMNS": "1000"}
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output
+    assert "Traceback" not in output
+    assert "step 0" not in output
+    [line] = [x for x in output.splitlines() if x.startswith("error:")]
+    assert "trainer.memory_budget_gib=0.001 is below the trainer's fixed footprint" in line
 
 
 def test_an_overshoot_measured_is_held_back_from_later_plans() -> None:

@@ -117,6 +117,28 @@ def test_lora_trains_and_syncs_merged_weights(tiny_model_path):
         )
 
 
+def test_a_lora_checkpoint_of_a_tied_model_writes_the_embedding_once(tiny_model_path, tmp_path):
+    """The merged lm_head (a copy equal to the embedding) was written too: the embedding's size
+    again on disk, in every checkpoint and export."""
+    from safetensors import safe_open
+
+    from agentscope_rft.models import load_causal_lm
+
+    config = TorchTrainerConfig(lr=1e-2, dtype="float32", lora={"rank": 4, "alpha": 8})
+    trainer = TorchTrainer(tiny_model_path, config, AlgorithmConfig(), total_steps=2, seed=0)
+    trainer.step(rl_samples(int(trainer.model.config.vocab_size)), 0)
+    trainer.export_hf(tmp_path / "model")
+    with safe_open(str(tmp_path / "model" / "model.safetensors"), "pt") as saved:
+        keys = set(saved.keys())
+    assert "lm_head.weight" not in keys and "model.embed_tokens.weight" in keys
+    exported = load_causal_lm(tmp_path / "model", dtype=torch.float32)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        torch.testing.assert_close(
+            exported(ids).logits, trainer.model(ids).logits, atol=1e-5, rtol=1e-5
+        )
+
+
 def offline_config(tiny_model_path, run_dir, fmt, batch_size, steps, *extra):
     file = "sft_tiny.jsonl" if fmt == "sft" else "dpo_tiny.jsonl"
     return load_config(
