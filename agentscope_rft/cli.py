@@ -74,7 +74,7 @@ def serve(
         str,
         typer.Option(
             help="Model name, local HF folder, or a run's checkpoint: <run folder>:best, "
-            "<run folder>:last, <run folder>:<step>, a checkpoint folder."
+            "<run folder>:last (or :latest), <run folder>:<step>, a checkpoint folder."
         ),
     ] = "smollm2-135m-instruct",
     host: Annotated[str, typer.Option(help="Interface to bind (loopback by default).")] = (
@@ -155,8 +155,8 @@ def export_model(
     checkpoint: Annotated[
         str,
         typer.Argument(
-            help="<run folder>:best, <run folder>:last, <run folder>:<step>, a run or checkpoint "
-            "folder."
+            help="<run folder>:best, <run folder>:last (or :latest), <run folder>:<step>, a run "
+            "or checkpoint folder."
         ),
     ],
     out: Annotated[str, typer.Option(help="Folder to write the HF model to (must not exist).")],
