@@ -247,7 +247,9 @@ def install() -> None:
         original = getattr(ChatModelBase, name)
         if not getattr(original, "__agentscope_rft_wrapped__", False):
             setattr(ChatModelBase, name, _wrap_model_method(original))
-    if not getattr(Agent.__dict__.get("__init_subclass__"), "__agentscope_rft_wrapped__", False):
+    hook = Agent.__dict__.get("__init_subclass__")
+    # (a classmethod does not show its function's attributes before Python 3.12: look inside)
+    if not getattr(getattr(hook, "__func__", hook), "__agentscope_rft_wrapped__", False):
         # An app's own agent class may override `reply` without calling `Agent.reply` (it calls
         # its model itself): tag those too, in classes defined before now and after.
         pending = [Agent]
@@ -255,8 +257,7 @@ def install() -> None:
             cls = pending.pop()
             _tag_replies(cls)
             pending.extend(cls.__subclasses__())
-        hook = _tagging_init_subclass(Agent.__dict__.get("__init_subclass__"))
-        Agent.__init_subclass__ = hook  # type: ignore[method-assign]
+        Agent.__init_subclass__ = _tagging_init_subclass(hook)  # type: ignore[method-assign]
 
 
 def _tag_replies(cls: type[Agent]) -> None:
