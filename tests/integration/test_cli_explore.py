@@ -168,24 +168,9 @@ async def test_exploring_again_into_a_folder_replaces_the_earlier_samples(
     from collections import Counter
 
     from agentscope_rft.buffer import iter_stored_samples
-    from agentscope_rft.config import load_config
     from agentscope_rft.runtime.explore import explore
 
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text(
-        "".join(json.dumps({"id": f"t{i}", "prompt": f"Say {i}"}) + "\n" for i in (0, 1))
-    )
-    config = load_config(
-        None,
-        [
-            f"model.name_or_path={tiny_model_path}",
-            "engine.dtype=float32",
-            "workflow=tests/integration/toy_app.py:run",
-            f"tasks.train={tasks}",
-            "explorer.group_size=2",
-            "explorer.sampling.max_tokens=4",
-        ],
-    )
+    config = _two_task_config(tmp_path, tiny_model_path)
     out = tmp_path / "explore"
     await explore(config, out, limit=1)  # what a run killed after its first task left
     await explore(config, out)
@@ -203,24 +188,9 @@ async def test_an_explore_killed_midway_leaves_no_summary_of_an_earlier_one(
     folder kept the first one's summary.json (all tasks, the earlier policy) beside the second
     one's partial results.jsonl."""
     import agentscope_rft.runtime.explore as explore_module
-    from agentscope_rft.config import load_config
 
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text(
-        "".join(json.dumps({"id": f"t{i}", "prompt": f"Say {i}"}) + "\n" for i in (0, 1))
-    )
-    config = load_config(
-        None,
-        [
-            f"model.name_or_path={tiny_model_path}",
-            "engine.dtype=float32",
-            "workflow=tests/integration/toy_app.py:run",
-            f"tasks.train={tasks}",
-            "explorer.group_size=2",
-            "explorer.max_concurrency=2",  # one task at a time
-            "explorer.sampling.max_tokens=4",
-        ],
-    )
+    one_task_at_a_time = "explorer.max_concurrency=2"
+    config = _two_task_config(tmp_path, tiny_model_path, one_task_at_a_time)
     out = tmp_path / "explore"
     await explore_module.explore(config, out)
     assert (out / "summary.json").is_file()
@@ -236,3 +206,22 @@ async def test_an_explore_killed_midway_leaves_no_summary_of_an_earlier_one(
         await explore_module.explore(config, out)
     assert len((out / "results.jsonl").read_text().splitlines()) == 1
     assert not (out / "summary.json").exists() and not (out / "diagnosis.jsonl").exists()
+
+
+def _two_task_config(tmp_path, tiny_model_path, *extra: str):
+    """Two toy tasks, groups of 2, on the tiny model."""
+    from agentscope_rft.config import load_config
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(
+        "".join(json.dumps({"id": f"t{i}", "prompt": f"Say {i}"}) + "\n" for i in (0, 1))
+    )
+    overrides = [
+        f"model.name_or_path={tiny_model_path}",
+        "engine.dtype=float32",
+        "workflow=tests/integration/toy_app.py:run",
+        f"tasks.train={tasks}",
+        "explorer.group_size=2",
+        "explorer.sampling.max_tokens=4",
+    ]
+    return load_config(None, [*overrides, *extra])
