@@ -1,8 +1,10 @@
 """The dashboard's HTTP app: a JSON API over a runs folder, and the page that draws it.
 
 Reading is open on loopback; writing (reviews) always needs the token, and so does everything
-under `/api` when the server listens beyond loopback. Run ids are paths relative to the runs
-folder: anything that would leave it is refused.
+under `/api` when the server listens beyond loopback. Open reads are served only to requests
+addressed to a loopback name (the `Host` header): a web page whose domain an attacker re-points at
+127.0.0.1 (DNS rebinding) sends its own domain there and is refused. Run ids are paths relative to
+the runs folder: anything that would leave it is refused.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from agentscope_rft.dashboard.episodes import (
     export_reviews,
     list_episodes,
 )
+from agentscope_rft.dashboard.hosts import host_name, is_loopback
 from agentscope_rft.dashboard.runs import (
     RunNotFound,
     RunRef,
@@ -75,6 +78,18 @@ def create_app(root: Path, *, token: str, open_reads: bool = True) -> FastAPI:
         path = request.url.path
         if path.startswith("/api/"):
             writing = request.method not in ("GET", "HEAD")
+            host = request.headers.get("host")
+            foreign = bool(host) and not is_loopback(host_name(str(host)))
+            if open_reads and not writing and foreign and not authorized(request):
+                return JSONResponse(
+                    {
+                        "error": f"reading without the token is served only to loopback "
+                        f"names, and this request is addressed to {host!r} (a guard "
+                        "against DNS rebinding): open http://localhost:<port>/ or "
+                        "http://127.0.0.1:<port>/, or send the dashboard token"
+                    },
+                    status_code=403,
+                )
             if (writing or not open_reads) and not authorized(request):
                 what = "writing" if writing else "reading (the dashboard listens beyond loopback)"
                 return JSONResponse(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import re
@@ -13,20 +12,13 @@ from typing import Annotated
 
 import typer
 
+from agentscope_rft.dashboard.hosts import is_loopback
+
 TOKEN_ENV = "AGENTSCOPE_RFT_DASHBOARD_TOKEN"
 
 
 class DashboardError(ValueError):
     """A dashboard that cannot start as asked (the message says what to change)."""
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def dashboard_token(host: str, token: str | None) -> str:

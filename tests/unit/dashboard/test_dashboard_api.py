@@ -26,7 +26,33 @@ def runs(tmp_path):
 
 
 def client(root, open_reads=True) -> TestClient:
-    return TestClient(create_app(root, token=TOKEN, open_reads=open_reads))
+    # A browser on the machine addresses the dashboard as localhost (TestClient's own default
+    # Host, `testserver`, is not a loopback name, and open reads refuse it).
+    return TestClient(
+        create_app(root, token=TOKEN, open_reads=open_reads), base_url="http://localhost:8765"
+    )
+
+
+@pytest.mark.parametrize(
+    "host", ["localhost:8765", "127.0.0.1:8765", "[::1]:8765", "app.localhost"]
+)
+def test_open_reads_serve_loopback_names(runs, host):
+    response = client(runs).get("/api/runs", headers={"Host": host})
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize("host", ["rebind.attacker.example:8765", "192.168.1.7:8765", "[fe80::1]"])
+def test_open_reads_refuse_a_foreign_host_header_unless_it_carries_the_token(runs, host):
+    refused = client(runs).get(
+        "/api/run/metrics", params={"run_id": "done"}, headers={"Host": host}
+    )
+    assert refused.status_code == 403
+    assert "DNS rebinding" in refused.json()["error"]
+    assert host in refused.json()["error"]
+    allowed = client(runs).get(
+        "/api/run/metrics", params={"run_id": "done"}, headers={"Host": host, **AUTH}
+    )
+    assert allowed.status_code == 200, allowed.text
 
 
 @pytest.mark.parametrize(
