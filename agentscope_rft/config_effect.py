@@ -241,6 +241,18 @@ def _algorithm(config: RunConfig, keys: set[str]) -> list[NoEffect]:
         if not algo.advantage.uses_group_baseline():
             why = f"advantage {algo.advantage.type!r} has no group baseline to filter groups for"
             out += idle(keys, why, "remove it", "algorithm.filter_zero_variance_groups")
+        if algo.tis is not None and config.trainer.old_logprobs == "rollout":
+            # objective.py `_rl_terms`: TIS weighs by exp(old - rollout), and with `rollout` the
+            # ratio's old log-probs are the engine's own: every weight is exp(0), capped.
+            why = (
+                "trainer.old_logprobs is 'rollout': the importance ratio already divides by the "
+                "engine's log-probs, so every TIS weight exp(old - rollout) is 1 (at most cap)"
+            )
+            fix = (
+                "set trainer.old_logprobs: recompute (TIS then corrects engine and staleness "
+                "against the trainer's log-probs before the update), or remove it"
+            )
+            out += idle(keys, why, fix, "algorithm.tis")
     fix = "remove it, or set algorithm.objective to the one that uses it"
     for objective, section in (("dpo", "algorithm.dpo"), ("sft_rl_mix", "algorithm.sft_mix")):
         if algo.objective != objective:

@@ -101,7 +101,8 @@ class AlgorithmConfig(StrictModel):
     entropy_coef: float = Field(default=0.0, ge=0.0)
     """Weight of the entropy bonus (0: off)."""
     tis: TISConfig | None = None
-    """Truncated importance sampling for rollout-vs-trainer mismatch (None: off)."""
+    """Truncated importance sampling for rollout-vs-trainer mismatch and staleness (None: off);
+    acts with `trainer.old_logprobs: recompute` (with `rollout` every weight is 1)."""
     filter_zero_variance_groups: bool = True
     """Drop (and count) task groups whose rewards are all equal, for group-baseline estimators:
     their advantages are 0 and would only dilute the loss."""

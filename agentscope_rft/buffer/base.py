@@ -93,6 +93,36 @@ class Buffer(Protocol):
         ...
 
 
+async def get_counting_stale(
+    buffer: Buffer,
+    num_groups: int,
+    *,
+    step: int,
+    min_policy_version: int,
+    timeout: float | None,
+) -> tuple[list[Sample], dict[str, float]]:
+    """`buffer.get`, and the step metrics of the groups it dropped as stale on the way:
+    `buffer/stale_groups_dropped` and `buffer/stale_samples_dropped` (a group's version is its
+    oldest sample's, a sample's its oldest call's). The trainer is the buffer's only reader.
+
+    Example:
+        >>> samples, metrics = await get_counting_stale(
+        ...     buffer, 4, step=3, min_policy_version=1, timeout=60)  # doctest: +SKIP
+        >>> metrics["buffer/stale_groups_dropped"]  # doctest: +SKIP
+        0.0
+    """
+    before = await buffer.stats()
+    samples = await buffer.get(
+        num_groups, step=step, min_policy_version=min_policy_version, timeout=timeout
+    )
+    after = await buffer.stats()
+    metrics = {
+        f"buffer/stale_{kind}_dropped": after[f"dropped_{kind}"] - before[f"dropped_{kind}"]
+        for kind in ("groups", "samples")
+    }
+    return samples, metrics
+
+
 def check_get_args(num_groups: int, timeout: float | None) -> None:
     """Reject arguments of `Buffer.get` that can never be satisfied."""
     if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:

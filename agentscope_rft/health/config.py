@@ -76,8 +76,9 @@ class EntropyCollapseRule(RuleSettings):
 
 class LogprobGapRule(RuleSettings):
     """Mean absolute gap between the engine's and the trainer's log-probs of the sampled tokens
-    (`train/rollout_trainer_logprob_diff`): the trainer no longer trains the policy that
-    explored (a bad weight sync, a precision or template mismatch)."""
+    (`train/rollout_trainer_logprob_diff`, over the samples explored by the weights the trainer
+    holds: stale ones differ by training): the trainer no longer trains the policy that explored
+    (a bad weight sync, a precision or template mismatch)."""
 
     max: float = Field(default=0.1, gt=0)
     """Fires above this gap (nats per token; ~0.02 is normal for bf16 on CPU)."""

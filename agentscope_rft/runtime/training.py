@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from agentscope_rft.buffer.base import BufferTimeout
+from agentscope_rft.buffer.base import BufferTimeout, get_counting_stale
 from agentscope_rft.buffer.config import build_buffer
 from agentscope_rft.buffer.replay import REUSE_KEY, replay_metrics
 from agentscope_rft.config import EXPLORING_MODES, RunConfig
@@ -439,8 +439,9 @@ class TrainingRun:
             return None, metrics
         oldest = max(0, self.policy_version - self.stale_limit)
         try:
-            samples = await self.stop.until(
-                self.buffer.get(
+            samples, dropped = await self.stop.until(
+                get_counting_stale(
+                    self.buffer,
                     num_groups,
                     step=step,
                     min_policy_version=oldest,
@@ -459,7 +460,7 @@ class TrainingRun:
             metrics.update(
                 episode_reward_metrics([s for s in samples if REUSE_KEY not in s.metrics])
             )
-        metrics.update(replay_metrics(samples))
+        metrics.update(replay_metrics(samples) | dropped)
         if self.mix_demos and self.offline is not None:  # CHORD: demonstrations beside rollouts
             samples = [*samples, *next(self.offline)]
         if self.config.run.deterministic:

@@ -219,25 +219,64 @@ def mini_batch_rows(batch: TrainBatch, mini_batches: int) -> list[list[int]]:
     return [part for part in parts if part]
 
 
+@dataclass
+class LogprobGap:
+    """The engine-vs-trainer log-prob gap of a step, measured only where it means something.
+
+    `rows` ([N] bool, `LogprobGap.of`) are the RL samples every call of which the engine sampled
+    with the weights the trainer holds at the step: only their log-probs should match the
+    trainer's. A stale sample (`one_step_off`, `async`, `train_only`, replay) differs by the
+    policy's own change since it was explored, which is no engine mismatch. `sum` and `tokens`
+    collect |trainer - engine| over the trained tokens of `rows` on the step's first update
+    (before any weight changed).
+    """
+
+    version: int  # the trainer's weights at the step: the run's policy version at step s is s
+    rows: Tensor  # [N] bool
+    lag: Tensor  # [N] long: version - sample.policy_version
+    rl: Tensor  # [N] bool: samples the engine sampled (not demonstrations or pairs)
+    sum: float = 0.0
+    tokens: float = 0.0
+
+    @classmethod
+    def of(cls, batch: TrainBatch, version: int) -> LogprobGap:
+        """The gap to collect for `batch` trained at `version` (the step).
+
+        Example:
+            >>> gap = LogprobGap.of(batch, version=step)  # doctest: +SKIP
+        """
+        versions = torch.tensor([s.policy_version for s in batch.samples], dtype=torch.long)
+        rl = batch.sample_kinds == 0
+        lag = version - versions
+        return cls(version, rl & (lag == 0), lag, rl)
+
+
 def batch_metrics(
     batch: TrainBatch,
     old: Tensor,
     ref: Tensor | None,
     recomputed: bool,
-    gap: Mapping[str, float] | None = None,
+    gap: LogprobGap,
 ) -> dict[str, float]:
-    """Rollout-vs-trainer log-prob gap and KL to the reference.
+    """Rollout-vs-trainer log-prob gap, staleness, and KL to the reference.
 
-    The gap is over the recomputed old log-probs, else over the first update's forward (`gap`:
-    `sum` and `tokens` of its sampled tokens, which ran the weights that explored: free).
+    The gap is over the recomputed old log-probs, else over the first update's forward (`gap`'s
+    sums: free), of the samples explored by the trainer's weights (`LogprobGap.rows`); a step
+    without any logs no gap. `train/stale_samples` counts the RL samples explored by older
+    weights and `train/staleness_max` the most versions any is behind.
     """
     mask = batch.loss_mask.bool()
-    diff = 0.0
-    if recomputed:
-        diff = float((batch.rollout_logprobs - old)[mask].abs().mean())
-    elif gap is not None and gap.get("tokens"):
-        diff = gap["sum"] / gap["tokens"]
-    out = {"train/rollout_trainer_logprob_diff": diff}
+    lags = gap.lag[gap.rl]
+    out = {
+        "train/stale_samples": float((lags > 0).sum()),
+        "train/staleness_max": float(lags.max()) if len(lags) else 0.0,
+    }
+    measured = mask & gap.rows[:, None]
+    if recomputed and bool(measured.any()):
+        diff = (batch.rollout_logprobs - old)[measured].abs().mean()
+        out["train/rollout_trainer_logprob_diff"] = float(diff)
+    elif not recomputed and gap.tokens:
+        out["train/rollout_trainer_logprob_diff"] = gap.sum / gap.tokens
     if ref is not None:
         out["kl/mean"] = float(kl_estimate(old, ref, "k3")[mask].mean())
     return out

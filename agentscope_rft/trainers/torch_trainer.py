@@ -52,6 +52,7 @@ from agentscope_rft.trainers.checkpoint import (
     save_trainer_state,
 )
 from agentscope_rft.trainers.common import (
+    LogprobGap,
     LRSchedule,
     batch_advantages,
     batch_metrics,
@@ -501,7 +502,7 @@ class TorchTrainer:
         seq_weights = rollout_seq_weights(batch.episode_ids) if algo.normalize_per_rollout else None
 
         sums: dict[str, float] = defaultdict(float)
-        gap: dict[str, float] = defaultdict(float)  # engine vs trainer, before the first update
+        gap = LogprobGap.of(batch, version=step)  # engine vs trainer, before the first update
         parts = mini_batch_rows(batch, self.config.mini_batches)
         for epoch in range(self.config.epochs):
             for index, mini in enumerate(parts):
@@ -613,10 +614,10 @@ class TorchTrainer:
         old_values: Tensor | None,
         seq_weights: Tensor | None,
         sums: dict[str, float],
-        gap: dict[str, float] | None = None,
+        gap: LogprobGap | None = None,
     ) -> None:
         """One optimizer step over the mini-batch `mini` (rows of `batch`); `gap` (the step's
-        first update) sums |trainer - engine| log-probs of its sampled tokens."""
+        first update) sums |trainer - engine| log-probs of the trained tokens of `gap.rows`."""
         algo = self.algorithm
         part = batch.select(mini)
         weights = seq_weights[mini] if seq_weights is not None else None
@@ -676,10 +677,10 @@ class TorchTrainer:
             sums["entropy/sum"] += float(entropy.detach()[trained].sum())
             sums["entropy/tokens"] += float(trained.sum())
             if gap is not None:
-                sampled = trained & (mb.sample_kinds.to(dev) == 0)[:, None]
+                sampled = trained & gap.rows[rows].to(dev)[:, None]
                 diff = (logprobs.detach() - mb.rollout_logprobs.to(dev)).abs()
-                gap["sum"] += float(diff[sampled].sum())
-                gap["tokens"] += float(sampled.sum())
+                gap.sum += float(diff[sampled].sum())
+                gap.tokens += float(sampled.sum())
             for key, value in shares.items():
                 sums[key] += value
         if prefix is not None:

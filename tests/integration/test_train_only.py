@@ -172,3 +172,23 @@ async def test_train_only_logs_the_reward_metrics_of_the_episodes_it_trains(
         assert row["reward/std"] == pytest.approx((sum((v - mean) ** 2 for v in values) / 4) ** 0.5)
         assert (row["reward/min"], row["reward/max"]) == (min(values), max(values))
         assert row["success_rate"] == pytest.approx(sum(v >= 1 for v in values) / 4)
+
+
+async def test_each_step_logs_the_stale_groups_it_dropped(tiny_model_path, tmp_path, trained):
+    """With `run.max_staleness: 1`, step 2 trains versions >= 1: the third group (explored by
+    version 0) is dropped on the way to the fourth (version 2), and step 2's metrics count it."""
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    buffer = SQLBuffer(url)
+    for g, group in enumerate(groups(4)):
+        version = 2 if g == 3 else 0
+        await buffer.put([dataclasses.replace(s, policy_version=version) for s in group])
+    await buffer.close()
+    run_dir = tmp_path / "run"
+    await train(config(tiny_model_path, url, run_dir, 3, max_staleness=1), run_dir)
+    assert [ids[0] for _, ids in trained] == ["g0.0", "g1.0", "g3.0"]
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r.get("phase") == "train"]
+    dropped = [(r["buffer/stale_groups_dropped"], r["buffer/stale_samples_dropped"]) for r in steps]
+    assert dropped == [(0.0, 0.0), (0.0, 0.0), (1.0, 4.0)]
+    # the trainer's view: step 1 trained samples one version behind it, step 2 fresh ones
+    assert [r["train/staleness_max"] for r in steps] == [0.0, 1.0, 0.0]

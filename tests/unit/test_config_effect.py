@@ -100,6 +100,11 @@ CASES = [
         ["algorithm.critic.vf_coef=0.5", "algorithm.advantage=gae"],
     ),
     (
+        "algorithm.tis.cap",
+        ["algorithm.tis={cap: 2.0}"],
+        ["algorithm.tis={cap: 2.0}", "trainer.old_logprobs=recompute"],
+    ),
+    (
         "algorithm.filter_zero_variance_groups",
         ["algorithm.filter_zero_variance_groups=false", "algorithm.advantage=gae"],
         ["algorithm.filter_zero_variance_groups=false"],

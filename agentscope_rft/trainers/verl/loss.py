@@ -125,7 +125,7 @@ NORM_TOKENS_KEY = "agentscope_rft_norm_tokens"
 NORM_SEQUENCES_KEY = "agentscope_rft_norm_sequences"
 NORM_SFT_TOKENS_KEY = "agentscope_rft_norm_sft_tokens"
 OPTIMIZER_STEP_KEY = "agentscope_rft_optimizer_step"
-ROW_FIELDS = ("seq_weights", "sample_kinds", "pair_index", "is_chosen")
+ROW_FIELDS = ("seq_weights", "sample_kinds", "pair_index", "is_chosen", "gap_rows")
 """[B] per-row fields `ObjectiveLoss` reads (see `VerlTrainer`)."""
 
 
@@ -193,9 +193,9 @@ class ObjectiveLoss:
         entropy_sum = entropy.detach()[trained].sum() if entropy is not None else 0.0
         metrics["entropy/sum"] = float(entropy_sum)
         metrics["entropy/tokens"] = float(trained.sum())
-        # engine vs trainer log-probs on sampled tokens (the trainer keeps the first update's)
-        kinds = data["sample_kinds"].to(device)
-        sampled = trained & torch.eq(kinds, 0).unsqueeze(1)
+        # engine vs trainer log-probs on the tokens of the samples explored by these weights
+        # (`LogprobGap`; the trainer keeps the first update's)
+        sampled = trained & data["gap_rows"].to(device).bool().unsqueeze(1)
         gap = (logprobs.detach().float() - inputs.rollout_logprobs).abs()[sampled]
         metrics["gap/sum"] = float(gap.sum())
         metrics["gap/tokens"] = float(sampled.sum())

@@ -29,6 +29,7 @@ from agentscope_rft.config import VerlTrainerConfig
 from agentscope_rft.trainers.batch import TrainBatch, build_batch
 from agentscope_rft.trainers.checkpoint import save_hf_weights
 from agentscope_rft.trainers.common import (
+    LogprobGap,
     LRSchedule,
     batch_advantages,
     batch_metrics,
@@ -175,7 +176,7 @@ class VerlTrainer:
 
         sums: dict[str, float] = defaultdict(float)
         lr = self.config.lr * self.schedule(self.optimizer_steps)
-        gap: dict[str, float] = defaultdict(float)  # engine vs trainer, before the first update
+        gap = LogprobGap.of(batch, version=step)  # engine vs trainer, before the first update
         parts = mini_batch_rows(batch, self.config.mini_batches)
         for epoch in range(self.config.epochs):
             for index, mini in enumerate(parts):
@@ -196,7 +197,7 @@ class VerlTrainer:
         advantages: Tensor,
         seq_weights: Tensor,
         sums: dict[str, float],
-        gap: dict[str, float] | None = None,
+        gap: LogprobGap | None = None,
     ) -> float:
         """One optimizer step over the rows `mini` of `batch`; returns the next step's LR.
 
@@ -212,6 +213,10 @@ class VerlTrainer:
             ref[mini] if ref is not None else None,
             seq_weights[mini],
         )
+        # the rows whose engine log-probs the loss compares with the trainer's (`LogprobGap`)
+        index = data["sample_index"]
+        measured = gap.rows[mini] if gap is not None else torch.zeros(len(mini), dtype=torch.bool)
+        data["gap_rows"] = (index >= 0) & measured[index.clamp(min=0)]
         out = self.backend.train_step(
             data,
             calculate_entropy=True,
@@ -236,7 +241,7 @@ class VerlTrainer:
         for key in ("sum", "tokens"):
             value = out.pop(f"gap/{key}", 0.0)
             if gap is not None:
-                gap[key] += value
+                setattr(gap, key, getattr(gap, key) + value)
         for key, value in out.items():
             sums[key] += value
         return lr
