@@ -160,16 +160,26 @@ def export_model(
         ),
     ],
     out: Annotated[str, typer.Option(help="Folder to write the HF model to (must not exist).")],
+    dtype: Annotated[
+        str,
+        typer.Option(
+            help="Weights' dtype: auto (the model's own, as the run started from: a bf16 model "
+            "exports in bf16), float32, bfloat16 or float16.",
+        ),
+    ] = "auto",
 ) -> None:
     """Copy a run's checkpoint out as a standalone HF model folder (serve it, share it).
 
     Example: agentscope-rft export runs/quickstart:best --out models/calculator
     """
-    import shutil
     from pathlib import Path
 
     from agentscope_rft.runtime.best import CheckpointNotFoundError, resolve_checkpoint
+    from agentscope_rft.runtime.export import export_model_folder
+    from agentscope_rft.trainers.checkpoint import DTYPES
 
+    if dtype != "auto" and dtype not in DTYPES:
+        raise fail(f"--dtype {dtype}: use auto, {', '.join(DTYPES)}")
     target = Path(out)
     if target.exists():
         raise fail(f"{target} already exists: pick a new folder")
@@ -178,11 +188,11 @@ def export_model(
     except CheckpointNotFoundError as exc:
         raise fail(_said(exc)) from exc
     try:
-        shutil.copytree(source, target)
-    except OSError as exc:  # a path under a file, no space left: leave no half-copied model
-        shutil.rmtree(target, ignore_errors=True)
+        written = export_model_folder(source, target, dtype)
+    except OSError as exc:  # a path under a file, no space left: no half-copied model is left
         raise fail(f"cannot write {target}: {exc.strerror or exc}") from exc
-    console.print(f"[green]exported[/] {source} -> {target}")
+    name = str(written).removeprefix("torch.")
+    console.print(f"[green]exported[/] {source} -> {target} ({name})")
 
 
 async def _serve(
