@@ -113,6 +113,7 @@ def serve(
         VLLMEngineConfig,
     )
     from agentscope_rft.engines.factory import build_engine
+    from agentscope_rft.models import check_model_folder, resolve_model
     from agentscope_rft.runtime.preflight import bind_problem
 
     problem = bind_problem(host, port)  # before the model loads (minutes with vLLM)
@@ -133,6 +134,7 @@ def serve(
     )
     try:
         resolved = _checkpoint_or_model(model)
+        check_model_folder(resolve_model(resolved))  # before an engine loads it
         built = build_engine(ModelConfig(name_or_path=resolved), engine_config)
     except (ValueError, RuntimeError) as exc:
         raise fail(_said(exc)) from exc
