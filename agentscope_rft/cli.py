@@ -77,6 +77,13 @@ def serve(
             "<run folder>:last (or :latest), <run folder>:<step>, a checkpoint folder."
         ),
     ] = "smollm2-135m-instruct",
+    chat_template: Annotated[
+        str | None,
+        typer.Option(
+            help="A Jinja chat template, a .jinja file or the text, replacing the model folder's "
+            "(a base model's folder may have none)."
+        ),
+    ] = None,
     host: Annotated[str, typer.Option(help="Interface to bind (loopback by default).")] = (
         "127.0.0.1"
     ),
@@ -135,7 +142,9 @@ def serve(
     try:
         resolved = _checkpoint_or_model(model)
         check_model_folder(resolve_model(resolved))  # before an engine loads it
-        built = build_engine(ModelConfig(name_or_path=resolved), engine_config)
+        built = build_engine(
+            ModelConfig(name_or_path=resolved, chat_template=chat_template), engine_config
+        )
     except (ValueError, RuntimeError) as exc:
         raise fail(_said(exc)) from exc
     # Clients may name the model as the user did (`runs/x:best`), not only as resolved.

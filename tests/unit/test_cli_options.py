@@ -107,3 +107,23 @@ def test_export_writes_the_weights_in_the_dtype_asked_for_sharded_or_not(tmp_pat
     assert refused.exit_code == 2
     assert "--dtype fp8: use auto, float32, bfloat16, float16" in refused.output
     assert not (tmp_path / "x").exists()
+
+
+def test_serve_takes_the_chat_template_a_model_folder_lacks(monkeypatch, tmp_path):
+    """A folder without a chat template (a base model) failed in `serve` with 'set
+    model.chat_template', a key `serve` has no way to set."""
+    from agentscope_rft.engines import factory
+
+    built = []
+
+    def build(model, engine):
+        built.append(model)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(factory, "build_engine", build)
+    template = tmp_path / "chatml.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    args = ["serve", "--model", "tiny-random", "--chat-template", str(template), "--port", "0"]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "1000"})
+    assert result.exit_code == 2 and "stop here" in result.output, result.output
+    assert [m.chat_template for m in built] == [str(template)]
