@@ -202,6 +202,8 @@ def export_model(
         written = export_model_folder(source, target, dtype)
     except OSError as exc:  # a path under a file, no space left: no half-copied model is left
         raise fail(f"cannot write {target}: {exc.strerror or exc}") from exc
+    except ValueError as exc:
+        raise fail(str(exc)) from exc
     name = str(written).removeprefix("torch.")
     console.print(f"[green]exported[/] {source} -> {target} ({name})")
 

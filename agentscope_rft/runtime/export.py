@@ -32,6 +32,11 @@ def export_model_folder(source: Path, target: Path, dtype: str = "auto") -> torc
         raise ValueError(f"dtype {dtype!r}: use auto, {', '.join(DTYPES)}")
     held = model_dtype(source)
     wanted = held if dtype == "auto" else DTYPES[dtype]
+    if wanted != held and not any(source.glob("*.safetensors")):
+        raise ValueError(
+            f"{source} holds no *.safetensors weights to write in {dtype} (only safetensors are "
+            "converted): export it with --dtype auto"
+        )
     try:
         shutil.copytree(source, target)
         if wanted != held:
@@ -47,11 +52,8 @@ def _cast_weights(folder: Path, dtype: torch.dtype) -> None:
     total size and config.json's dtype to match."""
     from safetensors.torch import load_file, save_file
 
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{folder} has no *.safetensors weights to write in {dtype}")
     total = 0
-    for file in files:
+    for file in sorted(folder.glob("*.safetensors")):
         state = in_dtype(load_file(str(file)), dtype)
         total += sum(t.numel() * t.element_size() for t in state.values())
         save_file(state, str(file), metadata={"format": "pt"})

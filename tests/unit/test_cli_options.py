@@ -107,6 +107,13 @@ def test_export_writes_the_weights_in_the_dtype_asked_for_sharded_or_not(tmp_pat
     assert refused.exit_code == 2
     assert "--dtype fp8: use auto, float32, bfloat16, float16" in refused.output
     assert not (tmp_path / "x").exists()
+    for file in shards:  # weights only as pytorch_model.bin: copied as they are, not converted
+        (model / file).unlink()
+    bin_only = ["export", str(model), "--out", str(tmp_path / "x"), "--dtype", "float32"]
+    refused = CliRunner().invoke(app, bin_only, env=env)
+    assert refused.exit_code == 2, refused.output
+    assert f"{model} holds no *.safetensors weights to write in float32" in refused.output
+    assert not (tmp_path / "x").exists()
 
 
 def test_serve_takes_the_chat_template_a_model_folder_lacks(monkeypatch, tmp_path):
