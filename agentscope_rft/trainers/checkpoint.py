@@ -94,8 +94,12 @@ def model_dtype(folder: Path) -> torch.dtype:
 
 
 def in_dtype(state: dict[str, Tensor], dtype: torch.dtype) -> dict[str, Tensor]:
-    """`state` with its floating-point tensors in `dtype` (integer buffers as they are)."""
-    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    """`state` with its floating-point tensors in `dtype` (integer buffers as they are); a cast
+    copy is made in host memory, not beside the trainer's weights on its GPU."""
+    return {
+        k: v.to("cpu", dtype) if v.is_floating_point() and v.dtype != dtype else v
+        for k, v in state.items()
+    }
 
 
 def write_config_dtype(folder: Path, dtype: torch.dtype) -> None:
