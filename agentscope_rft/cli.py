@@ -77,6 +77,13 @@ def serve(
             "<run folder>:last (or :latest), <run folder>:<step>, a checkpoint folder."
         ),
     ] = "smollm2-135m-instruct",
+    chat_template: Annotated[
+        str | None,
+        typer.Option(
+            help="A Jinja chat template, a .jinja file or the text, replacing the model folder's "
+            "(a base model's folder may have none)."
+        ),
+    ] = None,
     host: Annotated[str, typer.Option(help="Interface to bind (loopback by default).")] = (
         "127.0.0.1"
     ),
@@ -113,6 +120,7 @@ def serve(
         VLLMEngineConfig,
     )
     from agentscope_rft.engines.factory import build_engine
+    from agentscope_rft.models import check_model_folder, resolve_model
     from agentscope_rft.runtime.preflight import bind_problem
 
     problem = bind_problem(host, port)  # before the model loads (minutes with vLLM)
@@ -133,7 +141,10 @@ def serve(
     )
     try:
         resolved = _checkpoint_or_model(model)
-        built = build_engine(ModelConfig(name_or_path=resolved), engine_config)
+        check_model_folder(resolve_model(resolved))  # before an engine loads it
+        built = build_engine(
+            ModelConfig(name_or_path=resolved, chat_template=chat_template), engine_config
+        )
     except (ValueError, RuntimeError) as exc:
         raise fail(_said(exc)) from exc
     # Clients may name the model as the user did (`runs/x:best`), not only as resolved.
@@ -160,16 +171,26 @@ def export_model(
         ),
     ],
     out: Annotated[str, typer.Option(help="Folder to write the HF model to (must not exist).")],
+    dtype: Annotated[
+        str,
+        typer.Option(
+            help="Weights' dtype: auto (the model's own, as the run started from: a bf16 model "
+            "exports in bf16), float32, bfloat16 or float16.",
+        ),
+    ] = "auto",
 ) -> None:
     """Copy a run's checkpoint out as a standalone HF model folder (serve it, share it).
 
     Example: agentscope-rft export runs/quickstart:best --out models/calculator
     """
-    import shutil
     from pathlib import Path
 
     from agentscope_rft.runtime.best import CheckpointNotFoundError, resolve_checkpoint
+    from agentscope_rft.runtime.export import export_model_folder
+    from agentscope_rft.trainers.checkpoint import DTYPES
 
+    if dtype != "auto" and dtype not in DTYPES:
+        raise fail(f"--dtype {dtype}: use auto, {', '.join(DTYPES)}")
     target = Path(out)
     if target.exists():
         raise fail(f"{target} already exists: pick a new folder")
@@ -178,11 +199,13 @@ def export_model(
     except CheckpointNotFoundError as exc:
         raise fail(_said(exc)) from exc
     try:
-        shutil.copytree(source, target)
-    except OSError as exc:  # a path under a file, no space left: leave no half-copied model
-        shutil.rmtree(target, ignore_errors=True)
+        written = export_model_folder(source, target, dtype)
+    except OSError as exc:  # a path under a file, no space left: no half-copied model is left
         raise fail(f"cannot write {target}: {exc.strerror or exc}") from exc
-    console.print(f"[green]exported[/] {source} -> {target}")
+    except ValueError as exc:
+        raise fail(str(exc)) from exc
+    name = str(written).removeprefix("torch.")
+    console.print(f"[green]exported[/] {source} -> {target} ({name})")
 
 
 async def _serve(

@@ -64,7 +64,8 @@ class ModelConfig(Section):
     """The policy model."""
 
     name_or_path: str = "smollm2-135m-instruct"
-    """`smollm2-135m-instruct` (embedded default), `tiny-random` (tests), or a local HF folder."""
+    """`smollm2-135m-instruct` (embedded default), `tiny-random` (tests), or a local HF folder of
+    a causal LM transformers ships the code for (a folder's own code, `auto_map`, is never run)."""
     chat_template: str | None = None
     """A Jinja chat template (text or a path to a .jinja file) replacing the tokenizer's; the run's
     checkpoints (and so `agentscope-rft export`) carry it as their chat template."""

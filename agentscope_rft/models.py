@@ -212,9 +212,12 @@ def check_model_folder(path: Path) -> None:
     from transformers import AutoConfig, AutoTokenizer
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+    # trust_remote_code=False: transformers' default (None) asks on the terminal whether to run
+    # the folder's code, then refuses with its own message
     try:
-        config = AutoConfig.from_pretrained(str(path))
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
     except (OSError, ValueError, KeyError) as exc:
+        _refuse_remote_code(path, "config.json")
         raise ModelNotFoundError(
             f"{path / 'config.json'} is not a model config transformers can read ({exc}); "
             "pass the folder of a transformers causal LM"
@@ -228,7 +231,11 @@ def check_model_folder(path: Path) -> None:
             "...)"
         )
     vocab_size = getattr(config.get_text_config(), "vocab_size", None)
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+    except ValueError:
+        _refuse_remote_code(path, "tokenizer_config.json")
+        raise
     if isinstance(vocab_size, int) and len(tokenizer) > vocab_size:
         raise ModelNotFoundError(
             f"the tokenizer in {path} has {len(tokenizer)} tokens but the model's embedding has "
@@ -237,6 +244,39 @@ def check_model_folder(path: Path) -> None:
             "to the tokenizer (model.resize_token_embeddings(len(tokenizer)), then "
             "save_pretrained) and train that"
         )
+
+
+def _refuse_remote_code(path: Path, settings_file: str) -> None:
+    """Say so when `path` failed to load because it needs the Python code it ships (`auto_map`
+    in `settings_file`, for a class transformers does not have)."""
+    import json
+
+    import transformers
+
+    try:
+        settings = json.loads((path / settings_file).read_text())
+    except (OSError, ValueError):
+        return
+    auto_map = settings.get("auto_map") if isinstance(settings, dict) else None
+    if not isinstance(auto_map, dict) or not auto_map:
+        return
+    classes = "; ".join(
+        f"{name} -> {target if isinstance(target, str) else ' / '.join(filter(None, target))}"
+        for name, target in auto_map.items()
+    )
+    kind = (
+        f"model_type {settings.get('model_type')!r}"
+        if settings_file == "config.json"
+        else f"tokenizer_class {settings.get('tokenizer_class')!r}"
+    )
+    raise ModelNotFoundError(
+        f"{path} needs Python code it ships to load ({settings_file} auto_map: {classes}; "
+        f"{kind} is not in transformers {transformers.__version__}), and agentscope-rft never "
+        "runs code from a model folder. Use a model transformers supports natively: a newer "
+        "transformers may have it, or, when the architecture is one transformers ships (many "
+        "are Llama-, Qwen2- or Mistral-shaped), convert the folder to it (its model_type, "
+        "architectures and tokenizer_class, without auto_map)"
+    )
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:

@@ -6,9 +6,10 @@ fine-tuning files), nothing else. TRL's `{"prompt": ..., "completion": ...}` lin
 or a list of messages) train the completion's assistant turns. DPO lines are `{"prompt":
 [messages] or a text, "chosen": <assistant message, a list of one, or a string>, "rejected": ...,
 "tools"?: [...]}`; only the final assistant turn of each side is trained. Conversations are
-rendered with the model's chat template through `ChatRenderer`, so the tokens are exactly what the
-template produces; assistant spans are found from rendered prefixes, which relies on the template
-being append-only (it is checked).
+rendered with the model's chat template through `ChatRenderer`, and tokenized as the engine
+tokenizes an episode (each assistant turn on its own, the text between turns on its own), so
+the ids are the ones a run's samples hold; assistant spans are found from rendered prefixes,
+which relies on the template being append-only (it is checked).
 """
 
 from __future__ import annotations
@@ -157,25 +158,45 @@ def render_with_assistant_mask(
     """Token ids of the rendered conversation and a mask that is 1 on the assistant messages at
     positions `trained` (their text and end-of-turn token) and 0 elsewhere.
 
+    The ids are the engine's for the same episode: each assistant turn (what the model
+    generates) is tokenized on its own, the text between turns (what the engine renders after a
+    reply) on its own, and the sample ends with the last reply's end-of-turn token. One pass over
+    the whole text merged a reply's leading whitespace with the generation prompt's newline into
+    other tokens, and the mask then dropped them.
+
     Example:
         >>> chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
         >>> ids, mask = render_with_assistant_mask(renderer, chat, None, [1])  # doctest: +SKIP
     """
     text = renderer.render_text(messages, tools, add_generation_prompt=False)
-    spans = [_assistant_span(renderer, messages, tools, index) for index in trained]
-    for index, (_, end) in zip(trained, spans, strict=True):
+    spans: list[tuple[int, int, int]] = []  # (start, end, trained) of each generated turn
+    for index, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        try:
+            start, end = _assistant_span(renderer, messages, tools, index)
+        except ChatFormatError:
+            if index in trained:
+                raise
+            continue  # context rendered otherwise than when generated: tokenized with the rest
         prefix = renderer.render_text(messages[: index + 1], tools, add_generation_prompt=False)
         if not text.startswith(prefix[:end]):
-            raise ChatFormatError(
-                f"messages[{index}]: the chat template is not append-only here (a later message "
-                "changes how this assistant turn is rendered)"
-            )
-    encoding = renderer.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    token_ids = list(encoding["input_ids"])
-    mask = [
-        int(any(start <= char_start < end for start, end in spans))
-        for char_start, _ in encoding["offset_mapping"]
-    ]
+            if index in trained:
+                raise ChatFormatError(
+                    f"messages[{index}]: the chat template is not append-only here (a later "
+                    "message changes how this assistant turn is rendered)"
+                )
+            continue
+        spans.append((start, end, int(index in trained)))
+    token_ids: list[int] = []
+    mask: list[int] = []
+    done = 0  # characters of `text` tokenized so far
+    for start, end, value in spans:  # what follows the last reply the engine never renders
+        for piece, piece_value in ((text[done:start], 0), (text[start:end], value)):
+            ids = renderer.encode(piece) if piece else []
+            token_ids += ids
+            mask += [piece_value] * len(ids)
+        done = end
     return token_ids, mask
 
 

@@ -211,7 +211,8 @@ class ChatRenderer:
             raise ChatFormatError(
                 f"the tokenizer of {tokenizer.name_or_path} has no chat template (no "
                 "chat_template.jinja, no chat_template in tokenizer_config.json): set "
-                "model.chat_template to a .jinja file or the template text"
+                "model.chat_template (`agentscope-rft serve --chat-template`) to a .jinja file or "
+                "the template text"
             )
         self.end_of_turn = end_of_turn_token(tokenizer, self.chat_template)
         """The token text closing an assistant turn (`<|im_end|>`, `<|eot_id|>`, `</s>`)."""

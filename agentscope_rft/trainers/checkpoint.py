@@ -1,8 +1,10 @@
 """Trainer weights and checkpoints: HF folders for engines, optimizer state for resuming.
 
 A checkpoint folder holds `model/` (an HF model folder with the full, LoRA-merged weights and the
-tokenizer: servable with `agentscope-rft serve --model <ckpt>/model`), `adapter/` when training
-LoRA, and `trainer.pt` (optimizer, LR schedule, value head, RNG) for exact resumption.
+tokenizer, in the dtype of the model the run started from: servable with `agentscope-rft serve
+--model <ckpt>/model`), `adapter/` when training LoRA, and `trainer.pt` (optimizer, LR schedule,
+value head, RNG) for exact resumption, beside `weights.safetensors` (the trainer's fp32 weights)
+when `model/` holds them in a narrower dtype (a bf16 model's).
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ TOKENIZER_FILES = (
     "merges.txt",
     "generation_config.json",
 )
+MASTER_WEIGHTS = "weights.safetensors"
+"""The trainer's own (fp32) weights of a checkpoint whose `model/` holds them in bf16 or fp16."""
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _is_peft(model: nn.Module) -> bool:
@@ -67,12 +72,57 @@ def copy_tokenizer(source: Path, target: Path) -> None:
             shutil.copy2(source / name, target / name)
 
 
+def model_dtype(folder: Path) -> torch.dtype:
+    """The dtype an HF model folder's config.json gives its weights (`dtype`, or `torch_dtype`
+    as transformers 4 wrote it); float32 when it names none.
+
+    Example:
+        >>> model_dtype(Path("models/qwen2.5-0.5b-instruct"))  # doctest: +SKIP
+        torch.bfloat16
+    """
+    import json
+
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return torch.float32
+    for settings in (config, config.get("text_config") or {}):
+        name = settings.get("dtype") or settings.get("torch_dtype")
+        if isinstance(name, str) and name in DTYPES:
+            return DTYPES[name]
+    return torch.float32
+
+
+def in_dtype(state: dict[str, Tensor], dtype: torch.dtype) -> dict[str, Tensor]:
+    """`state` with its floating-point tensors in `dtype` (integer buffers as they are); a cast
+    copy is made in host memory, not beside the trainer's weights on its GPU."""
+    return {
+        k: v.to("cpu", dtype) if v.is_floating_point() and v.dtype != dtype else v
+        for k, v in state.items()
+    }
+
+
+def write_config_dtype(folder: Path, dtype: torch.dtype) -> None:
+    """Make the config.json of the HF model folder `folder` name `dtype` as its weights' dtype
+    (transformers writes the dtype of the module it saved: the trainer's fp32)."""
+    import json
+
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    config.pop("torch_dtype", None)
+    config["dtype"] = str(dtype).removeprefix("torch.")
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def save_hf_model(trainer: TorchTrainer, target: Path, source_model: Path) -> None:
-    """The current policy as an HF model folder (weights + config + tokenizer)."""
+    """The current policy as an HF model folder (weights + config + tokenizer), its weights in
+    the dtype of `source_model` (a bf16 model's export is bf16, not the trainer's fp32)."""
     target.mkdir(parents=True, exist_ok=True)
     base = trainer._base()
+    dtype = model_dtype(source_model)
     state = without_tied_copies(merged_state_dict(trainer.model), base)
-    base.save_pretrained(target, state_dict=state, safe_serialization=True)
+    base.save_pretrained(target, state_dict=in_dtype(state, dtype), safe_serialization=True)
+    write_config_dtype(target, dtype)
     copy_tokenizer(source_model, target)
 
 
@@ -129,9 +179,10 @@ def save_hf_weights(state: dict[str, Tensor], source_model: Path, target: Path) 
     config = AutoConfig.from_pretrained(source_model)
     with init_empty_weights():
         shell = AutoModelForCausalLM.from_config(config)
-    shell.save_pretrained(
-        target, state_dict=without_tied_copies(state, shell), safe_serialization=True
-    )
+    dtype = model_dtype(source_model)
+    state = in_dtype(without_tied_copies(state, shell), dtype)
+    shell.save_pretrained(target, state_dict=state, safe_serialization=True)
+    write_config_dtype(target, dtype)
     copy_tokenizer(source_model, target)
 
 
@@ -139,6 +190,12 @@ def save_trainer_state(trainer: TorchTrainer, directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     if _is_peft(trainer.model):
         trainer.model.save_pretrained(directory / "adapter")
+    elif model_dtype(trainer.model_path) != torch.float32:
+        # model/ holds the weights in the model's own dtype: resume from the trainer's own
+        from safetensors.torch import save_file
+
+        weights = without_tied_copies(merged_state_dict(trainer.model), trainer.model)
+        save_file({k: v.contiguous() for k, v in weights.items()}, directory / MASTER_WEIGHTS)
     state: dict[str, Any] = {
         "optimizer": trainer.optimizer.state_dict(),
         "scheduler": trainer.scheduler.state_dict(),
@@ -164,7 +221,10 @@ def load_trainer_state(trainer: TorchTrainer, directory: Path) -> None:
         set_peft_model_state_dict(trainer.model, state_dict)
     else:
         weights: dict[str, Tensor] = {}
-        for file in sorted((directory / "model").glob("*.safetensors")):
+        master = directory / MASTER_WEIGHTS
+        model = sorted((directory / "model").glob("*.safetensors"))
+        files = [master] if master.is_file() else model
+        for file in files:
             weights.update(load_file(str(file)))
         missing, unexpected = trainer.model.load_state_dict(weights, strict=False)
         tied = {"lm_head.weight"}

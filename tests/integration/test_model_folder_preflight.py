@@ -86,3 +86,41 @@ def test_lora_target_modules_the_model_does_not_have_are_refused(
         "v_proj (or set `all-linear`)"
     )
     preflight(load_config(None, [*sets, "trainer.lora.target_modules=[q_proj,self_attn.v_proj]"]))
+
+
+@pytest.mark.parametrize("needs_code", ["model", "tokenizer"])
+def test_a_model_folder_whose_code_would_have_to_run_is_refused_naming_it(
+    needs_code, tiny_model_path, toy_tasks, tmp_path
+):
+    """A remote-code model (auto_map) failed with transformers' own message ('pass the argument
+    trust_remote_code=True', an argument no config key reaches; for a tokenizer, after asking
+    on the terminal whether to run the code). Its code is not run; a model_type transformers
+    knows loads with its own class despite an auto_map."""
+    import json
+    import shutil
+
+    folder = tmp_path / "custom"
+    shutil.copytree(tiny_model_path, folder)
+    file = folder / ("config.json" if needs_code == "model" else "tokenizer_config.json")
+    settings = json.loads(file.read_text())
+    if needs_code == "model":
+        settings["auto_map"] = {"AutoConfig": "configuration_my.MyConfig"}
+        preflight(load_config(None, _sets(folder, toy_tasks, tmp_path)))  # llama: transformers'
+        settings["model_type"] = "my_llama"
+        names = (
+            "config.json auto_map: AutoConfig -> configuration_my.MyConfig; model_type 'my_llama'"
+        )
+    else:
+        settings["auto_map"] = {"AutoTokenizer": ["tokenization_my.MyTokenizer", None]}
+        settings["tokenizer_class"] = "MyTokenizer"
+        names = (
+            "tokenizer_config.json auto_map: AutoTokenizer -> tokenization_my.MyTokenizer; "
+            "tokenizer_class 'MyTokenizer'"
+        )
+    file.write_text(json.dumps(settings))
+    with pytest.raises(ModelNotFoundError) as error:
+        preflight(load_config(None, _sets(folder, toy_tasks, tmp_path)))
+    message = str(error.value)
+    assert message.startswith(f"{folder} needs Python code it ships to load ({names} is not in ")
+    assert "agentscope-rft never runs code from a model folder" in message
+    assert "convert the folder to it" in message

@@ -66,3 +66,71 @@ def test_export_under_a_file_is_one_error_line_and_leaves_nothing(tmp_path):
     assert result.exit_code == 2, result.output
     assert f"cannot write {out}: " in result.output
     assert sorted(p.name for p in model.iterdir()) == ["config.json"]
+
+
+def test_export_writes_the_weights_in_the_dtype_asked_for_sharded_or_not(tmp_path):
+    """`export` only copied: a bf16 policy could not be taken out in fp32 (or the reverse)."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "llama", "dtype": "bfloat16"}))
+    shards = {"a.safetensors": "embed.weight", "b.safetensors": "head.weight"}
+    for file, name in shards.items():
+        save_file({name: torch.ones(2, 3, dtype=torch.bfloat16)}, str(model / file))
+    index = {"metadata": {"total_size": 24}, "weight_map": {n: f for f, n in shards.items()}}
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    env = {"COLUMNS": "1000"}
+
+    same = CliRunner().invoke(app, ["export", str(model), "--out", str(tmp_path / "same")], env=env)
+    assert same.exit_code == 0, same.output
+    assert "(bfloat16)" in same.output
+    assert load_file(str(tmp_path / "same" / "a.safetensors"))["embed.weight"].dtype == (
+        torch.bfloat16
+    )
+
+    args = ["export", str(model), "--out", str(tmp_path / "fp32"), "--dtype", "float32"]
+    result = CliRunner().invoke(app, args, env=env)
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "fp32"
+    for file, name in shards.items():
+        assert load_file(str(out / file))[name].dtype == torch.float32
+    assert json.loads((out / "config.json").read_text())["dtype"] == "float32"
+    saved_index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert saved_index == {**index, "metadata": {"total_size": 48}}
+
+    bad = ["export", str(model), "--out", str(tmp_path / "x"), "--dtype", "fp8"]
+    refused = CliRunner().invoke(app, bad, env=env)
+    assert refused.exit_code == 2
+    assert "--dtype fp8: use auto, float32, bfloat16, float16" in refused.output
+    assert not (tmp_path / "x").exists()
+    for file in shards:  # weights only as pytorch_model.bin: copied as they are, not converted
+        (model / file).unlink()
+    bin_only = ["export", str(model), "--out", str(tmp_path / "x"), "--dtype", "float32"]
+    refused = CliRunner().invoke(app, bin_only, env=env)
+    assert refused.exit_code == 2, refused.output
+    assert f"{model} holds no *.safetensors weights to write in float32" in refused.output
+    assert not (tmp_path / "x").exists()
+
+
+def test_serve_takes_the_chat_template_a_model_folder_lacks(monkeypatch, tmp_path):
+    """A folder without a chat template (a base model) failed in `serve` with 'set
+    model.chat_template', a key `serve` has no way to set."""
+    from agentscope_rft.engines import factory
+
+    built = []
+
+    def build(model, engine):
+        built.append(model)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(factory, "build_engine", build)
+    template = tmp_path / "chatml.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    args = ["serve", "--model", "tiny-random", "--chat-template", str(template), "--port", "0"]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "1000"})
+    assert result.exit_code == 2 and "stop here" in result.output, result.output
+    assert [m.chat_template for m in built] == [str(template)]

@@ -99,3 +99,50 @@ def test_a_conversation_longer_than_the_context_window_fails_at_load_naming_its_
             "algorithm.objective=dpo",
             "trainer.max_seq_len=48",
         )
+
+
+def test_offline_tokens_are_the_engines_for_the_same_episode(tmp_path: Path):
+    """The file's conversation was tokenized in one pass, the engine's episode turn by turn: a
+    reply opening with whitespace ('  two', '\\n\\n- a') merged with the generation prompt's
+    newline into other tokens, and the trained mask lost them. The engine's ids here are its
+    PromptBuilder's (the prompts it renders, reusing each reply's sampled tokens) with each
+    reply sampled as its text's own tokens."""
+    from agentscope_rft.buffer.offline import load_sft_samples
+    from agentscope_rft.chat.template import ChatRenderer
+    from agentscope_rft.engines.base import ChatRequest, ChoiceResult
+    from agentscope_rft.engines.chat import PromptBuilder
+    from agentscope_rft.models import TINY_MODEL, load_tokenizer, resolve_model
+    from agentscope_rft.types import SamplingParams
+
+    renderer = ChatRenderer(load_tokenizer(resolve_model(TINY_MODEL)))  # SmolLM2's tokenizer
+    chat = [
+        {"role": "system", "content": "Count."},
+        {"role": "user", "content": "one?"},
+        {"role": "assistant", "content": "  two"},
+        {"role": "user", "content": "list"},
+        {"role": "assistant", "content": "\n\n- a\n- b"},
+        {"role": "user", "content": "sum 2+3"},
+        {"role": "assistant", "content": " 5"},
+    ]
+    builder = PromptBuilder(renderer)
+    engine_ids: list[int] = []
+    generated: list[int] = []
+    for index, message in enumerate(chat):
+        if message["role"] != "assistant":
+            continue
+        request = ChatRequest(chat[:index], SamplingParams(), rollout_id="r")
+        prompt_ids, _ = builder.build(request)
+        reply_ids = renderer.encode(message["content"] + renderer.end_of_turn)
+        choice = ChoiceResult(
+            0, reply_ids, [0.0] * len(reply_ids), "stop", 0, "", message["content"]
+        )
+        builder.remember(request, prompt_ids, [choice])
+        assert prompt_ids[: len(engine_ids)] == engine_ids  # one sample: each prompt extends
+        generated += [0] * (len(prompt_ids) - len(engine_ids)) + [1] * len(reply_ids)
+        engine_ids = prompt_ids + reply_ids
+
+    data = tmp_path / "chat.jsonl"
+    data.write_text(json.dumps({"messages": chat}) + "\n")
+    [sample] = load_sft_samples(data, renderer)
+    assert sample.token_ids == engine_ids
+    assert sample.loss_mask == generated

@@ -156,6 +156,8 @@ def test_a_tokenizer_without_a_template_names_its_folder_and_the_fix():
     tokenizer = load_tokenizer(resolve_model("tiny-random"))
     tokenizer.chat_template = None
     with pytest.raises(
-        ChatFormatError, match=r"tiny-random has no chat template.*model\.chat_template"
+        ChatFormatError,
+        match=r"tiny-random has no chat template.*model\.chat_template \(`agentscope-rft serve "
+        r"--chat-template`\)",
     ):
         ChatRenderer(tokenizer)
