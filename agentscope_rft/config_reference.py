@@ -6,7 +6,6 @@ type and default and cannot drift from the code; a test checks the committed fil
 
 from __future__ import annotations
 
-import sys
 import types
 import typing
 from pathlib import Path
@@ -112,6 +111,10 @@ def reference() -> str:
 
 
 if __name__ == "__main__":
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("docs/config.md")
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write the configuration reference (Markdown).")
+    parser.add_argument("out", nargs="?", type=Path, default=Path("docs/config.md"))
+    target = parser.parse_args().out
     target.write_text(reference())
     print(f"wrote {target}")
