@@ -322,11 +322,14 @@ def _check_groups(config: RunConfig) -> None:
         )
 
 
-def _warn_overlap(train: list[Task], vals: list[Task], tests: list[Task], id_field: str) -> None:
+def _warn_overlap(
+    train: list[Task], vals: list[Task], tests: list[Task], id_field: str | list[str]
+) -> None:
     """Say when the validation split shares tasks (by id or content) with train or test."""
+    id_fields = {id_field} if isinstance(id_field, str) else set(id_field)
 
     def keys(task: Task) -> set[str]:
-        content = repr(sorted((k, repr(v)) for k, v in task.data.items() if k != id_field))
+        content = repr(sorted((k, repr(v)) for k, v in task.data.items() if k not in id_fields))
         return {f"id:{task.id}", content}
 
     for name, other in (("tasks.train", train), ("tasks.eval (test)", tests)):
