@@ -159,7 +159,10 @@ def preflight(config: RunConfig) -> Checked:
         for key, value in splits.items():
             if value is not None and not Path(value).is_file():  # before reading any (slow)
                 what = "is a folder, not a file" if Path(value).is_dir() else "does not exist"
-                raise TaskSetError(f"task file {value} {what} (tasks.{key})")
+                raise TaskSetError(
+                    f"task file {value} {what} (tasks.{key}): correct the path, or give the file "
+                    f"with --set tasks.{key}=PATH (config paths are relative to its folder)"
+                )
         required = config.tasks.required_fields
         train = load_tasks(
             config.tasks.train or "", id_field=config.tasks.id_field, required_fields=required

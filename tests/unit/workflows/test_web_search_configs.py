@@ -130,3 +130,19 @@ def test_gpu_recipe_reads_search_r1_merged_parquet_as_published(tmp_path: Path) 
     )
     assert [task.id for task in tasks] == ["nq/train_0", "hotpotqa/train_0"]
     assert [gold_answers(task.data) for task in tasks] == [["Aaron"], ["a", "b"]]
+
+
+def test_gpu_recipe_requires_its_real_question_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentscope_rft.explorer.tasks import TaskSetError
+    from agentscope_rft.runtime.preflight import preflight
+
+    corpus = tmp_path / "wiki-18.jsonl"
+    corpus.write_text('{"id": "0", "contents": "\\"Aaron\\"\\nAaron is a prophet."}\n')
+    monkeypatch.setenv("SEARCH_CORPUS", str(corpus))
+    with pytest.raises(
+        TaskSetError,
+        match=r"nq_hotpotqa_train.parquet does not exist \(tasks.train\): .*--set tasks.train=",
+    ):
+        preflight(load_config(EXAMPLE / "config_gpu.yaml"))
