@@ -110,7 +110,7 @@ class TasksConfig(Section):
     shuffle: bool = True
     """Shuffle training tasks every epoch."""
     eval_limit: int | None = Field(default=None, ge=1)
-    """Use only the first N test tasks."""
+    """Evaluate on N test tasks spread evenly over the file (all of them in `explore`)."""
     val_limit: int | None = Field(default=None, ge=1)
     """Evaluate on a slice of N validation tasks: stratified by `stratify_field` when set (each
     value keeps its share, at least one task each), else spread evenly over the file."""

@@ -168,9 +168,13 @@ def preflight(config: RunConfig) -> Checked:
             config.tasks.train or "", id_field=config.tasks.id_field, required_fields=required
         )
         if config.tasks.eval:
-            evals = load_tasks(
-                config.tasks.eval, id_field=config.tasks.id_field, required_fields=required
-            )[: config.tasks.eval_limit]
+            evals = stratified_slice(  # spread evenly: a file ordered by dataset keeps them all
+                load_tasks(
+                    config.tasks.eval, id_field=config.tasks.id_field, required_fields=required
+                ),
+                config.tasks.eval_limit,
+                None,
+            )
         if config.tasks.val:
             vals = stratified_slice(
                 load_tasks(
