@@ -187,3 +187,17 @@ def test_a_repeated_id_within_one_data_source_is_an_error(tmp_path: Path) -> Non
     path.write_text((json.dumps(row) + "\n") * 2)
     with pytest.raises(TaskFileError, match=r"row 2: duplicate id 'nq/train_0'"):
         read_questions(path)
+
+
+def test_a_contents_line_with_its_own_title_keeps_it(tmp_path: Path) -> None:
+    # {"id", "title", "contents"} lines: the title is the row's, not the passage's first line.
+    rows = [
+        {"id": "a", "title": "Aaron", "contents": "Aaron is a prophet.\nHe was Moses' brother."},
+        {"id": "b", "title": "Moses", "contents": '"Moses"\nMoses led the Exodus.'},
+    ]
+    path = tmp_path / "titled.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert [(d.title, d.text) for d in load_corpus(path)] == [
+        ("Aaron", "Aaron is a prophet.\nHe was Moses' brother."),
+        ("Moses", "Moses led the Exodus."),
+    ]
