@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -106,14 +106,15 @@ class TasksConfig(Section):
     checkpoint on them with `agentscope-rft explore --split test --checkpoint best`. Without
     `val`, the run evaluates on them every `run.eval_every` steps for monitoring only (no best
     checkpoint is kept), and says so."""
-    id_field: str = "id"
-    """Column with each task's id (row numbers when missing)."""
+    id_field: str | list[Annotated[str, Field(min_length=1)]] = Field(default="id", min_length=1)
+    """Column with each task's id (row numbers when missing), or several joined with `/`:
+    `[data_source, id]` gives `nq/train_0` in a file of datasets that each number from 0."""
     required_fields: list[str] = Field(default_factory=list)
     """Columns every task must have (checked when loading, with the row named)."""
     shuffle: bool = True
     """Shuffle training tasks every epoch."""
     eval_limit: int | None = Field(default=None, ge=1)
-    """Use only the first N test tasks."""
+    """Evaluate on N test tasks spread evenly over the file (all of them in `explore`)."""
     val_limit: int | None = Field(default=None, ge=1)
     """Evaluate on a slice of N validation tasks: stratified by `stratify_field` when set (each
     value keeps its share, at least one task each), else spread evenly over the file."""

@@ -177,7 +177,8 @@ class AlfworldAgentSettings:
     subgoal_reward: float = 0.0
     """Per-step reward (`emit_reward`) the first time the agent reaches each subgoal of a
     `put ... in/on ...` task: picking up an object of the goal's type, then going to a
-    receptacle of the target's type while holding it (0: the outcome alone counts). Shaping
+    receptacle of the target's type while holding it (0: the outcome alone counts). Both of
+    alfworld's phrasings count ("put a hot egg in X", "heat some egg and put it in X"). Shaping
     for a model that rarely wins by chance; success is still judged by the game alone."""
     demo: bool = True
     """Place one worked game (`DEMO_GAME`) in the agent's memory before its own game."""
@@ -192,9 +193,13 @@ class AlfworldAgentSettings:
             raise ValueError(f"window must be >= 1 past turn, got {self.window}")
 
 
+# alfworld's two templates per task type: "put a hot egg in diningtable" and "heat some egg and
+# put it in diningtable" (`alfworld.gen.goal_library`); a game may use either.
 _PUT_GOAL = re.compile(
-    r"^put (?:a |an |some |two )?(?:(?:hot|cool|cold|clean|heated|cooled|cleaned) )?"
-    r"(?P<obj>\w+) (?:in|on|in/on) (?:a |an |the )?(?:\w+ )?(?P<target>\w+)$"
+    r"^(?:put (?:a |an |some |two )?(?:(?:hot|cool|cold|clean|heated|cooled|cleaned) )?"
+    r"|(?:heat|cool|clean) some |find two )"
+    r"(?P<obj>\w+) (?:and put (?:it|them) )?(?:in|on|in/on) (?:a |an |the )?(?:\w+ )?"
+    r"(?P<target>\w+)$"
 )
 
 

@@ -335,6 +335,7 @@ def search_workflow(settings: SearchAgentSettings | None = None) -> agentscope_r
         )
 
     async def episode(task: dict[str, Any], model: ChatModelBase) -> Episode | Reward:
+        gold_answers(task)  # a row without gold answers fails before the agent runs
         played = await play(task, model, settings)
         return played if settings.judge is not None else _reward(task, played, settings)
 

@@ -56,8 +56,9 @@ def gold_answers(task: Mapping[str, Any]) -> list[str]:
         golds = [str(v) for v in (value.tolist() if hasattr(value, "tolist") else value)]
         if golds and all(g.strip() for g in golds):
             return golds
+    name = f"task {task['id']!r}" if task.get("id") is not None else "this task"
     raise TaskFormatError(
-        f"task {task.get('id')!r} has no gold answer: give 'answer' (a string or a list of "
+        f"{name} has no gold answer: give 'answer' (a string or a list of "
         f"strings) or Search-R1's 'golden_answers' (fields present: {sorted(task)})"
     )
 

@@ -1,7 +1,8 @@
 """Task sets: rows from a file (JSONL, JSON; Parquet, CSV via HF `datasets`) or an iterable.
 
 Every task is a dict (a JSON row exactly as written); its id comes from `id_field` (or its row
-number when absent). A bad file or row raises `TaskSetError` naming the file, the row and the field.
+number when absent): one column, or several whose values are joined with `/`. A bad file or
+row raises `TaskSetError` naming the file, the row and the field.
 """
 
 from __future__ import annotations
@@ -99,10 +100,13 @@ def _read_file(path: Path) -> list[Any]:
 def load_tasks(
     source: str | Path | Iterable[Mapping[str, Any]],
     *,
-    id_field: str = "id",
+    id_field: str | Sequence[str] = "id",
     required_fields: Sequence[str] = (),
 ) -> list[Task]:
     """Load and validate tasks.
+
+    `id_field` names the id column, or several (`["data_source", "id"]` gives `nq/train_0`) for
+    a file that concatenates datasets whose ids restart; columns a row lacks are left out.
 
     Raises:
         TaskSetError: missing file, unreadable row, missing required field, duplicate id, empty.
@@ -115,6 +119,7 @@ def load_tasks(
     rows = _read_file(Path(source)) if isinstance(source, str | Path) else list(source)
     if not rows:
         raise TaskSetError(f"{where} has no tasks")
+    fields = [id_field] if isinstance(id_field, str) else list(id_field)
     tasks: list[Task] = []
     seen: dict[str, int] = {}
     for number, row in enumerate(rows):
@@ -126,11 +131,14 @@ def load_tasks(
                 f"{where} row {number}: missing field(s) {missing} that the workflow needs "
                 f"(row has: {sorted(row)})"
             )
-        task_id = str(row[id_field]) if row.get(id_field) is not None else f"row-{number}"
+        parts = [str(row[f]) for f in fields if row.get(f) is not None]
+        task_id = "/".join(parts) if parts else f"row-{number}"
         if task_id in seen:
             raise TaskSetError(
                 f"{where} rows {seen[task_id]} and {number} share the id {task_id!r}; ids "
-                f"(field {id_field!r}) must be unique"
+                f"(tasks.id_field {id_field!r}) must be unique. A file that concatenates "
+                "datasets numbered from 0 each (Search-R1's NQ + HotpotQA) can qualify them "
+                "with another column: tasks.id_field=[data_source, id]"
             )
         seen[task_id] = number
         tasks.append(Task(id=task_id, data=dict(row)))

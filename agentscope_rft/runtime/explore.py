@@ -82,7 +82,7 @@ def _clear_earlier_buffer(path: Path) -> None:
 
 
 def split_tasks(config: RunConfig, split: str) -> list[Task]:
-    """The tasks of a split as the run sees them (`val_limit` slice, `eval_limit` prefix).
+    """The tasks of a split for `explore`: `val_limit`'s slice of val, every task otherwise.
 
     Raises:
         ValueError: an unknown split, or one the config does not set.

@@ -159,15 +159,22 @@ def preflight(config: RunConfig) -> Checked:
         for key, value in splits.items():
             if value is not None and not Path(value).is_file():  # before reading any (slow)
                 what = "is a folder, not a file" if Path(value).is_dir() else "does not exist"
-                raise TaskSetError(f"task file {value} {what} (tasks.{key})")
+                raise TaskSetError(
+                    f"task file {value} {what} (tasks.{key}): correct the path, or give the file "
+                    f"with --set tasks.{key}=PATH (config paths are relative to its folder)"
+                )
         required = config.tasks.required_fields
         train = load_tasks(
             config.tasks.train or "", id_field=config.tasks.id_field, required_fields=required
         )
         if config.tasks.eval:
-            evals = load_tasks(
-                config.tasks.eval, id_field=config.tasks.id_field, required_fields=required
-            )[: config.tasks.eval_limit]
+            evals = stratified_slice(  # spread evenly: a file ordered by dataset keeps them all
+                load_tasks(
+                    config.tasks.eval, id_field=config.tasks.id_field, required_fields=required
+                ),
+                config.tasks.eval_limit,
+                None,
+            )
         if config.tasks.val:
             vals = stratified_slice(
                 load_tasks(
@@ -322,11 +329,14 @@ def _check_groups(config: RunConfig) -> None:
         )
 
 
-def _warn_overlap(train: list[Task], vals: list[Task], tests: list[Task], id_field: str) -> None:
+def _warn_overlap(
+    train: list[Task], vals: list[Task], tests: list[Task], id_field: str | list[str]
+) -> None:
     """Say when the validation split shares tasks (by id or content) with train or test."""
+    id_fields = {id_field} if isinstance(id_field, str) else set(id_field)
 
     def keys(task: Task) -> set[str]:
-        content = repr(sorted((k, repr(v)) for k, v in task.data.items() if k != id_field))
+        content = repr(sorted((k, repr(v)) for k, v in task.data.items() if k not in id_fields))
         return {f"id:{task.id}", content}
 
     for name, other in (("tasks.train", train), ("tasks.eval (test)", tests)):

@@ -78,6 +78,12 @@ def find_games(
         raise ValueError(f"unknown ALFWorld split {split!r}; choose one of {', '.join(SPLITS)}")
     wanted = {check_task_type(task_type) for task_type in task_types}
     base = data_root(data_dir) / "json_2.1.1" / split
+    if not base.is_dir():
+        present = sorted(p.name for p in base.parent.iterdir() if p.is_dir())
+        raise FileNotFoundError(
+            f"{base}: no such folder (json_2.1.1 has: {', '.join(present) or 'nothing'}); "
+            "`alfworld-download` fetches train, valid_seen and valid_unseen"
+        )
     rows = []
     skipped: Counter[str] = Counter()
     for traj_path in sorted(base.rglob("traj_data.json")):

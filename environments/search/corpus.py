@@ -36,7 +36,7 @@ def load_corpus(path: str | Path) -> list[Document]:
     Extra keys are ignored and integer ids are read as strings, so files from other tools (e.g. a
     Wikipedia dump converted to JSONL) load as they are. Search-R1's wiki-18 lines,
     `{"id", "contents": "\"Title\"\nText"}`, load too: the quoted first line of `contents` is
-    the title.
+    the title (a line's own `title`, when it has one, wins).
 
     Args:
         path: The JSONL file.
@@ -93,6 +93,10 @@ def _from_contents(path: str | Path, line_number: int, row: dict) -> dict:
             f"{type(row['contents']).__name__}"
         )
     title, text = split_contents(row["contents"])
+    if isinstance(row.get("title"), str):  # the line's own title wins; its passage stays whole
+        if title != row["title"].strip():  # unless the passage starts with that title
+            text = row["contents"].strip()
+        title = row["title"]
     return {**row, "title": title, "text": text}
 
 

@@ -72,6 +72,15 @@ def main(argv: list[str] | None = None) -> None:
                 f"not in {args.corpus}: pass the corpus.jsonl written beside the task file "
                 "(--corpus)\n",
             )
+    unscripted = next((task for task in tasks if not task.get("program")), None)
+    if unscripted is not None:  # your own questions: no solver program to run
+        parser.exit(
+            2,
+            f"error: task {unscripted['id']!r} has no 'program': these baselines (the scripted "
+            "oracle, the random solver) run generated questions (environments.search.generate); "
+            "measure an agent on your own questions with `agentscope-rft explore --config ... "
+            "--set tasks.train=<your file>`\n",
+        )
     summary = asyncio.run(evaluate(tasks, index))
     summary |= {"documents": len(documents), "index_build_s": round(build_s, 3)}
     print(json.dumps(summary, indent=2))

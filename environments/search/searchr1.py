@@ -81,8 +81,10 @@ def read_questions(path: str | Path) -> list[dict[str, Any]]:
     """Task rows from a Search-R1 style question file (parquet or JSONL).
 
     A row needs `question` (text) and `golden_answers` (a list of strings; `answer` or verl's
-    `reward_model.ground_truth.target` also work). Its `id` is kept (else `<file stem>-<row>`),
-    and `data_source` (`nq`, `hotpotqa`, ...) when present, so results can be split by dataset.
+    `reward_model.ground_truth.target` also work). Its `id` (else `<file stem>-<row>`) is
+    qualified by its `data_source` (`nq`, `hotpotqa`, ...) when present, `nq/train_0`, as
+    `tasks.id_field: [data_source, id]` reads the file: Search-R1's merged files number each
+    dataset's rows from `train_0`. `data_source` is kept, so results can be split by dataset.
 
     Raises:
         TaskFileError: A missing or unreadable file, a row without a question or gold answers
@@ -110,6 +112,8 @@ def read_questions(path: str | Path) -> list[dict[str, Any]]:
                 f"of strings) or 'answer' (columns: {sorted(row)})"
             )
         task_id = str(row["id"]) if row.get("id") is not None else f"{path.stem}-{number - 1}"
+        if row.get("data_source") is not None:  # ids restart per dataset in a merged file
+            task_id = f"{row['data_source']}/{task_id}"
         if task_id in seen:
             raise TaskFileError(f"{path}: row {number}: duplicate id {task_id!r}")
         seen.add(task_id)

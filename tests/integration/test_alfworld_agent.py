@@ -320,3 +320,24 @@ async def test_make_demos_replays_the_searchers_won_games_in_the_window_app(tmp_
         assert user.startswith("Your task is to:") and "Admissible actions:" in user
         by_game_window.setdefault(record["id"], []).append(record["messages"][-1]["content"])
     assert by_game_window == by_game_full
+
+
+@pytest.mark.parametrize(
+    "task_type",
+    [
+        "pick_and_place_simple",
+        "pick_clean_then_place_in_recep",
+        "pick_heat_then_place_in_recep",
+        "pick_cool_then_place_in_recep",
+        "pick_two_obj_and_place",
+    ],
+)
+def test_subgoal_tracker_reads_every_alfworld_goal_template_of_a_put_task(task_type: str) -> None:
+    # Games (generated or downloaded) phrase a goal with either of alfworld's templates, e.g.
+    # "put a hot egg in diningtable" or "heat some egg and put it in diningtable".
+    from alfworld.gen import goal_library
+
+    for template in goal_library.gdict[task_type]["templates"]:
+        goal = template.format(obj="egg", recep="diningtable", toggle="", mrecep="")
+        tracker = SubgoalTracker(goal)
+        assert (tracker.obj, tracker.target) == ("egg", "diningtable"), goal

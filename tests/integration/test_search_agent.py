@@ -183,9 +183,14 @@ async def test_task_without_question_or_answer_is_a_counted_failure() -> None:
     no_question = await _episode(engine, SMALL, task={"id": "q1", "query": "?", "answer": "x"})
     assert no_question.status is RolloutStatus.FAILED
     assert "has no 'question' text" in (no_question.error or "")
-    no_answer = await _episode(engine, SMALL, task={"id": "q2", "question": TASK["question"]})
+    # NQ-style `answers` is not a gold field: the episode fails before any model call.
+    fresh = ScriptedEngine(_script(SEARCH, ANSWER))
+    task = {"question": TASK["question"], "answers": ["x"]}
+    no_answer = await _episode(fresh, SMALL, task=task)
     assert no_answer.status is RolloutStatus.FAILED
-    assert "no gold answer: give 'answer'" in (no_answer.error or "")
+    assert "this task has no gold answer: give 'answer'" in (no_answer.error or "")
+    assert "fields present: ['answers', 'question']" in (no_answer.error or "")
+    assert fresh.requests == []
 
 
 def test_missing_corpus_is_a_clear_error(tmp_path) -> None:

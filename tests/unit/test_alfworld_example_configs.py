@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from agentscope_rft.api import load_callable, load_workflow
 from agentscope_rft.config import load_config
 
@@ -111,3 +113,13 @@ def test_curriculum_stage_2_starts_from_stage_1s_last_checkpoint() -> None:
     last = f"runs/{stage1.run.name}/checkpoints/step-{stage1.run.steps:06d}/model"
     assert f"name_or_path: {last}" in text and "step-0000" in text
     assert stage1.run.steps % stage1.run.checkpoint_every == 0  # that checkpoint is written
+
+
+def test_gpu_config_requires_the_real_alfworld_task_rows() -> None:
+    from agentscope_rft.explorer.tasks import TaskSetError
+    from agentscope_rft.runtime.preflight import preflight
+
+    with pytest.raises(
+        TaskSetError, match=r"alfworld_train.jsonl does not exist \(tasks.train\): .*--set tasks"
+    ):
+        preflight(load_config(EXAMPLE / "config_gpu.yaml"))

@@ -98,3 +98,22 @@ async def test_check_workflow_says_its_task_is_one_dict_before_loading_a_model(t
 
     with pytest.raises(TaskSetError, match="pass one task as the dict your workflow gets"):
         await check_workflow(run, task, engine=NoEngine(), show=False)  # type: ignore[arg-type]
+
+
+def test_ids_restarting_per_dataset_are_qualified_by_several_id_columns(tmp_path):
+    # A file that concatenates datasets (Search-R1's NQ + HotpotQA train set: FlashRAG numbers
+    # each dataset's rows from train_0) repeats ids; the error names the fix, which loads it.
+    rows = [
+        {"id": "train_0", "data_source": "nq", "question": "q1"},
+        {"id": "train_1", "data_source": "nq", "question": "q2"},
+        {"id": "train_0", "data_source": "hotpotqa", "question": "q3"},
+        {"id": "x", "question": "no source"},
+    ]
+    path = write_jsonl(tmp_path / "merged.jsonl", rows)
+    with pytest.raises(TaskSetError, match=r"id_field=\[data_source, id\]"):
+        load_tasks(path)
+    tasks = load_tasks(path, id_field=["data_source", "id"])
+    assert [t.id for t in tasks] == ["nq/train_0", "nq/train_1", "hotpotqa/train_0", "x"]
+    assert tasks[0].data == rows[0]  # the row itself is unchanged
+    with pytest.raises(TaskSetError, match="share the id 'nq/train_0'"):
+        load_tasks(rows[:1] * 2, id_field=["data_source", "id"])

@@ -272,3 +272,25 @@ def test_a_resume_that_flips_best_mode_starts_the_best_anew(tmp_path, caplog):
     assert low.record is None and "starting the best anew" in caplog.text
     assert low.consider(2, {"reward/mean": 0.5}, export_to)
     assert read_best(tmp_path)["mode"] == "min"
+
+
+def test_the_test_slice_is_spread_over_a_file_ordered_by_dataset(tmp_path, tiny_model_path):
+    # Search-R1's test file is NQ's 3,610 questions, then TriviaQA's, ...: its first 512 were
+    # NQ alone, so the in-run test curve measured one dataset of seven.
+    from agentscope_rft.config import load_config
+    from agentscope_rft.runtime.preflight import preflight
+
+    rows = [{"id": f"{s}{i}", "data_source": s} for s in ("nq", "hotpotqa") for i in range(6)]
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = load_config(
+        None,
+        [
+            "workflow=tests/integration/toy_app.py:run",
+            f"tasks.train={tasks}",
+            f"tasks.eval={tasks}",
+            "tasks.eval_limit=4",
+            f"model.name_or_path={tiny_model_path}",
+        ],
+    )
+    assert [t.id for t in preflight(config).eval_tasks] == ["nq0", "nq3", "hotpotqa0", "hotpotqa3"]

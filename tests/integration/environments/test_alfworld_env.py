@@ -176,6 +176,11 @@ def test_real_data_errors_name_the_fix(tmp_path: Path, monkeypatch: pytest.Monke
     (tmp_path / "json_2.1.1" / "train").mkdir(parents=True)
     with pytest.raises(FileNotFoundError, match="no solvable games"):
         find_games("train", data_dir=tmp_path)
+    # A split that was not downloaded (or extracted elsewhere) is named as missing.
+    with pytest.raises(
+        FileNotFoundError, match=r"json_2\.1\.1/valid_unseen: no such folder.*has: train"
+    ):
+        find_games("valid_unseen", data_dir=tmp_path)
 
 
 def test_broken_game_folders_are_named(tmp_path: Path) -> None:

@@ -118,6 +118,24 @@ def test_evaluate_refuses_questions_of_another_world(
     assert '"scripted_em": {\n    "all": 1.0' in capsys.readouterr().out
 
 
+def test_evaluate_names_what_its_baselines_need_on_your_own_questions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Search-R1 questions (converted) over a wiki-18 corpus: no `program` for the scripted
+    # solver, which ended in a KeyError traceback.
+    corpus = tmp_path / "wiki-18.jsonl"
+    corpus.write_text('{"id": "0", "contents": "\\"Aaron\\"\\nAaron is Moses\' brother."}\n')
+    tasks = tmp_path / "nq.jsonl"
+    tasks.write_text(
+        '{"id": "nq/test_0", "question": "who is moses\' brother?", "answer": ["Aaron"]}\n'
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        search_evaluate.main(["--split", str(tasks), "--corpus", str(corpus)])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert "task 'nq/test_0' has no 'program'" in error and "agentscope-rft explore" in error
+
+
 def test_the_documented_alfworld_real_command_prints_only_its_error(tmp_path: Path) -> None:
     # `python -m environments.alfworld.real` used to open with runpy's RuntimeWarning (the
     # package had imported the module it was asked to run).

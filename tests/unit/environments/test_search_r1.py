@@ -48,8 +48,9 @@ def wiki18(tmp_path: Path) -> Path:
 def nq_parquet(tmp_path: Path) -> Path:
     rows = [
         _search_r1_row(0, "who is the brother of moses?", ["Aaron"], "nq"),
+        # FlashRAG numbers each dataset from train_0; Search-R1 concatenates them as they are.
         _search_r1_row(
-            1, "what is the capital of ombria?", ["Kestrow", "Kestrow city"], "hotpotqa"
+            0, "what is the capital of ombria?", ["Kestrow", "Kestrow city"], "hotpotqa"
         ),
     ]
     path = tmp_path / "nq_hotpotqa_train.parquet"
@@ -105,13 +106,13 @@ def test_read_questions_from_search_r1_parquet(nq_parquet: Path) -> None:
     tasks = read_questions(nq_parquet)
     assert tasks == [
         {
-            "id": "train_0",
+            "id": "nq/train_0",
             "question": "who is the brother of moses?",
             "answer": ["Aaron"],
             "data_source": "nq",
         },
         {
-            "id": "train_1",
+            "id": "hotpotqa/train_0",
             "question": "what is the capital of ombria?",
             "answer": ["Kestrow", "Kestrow city"],
             "data_source": "hotpotqa",
@@ -178,3 +179,25 @@ def test_command_line_converts_both(
         main(["questions", str(tmp_path / "cut.parquet"), str(tmp_path / "out.jsonl")])
     assert exit_info.value.code == 2
     assert "cut.parquet: not a readable parquet file" in capsys.readouterr().err
+
+
+def test_a_repeated_id_within_one_data_source_is_an_error(tmp_path: Path) -> None:
+    row = _search_r1_row(0, "who is the brother of moses?", ["Aaron"], "nq")
+    path = tmp_path / "twice.jsonl"
+    path.write_text((json.dumps(row) + "\n") * 2)
+    with pytest.raises(TaskFileError, match=r"row 2: duplicate id 'nq/train_0'"):
+        read_questions(path)
+
+
+def test_a_contents_line_with_its_own_title_keeps_it(tmp_path: Path) -> None:
+    # {"id", "title", "contents"} lines: the title is the row's, not the passage's first line.
+    rows = [
+        {"id": "a", "title": "Aaron", "contents": "Aaron is a prophet.\nHe was Moses' brother."},
+        {"id": "b", "title": "Moses", "contents": '"Moses"\nMoses led the Exodus.'},
+    ]
+    path = tmp_path / "titled.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert [(d.title, d.text) for d in load_corpus(path)] == [
+        ("Aaron", "Aaron is a prophet.\nHe was Moses' brother."),
+        ("Moses", "Moses led the Exodus."),
+    ]

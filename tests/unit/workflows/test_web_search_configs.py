@@ -100,3 +100,49 @@ def test_the_sft_control_differs_from_the_rl_arm_only_in_the_rl_weight() -> None
         "web_search_sft_control",
     )
     assert rl == control  # the same tasks, demonstrations, steps, schedule and validation
+
+
+def test_gpu_recipe_reads_search_r1_merged_parquet_as_published(tmp_path: Path) -> None:
+    # nq_hotpotqa_train.parquet concatenates FlashRAG's NQ and HotpotQA, each numbered from
+    # train_0: the recipe's id columns tell them apart, and the rows' gold answers are read.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from agentscope_rft.explorer.tasks import load_tasks as load_task_file
+    from workflows.search_reward import gold_answers
+
+    def row(source: str, question: str, golds: list[str]) -> dict:
+        return {
+            "id": "train_0",
+            "question": question,
+            "golden_answers": golds,
+            "data_source": source,
+            "reward_model": {"style": "rule", "ground_truth": {"target": golds}},
+            "extra_info": {"split": "train", "index": 0},
+        }
+
+    path = tmp_path / "nq_hotpotqa_train.parquet"
+    rows = [row("nq", "who is moses' brother?", ["Aaron"]), row("hotpotqa", "q?", ["a", "b"])]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    config = load_config(EXAMPLE / "config_gpu.yaml")
+    tasks = load_task_file(
+        path, id_field=config.tasks.id_field, required_fields=config.tasks.required_fields
+    )
+    assert [task.id for task in tasks] == ["nq/train_0", "hotpotqa/train_0"]
+    assert [gold_answers(task.data) for task in tasks] == [["Aaron"], ["a", "b"]]
+
+
+def test_gpu_recipe_requires_its_real_question_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentscope_rft.explorer.tasks import TaskSetError
+    from agentscope_rft.runtime.preflight import preflight
+
+    corpus = tmp_path / "wiki-18.jsonl"
+    corpus.write_text('{"id": "0", "contents": "\\"Aaron\\"\\nAaron is a prophet."}\n')
+    monkeypatch.setenv("SEARCH_CORPUS", str(corpus))
+    with pytest.raises(
+        TaskSetError,
+        match=r"nq_hotpotqa_train.parquet does not exist \(tasks.train\): .*--set tasks.train=",
+    ):
+        preflight(load_config(EXAMPLE / "config_gpu.yaml"))
