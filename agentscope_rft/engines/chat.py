@@ -37,6 +37,18 @@ def _assistant_key(content: str | None, tool_calls: Sequence[ToolCall] | Sequenc
     return (content or "", tuple(calls))
 
 
+_RECENT_TURNS = 4
+_MAX_TURNS = 64
+"""Turns kept per rollout and agent name: the newest `_RECENT_TURNS`, then the latest turn of
+each other conversation (at most `_MAX_TURNS` in all)."""
+
+
+def _continues(later: _Turn, turn: _Turn) -> bool:
+    """Whether `later`'s request extends `turn`'s history (the same conversation, further on)."""
+    k = len(turn.messages)
+    return len(later.messages) > k and later.messages[:k] == turn.messages
+
+
 @dataclass(slots=True)
 class _Turn:
     messages: list[JSON]
@@ -120,7 +132,18 @@ class PromptBuilder:
         turns.append(
             _Turn(normalize_messages(request.messages), normalize_tools(request.tools), full_ids)
         )
-        del turns[:-4]
+        # The newest turns stay (an app may go back a turn or two), and so does the latest turn of
+        # every other conversation under this key: copies of one agent running side by side (a
+        # fan-out) share its name. A turn that a later turn continues is superseded by it.
+        older = turns[:-_RECENT_TURNS]
+        if older:
+            later = turns[-_RECENT_TURNS:]
+            leaves = [
+                t
+                for i, t in enumerate(older)
+                if not any(_continues(u, t) for u in (*older[i + 1 :], *later))
+            ]
+            turns[:] = [*leaves, *later][-_MAX_TURNS:]
         while len(self._turns) > self._max:
             self._turns.popitem(last=False)
 

@@ -1,0 +1,60 @@
+"""Prompt reuse holds for many conversations of one agent name in a rollout (a fan-out)."""
+
+from agentscope_rft.chat.template import ChatRenderer
+from agentscope_rft.engines.base import ChatRequest, GenerationOutput
+from agentscope_rft.engines.chat import PromptBuilder, assemble_choice
+from agentscope_rft.models import load_tokenizer, resolve_model
+from agentscope_rft.types import SamplingParams
+
+
+def _sampled(builder, tokenizer, messages, text):
+    """Build the request's prompt and answer `text` sampled one character per token (a
+    re-tokenization would merge them, so only reuse reproduces it)."""
+    request = ChatRequest(
+        messages=messages, sampling=SamplingParams(), rollout_id="r", agent_name="solver"
+    )
+    prompt_ids, reused = builder.build(request)
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    completion = [*[tokenizer.convert_tokens_to_ids(c) for c in text], eos]
+    output = GenerationOutput(completion, [0.0] * len(completion), "stop", 0)
+    builder.remember(
+        request, prompt_ids, [assemble_choice(0, output, tokenizer, {eos}, False, "c")]
+    )
+    return prompt_ids + completion, reused
+
+
+def test_each_of_many_side_by_side_conversations_reuses_its_own_sampled_tokens():
+    tokenizer = load_tokenizer(resolve_model("tiny-random"))
+    builder = PromptBuilder(ChatRenderer(tokenizer))
+    branches = 12  # 12 copies of one agent, each asked twice, the second round after the first
+    firsts = [[{"role": "user", "content": f"question {k}"}] for k in range(branches)]
+    seconds = []
+    for k, messages in enumerate(firsts):
+        full, _ = _sampled(builder, tokenizer, messages, f"hello{k}")
+        seconds.append((full, [*messages, {"role": "assistant", "content": f"hello{k}"}]))
+    for k, (first_full, history) in enumerate(seconds):
+        messages = [*history, {"role": "user", "content": "sure?"}]
+        second_full, reused = _sampled(builder, tokenizer, messages, "yes")
+        assert reused == len(first_full), k
+        assert second_full[: len(first_full)] == first_full
+        # and a third turn continues the second
+        third = [
+            *messages,
+            {"role": "assistant", "content": "yes"},
+            {"role": "user", "content": "ok"},
+        ]
+        _, reused = _sampled(builder, tokenizer, third, "done")
+        assert reused == len(second_full), k
+
+
+def test_a_conversation_that_goes_back_a_turn_still_reuses_the_earlier_turn():
+    tokenizer = load_tokenizer(resolve_model("tiny-random"))
+    builder = PromptBuilder(ChatRenderer(tokenizer))
+    history = [{"role": "user", "content": "start"}]
+    full, _ = _sampled(builder, tokenizer, history, "one")
+    history += [{"role": "assistant", "content": "one"}, {"role": "user", "content": "next"}]
+    _sampled(builder, tokenizer, history, "two")
+    # the app discards the reply "two" and asks again from the first reply
+    retry = [*history[:2], {"role": "user", "content": "try another"}]
+    _, reused = _sampled(builder, tokenizer, retry, "three")
+    assert reused == len(full)
