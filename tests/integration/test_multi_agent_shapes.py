@@ -10,8 +10,15 @@ import json
 import pytest
 from agentscope.agent import Agent, InjectionConfig
 from agentscope.message import UserMsg
+from agentscope.permission import PermissionBehavior, PermissionDecision
+from agentscope.pipeline import TeamMember, TeamPipeline
+from agentscope.tool import FunctionTool, Toolkit
+from pydantic import BaseModel
 
 import agentscope_rft
+from agentscope_rft.explorer.explorer import EpisodeSettings, Explorer
+from agentscope_rft.explorer.tasks import load_tasks
+from agentscope_rft.gateway.server import Gateway
 from agentscope_rft.testing import ScriptedEngine
 from agentscope_rft.types import RolloutStatus
 
@@ -20,11 +27,158 @@ def _tool_call(name: str, **arguments: object) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
+def _role(messages: list[dict]) -> str:
+    """The first word of the system prompt (a string or text blocks)."""
+    content = messages[0]["content"]
+    if isinstance(content, list):
+        content = "".join(block.get("text", "") for block in content)
+    return str(content).split(":")[0]
+
+
 def _reply(messages: list[dict], tools: list[dict] | None) -> str:
-    """The role is the system prompt's first word; it answers by the turn count."""
-    role = str(messages[0]["content"]).split(":")[0]
+    """The role is the system prompt's first word: a role with a tool calls it first, then
+    answers; the others answer by their turn count."""
+    role = _role(messages)
+    first = messages[-1]["role"] == "user"
+    if role == "LEADER" and first:
+        return "\n".join(
+            _tool_call("TeamAssign", member=member, prompt=f"part {k}")
+            for k, member in enumerate(("adder", "writer"))
+        )
+    if role == "ADDER" and first:
+        return _tool_call("add", a=2, b=3)
+    if role == "BOSS" and first:
+        return _tool_call("ask_helper", question="what is 2+3?")
+    if role == "JUDGE" and first:
+        return _tool_call("GenerateStructuredOutput", answer="5", confidence=3)
     turn = sum(m["role"] == "assistant" for m in messages)
     return f"{role} says {turn}."
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    return a + b
+
+
+def _tools(*functions) -> Toolkit:
+    allow = PermissionDecision(behavior=PermissionBehavior.ALLOW, message="allowed in tests")
+    return Toolkit(tools=[FunctionTool(f, permission=allow) for f in functions])
+
+
+class Verdict(BaseModel):
+    answer: str
+    confidence: int
+
+
+async def team(task, model):
+    """A leader assigns to two members at once (`TeamPipeline`); one member uses a tool."""
+    members = [
+        TeamMember(agent=_agent("adder", "ADDER", model, toolkit=_tools(add)), description="adds"),
+        TeamMember(agent=_agent("writer", "WRITER", model), description="writes"),
+    ]
+    pipeline = TeamPipeline(_agent("leader", "LEADER", model), members)
+    async for _ in pipeline.reply_stream(UserMsg(name="user", content="add and write")):
+        pass
+    return 1.0
+
+
+async def agent_as_tool(task, model):
+    """An agent whose tool runs another agent, asked twice (the helper keeps its context)."""
+    helper = _agent("helper", "HELPER", model)
+
+    async def ask_helper(question: str) -> str:
+        """Ask the helper.
+
+        Args:
+            question: The question.
+        """
+        reply = await helper.reply(UserMsg(name="user", content=question))
+        return reply.get_text_content() or ""
+
+    boss = _agent("boss", "BOSS", model, toolkit=_tools(ask_helper))
+    await boss.reply(UserMsg(name="user", content="ask the helper"))
+    await boss.reply(UserMsg(name="user", content="and now?"))
+    return 1.0
+
+
+async def actor_critic(task, model):
+    """Three rounds of an actor and a critic, each keeping its own context; then a structured
+    verdict from a judge."""
+    actor, critic = _agent("actor", "ACTOR", model), _agent("critic", "CRITIC", model)
+    message = UserMsg(name="user", content="propose")
+    for _ in range(3):
+        proposal = await actor.reply(message)
+        critique = await critic.reply(UserMsg(name="actor", content=proposal.get_text_content()))
+        message = UserMsg(name="critic", content=critique.get_text_content())
+    judge = _agent("judge", "JUDGE", model)
+    verdict = await judge.reply(UserMsg(name="user", content="verdict?"), structured_schema=Verdict)
+    return float(verdict.structured_output == {"answer": "5", "confidence": 3})
+
+
+SHAPES = {
+    team: {"leader": 2, "adder": 2, "writer": 1},
+    agent_as_tool: {"boss": 4, "helper": 2},
+    actor_critic: {"actor": 3, "critic": 3, "judge": 1},
+}
+
+
+@pytest.mark.parametrize("app", list(SHAPES), ids=lambda app: app.__name__)
+async def test_each_agent_is_recorded_once_and_trains_as_one_exact_sequence(app, engine):
+    report = await _check(app, engine)
+    rollout = report.rollout
+    assert rollout.ok and rollout.reward == 1.0, rollout.error
+    calls = rollout.calls
+    # every request the engine answered is one recorded call, under the agent that made it
+    assert len(calls) == len(engine.requests)
+    assert {name: sum(c.agent_name == name for c in calls) for name in SHAPES[app]} == SHAPES[app]
+    for call in calls:
+        assert _role(call.messages).lower() == call.agent_name
+    # each agent's turns reuse its sampled tokens: one sample per agent, nothing re-tokenized
+    assert not report.stats.breaks
+    assert sorted(s.agent_name for s in report.samples) == sorted(SHAPES[app])
+    for sample in report.samples:
+        mine = [c for c in calls if c.agent_name == sample.agent_name]
+        assert sample.num_calls == len(mine) and sample.reward == 1.0
+        for call in mine:
+            sampled = call.prompt_ids + call.completion_ids
+            assert sample.token_ids[: len(sampled)] == sampled
+        assert sample.token_ids == mine[-1].prompt_ids + mine[-1].completion_ids
+        assert sum(sample.loss_mask) == sum(len(c.completion_ids) for c in mine)
+
+
+async def test_one_failing_agent_fails_only_its_episode(engine):
+    async def app(task, model):
+        steady = _agent("steady", "STEADY", model)
+
+        async def fragile():
+            await _agent("fragile", "FRAGILE", model).reply(UserMsg(name="user", content="go"))
+            if task["id"] == "breaks":
+                raise RuntimeError("the fragile agent broke")
+
+        await asyncio.gather(steady.reply(UserMsg(name="user", content="go")), fragile())
+        return 1.0
+
+    workflow = agentscope_rft.workflow(app)
+    async with Gateway(engine) as gateway:
+        explorer = Explorer(workflow, gateway, EpisodeSettings(max_retries=0))
+        tasks = load_tasks([{"id": "breaks"}, {"id": "holds"}])
+        result = await explorer.explore(tasks, group_size=2, batch_id="b")
+        await explorer.close()
+    by_task: dict[str, list] = {}
+    for rollout in result.rollouts:
+        by_task.setdefault(rollout.task_id, []).append(rollout)
+    assert [r.status for r in by_task["breaks"]] == [RolloutStatus.FAILED] * 2
+    assert "the fragile agent broke" in (by_task["breaks"][0].error or "")
+    assert all(r.ok for r in by_task["holds"])
+    # the failed episodes train nothing; each good one gives a sample per agent
+    assert sorted((s.task_id, s.agent_name) for s in result.samples) == sorted(
+        [("holds", "fragile"), ("holds", "steady")] * 2
+    )
 
 
 @pytest.fixture
