@@ -43,10 +43,15 @@ _MAX_TURNS = 64
 each other conversation (at most `_MAX_TURNS` in all)."""
 
 
-def _continues(later: _Turn, turn: _Turn) -> bool:
-    """Whether `later`'s request extends `turn`'s history (the same conversation, further on)."""
+def _continued(turn: _Turn, later: Sequence[_Turn]) -> set[tuple]:
+    """The replies of `turn` (assistant-message keys) that a request of `later` continues."""
     k = len(turn.messages)
-    return len(later.messages) > k and later.messages[:k] == turn.messages
+    keys = set()
+    for other in later:
+        if len(other.messages) > k and other.messages[:k] == turn.messages:
+            reply = other.messages[k]
+            keys.add(_assistant_key(reply.get("content"), reply.get("tool_calls", [])))
+    return keys
 
 
 @dataclass(slots=True)
@@ -134,14 +139,14 @@ class PromptBuilder:
         )
         # The newest turns stay (an app may go back a turn or two), and so does the latest turn of
         # every other conversation under this key: copies of one agent running side by side (a
-        # fan-out) share its name. A turn that a later turn continues is superseded by it.
+        # fan-out) share its name. A turn whose every reply a later turn continues is superseded.
         older = turns[:-_RECENT_TURNS]
         if older:
             later = turns[-_RECENT_TURNS:]
             leaves = [
                 t
                 for i, t in enumerate(older)
-                if not any(_continues(u, t) for u in (*older[i + 1 :], *later))
+                if not set(t.full_ids) <= _continued(t, (*older[i + 1 :], *later))
             ]
             turns[:] = [*leaves, *later][-_MAX_TURNS:]
         while len(self._turns) > self._max:

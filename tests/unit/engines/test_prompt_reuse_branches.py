@@ -1,5 +1,7 @@
 """Prompt reuse holds for many conversations of one agent name in a rollout (a fan-out)."""
 
+import pytest
+
 from agentscope_rft.chat.template import ChatRenderer
 from agentscope_rft.engines.base import ChatRequest, GenerationOutput
 from agentscope_rft.engines.chat import PromptBuilder, assemble_choice
@@ -23,11 +25,13 @@ def _sampled(builder, tokenizer, messages, text):
     return prompt_ids + completion, reused
 
 
-def test_each_of_many_side_by_side_conversations_reuses_its_own_sampled_tokens():
+@pytest.mark.parametrize("same_question", [False, True])
+def test_each_of_many_side_by_side_conversations_reuses_its_own_sampled_tokens(same_question):
     tokenizer = load_tokenizer(resolve_model("tiny-random"))
     builder = PromptBuilder(ChatRenderer(tokenizer))
     branches = 12  # 12 copies of one agent, each asked twice, the second round after the first
-    firsts = [[{"role": "user", "content": f"question {k}"}] for k in range(branches)]
+    questions = [f"question {0 if same_question else k}" for k in range(branches)]
+    firsts = [[{"role": "user", "content": question}] for question in questions]
     seconds = []
     for k, messages in enumerate(firsts):
         full, _ = _sampled(builder, tokenizer, messages, f"hello{k}")
