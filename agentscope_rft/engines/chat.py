@@ -129,6 +129,15 @@ class PromptBuilder:
                 full_ids[_assistant_key(choice.content, choice.tool_calls)] = (
                     prompt_ids + choice.completion_ids
                 )
+            elif choice.finish_reason == "length" and not ends_with_eos:
+                # A reply cut at the token limit: the template closes its turn, so the next
+                # prompt holds the sampled tokens, then the end of turn (a re-tokenization of a
+                # cut reply, often ending inside a word or a UTF-8 character, differs from them).
+                full_ids[_assistant_key(choice.content, choice.tool_calls)] = [
+                    *prompt_ids,
+                    *choice.completion_ids,
+                    self._eos_id,
+                ]
         if not full_ids:
             return
         key = (request.rollout_id, request.agent_name)

@@ -62,3 +62,27 @@ def test_a_conversation_that_goes_back_a_turn_still_reuses_the_earlier_turn():
     retry = [*history[:2], {"role": "user", "content": "try another"}]
     _, reused = _sampled(builder, tokenizer, retry, "three")
     assert reused == len(full)
+
+
+def test_a_reply_cut_at_the_token_limit_is_reused_with_the_end_of_turn_after_it():
+    tokenizer = load_tokenizer(resolve_model("tiny-random"))
+    builder = PromptBuilder(ChatRenderer(tokenizer))
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    first = [{"role": "user", "content": "hi"}]
+    request = ChatRequest(messages=first, sampling=SamplingParams(), rollout_id="r")
+    prompt_ids, _ = builder.build(request)
+    # "hello" sampled as single characters and cut by max_tokens: no end of turn was sampled
+    completion = [tokenizer.convert_tokens_to_ids(c) for c in "hello"]
+    output = GenerationOutput(completion, [0.0] * len(completion), "length", 0)
+    choice = assemble_choice(0, output, tokenizer, {eos}, False, "c")
+    builder.remember(request, prompt_ids, [choice])
+
+    second = [*first, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "?"}]
+    ids, reused = builder.build(
+        ChatRequest(messages=second, sampling=SamplingParams(), rollout_id="r")
+    )
+    assert ids[:reused] == [*prompt_ids, *completion, eos]
+    # the rest is what the template writes after the turn, as a full render has it
+    rendered = builder.renderer.render_ids(second, None)
+    assert ids[reused:] == rendered[len(rendered) - (len(ids) - reused) :]
+    assert len(ids) - len(completion) == len(rendered) - len(builder.renderer.encode("hello"))
