@@ -9,7 +9,9 @@ import json
 
 import pytest
 from agentscope.agent import Agent, InjectionConfig
+from agentscope.credential import OpenAICredential
 from agentscope.message import UserMsg
+from agentscope.model import OpenAIChatModel
 from agentscope.permission import PermissionBehavior, PermissionDecision
 from agentscope.pipeline import TeamMember, TeamPipeline
 from agentscope.tool import FunctionTool, Toolkit
@@ -19,6 +21,7 @@ import agentscope_rft
 from agentscope_rft.explorer.explorer import EpisodeSettings, Explorer
 from agentscope_rft.explorer.tasks import load_tasks
 from agentscope_rft.gateway.server import Gateway
+from agentscope_rft.integration.agentscope import rollout_scope
 from agentscope_rft.testing import ScriptedEngine
 from agentscope_rft.types import RolloutStatus
 
@@ -237,3 +240,35 @@ async def test_rewards_emitted_for_named_agents_reach_their_calls(engine):
     assert failed.rollout.status is RolloutStatus.FAILED
     assert "agent='carol'): that agent has made no model call" in (failed.rollout.error or "")
     assert "'alice', 'bob'" in (failed.rollout.error or "")
+
+
+async def test_a_user_simulator_called_outside_the_rollout_scope_is_not_trained(engine):
+    provider = ScriptedEngine(lambda messages, tools: "tell me more")  # the simulator's own API
+
+    async with Gateway(provider) as simulator_api:
+
+        async def app(task, model):
+            simulator = OpenAIChatModel(
+                credential=OpenAICredential(
+                    api_key="k", base_url=simulator_api.rollout_base_url("sim")
+                ),
+                model="gpt-4o-mini",
+                stream=False,
+            )
+            user = _agent("user_sim", "USER_SIM", simulator)
+            assistant = _agent("assistant", "ASSISTANT", model)
+            message = UserMsg(name="user", content="hello")
+            for _ in range(2):
+                answer = await assistant.reply(message)
+                with rollout_scope(None):  # its own provider, as outside an episode
+                    message = await user.reply(
+                        UserMsg(name="assistant", content=answer.get_text_content())
+                    )
+            return 1.0
+
+        report = await _check(app, engine)
+    assert report.rollout.ok, report.rollout.error
+    assert [c.agent_name for c in report.rollout.calls] == ["assistant", "assistant"]
+    assert [s.agent_name for s in report.samples] == ["assistant"]
+    assert report.samples[0].num_calls == 2
+    assert len(provider.requests) == 2
