@@ -102,23 +102,26 @@ def workflow(
     return register(fn) if fn is not None else register
 
 
-def emit_reward(value: float, step: int | None = None) -> None:
+def emit_reward(value: float, step: int | None = None, agent: str | None = None) -> None:
     """Record a reward during the current episode.
 
     Args:
         value: The reward.
-        step: Index of the model call (0-based, in the calling agent's call order) the reward
-            belongs to; `None` means the latest call so far. Called outside an agent's reply,
-            the reward belongs to the agent that made the latest call. Per-step rewards become
-            token rewards at the end of their call; the episode reward is what the workflow
-            returns.
+        step: Index of the model call (0-based, in the agent's call order) the reward belongs
+            to; `None` means the agent's latest call so far. Per-step rewards become token
+            rewards at the end of their call; the episode reward is what the workflow returns.
+        agent: The AgentScope agent name whose call it rewards (in a multi-agent episode, e.g.
+            from the workflow body after the agents ran); default: the agent whose reply is
+            running, else the agent that made the latest call.
 
     Raises:
         RuntimeError: called outside an episode.
-        ValueError: `value` is not a finite real number (the episode fails with this error).
+        ValueError: `value` is not a finite real number, or `agent` names an agent that has made
+            no model call in the episode and `step` is not given (the episode fails with it).
 
     Example:
         >>> emit_reward(0.5)  # doctest: +SKIP
+        >>> emit_reward(1.0, agent="critic")  # the critic's latest call  # doctest: +SKIP
     """
     value = plain_scalar(value)  # numpy's bool, a 0-d array or tensor
     if not isinstance(value, numbers.Real) or not math.isfinite(value):
@@ -132,8 +135,15 @@ def emit_reward(value: float, step: int | None = None) -> None:
     scope = current_scope()
     if scope is None:
         raise RuntimeError("emit_reward() was called outside an episode run by agentscope-rft")
+    if agent is not None and step is None and not scope.calls_made.get(agent):
+        called = ", ".join(repr(a) for a in scope.calls_made if a is not None) or "none yet"
+        raise ValueError(
+            f"emit_reward({value!r:.80}, agent={agent!r}): that agent has made no model call in "
+            f"this episode, so it has no call to reward (agents with calls: {called}). Name the "
+            "agent as its `Agent(name=...)` says, or give `step` for a call it makes later"
+        )
     # Outside any agent's reply (e.g. in the workflow body), the reward is the last-called agent's.
-    agent = current_agent() or scope.last_agent
+    agent = agent or current_agent() or scope.last_agent
     if step is None:
         step = max(scope.calls_made.get(agent, 0) - 1, 0)
     scope.step_rewards.append(StepReward(value=float(value), call_index=step, agent_name=agent))

@@ -37,6 +37,23 @@ def _assistant_key(content: str | None, tool_calls: Sequence[ToolCall] | Sequenc
     return (content or "", tuple(calls))
 
 
+_RECENT_TURNS = 4
+_MAX_TURNS = 64
+"""Turns kept per rollout and agent name: the newest `_RECENT_TURNS`, then the latest turn of
+each other conversation (at most `_MAX_TURNS` in all)."""
+
+
+def _continued(turn: _Turn, later: Sequence[_Turn]) -> set[tuple]:
+    """The replies of `turn` (assistant-message keys) that a request of `later` continues."""
+    k = len(turn.messages)
+    keys = set()
+    for other in later:
+        if len(other.messages) > k and other.messages[:k] == turn.messages:
+            reply = other.messages[k]
+            keys.add(_assistant_key(reply.get("content"), reply.get("tool_calls", [])))
+    return keys
+
+
 @dataclass(slots=True)
 class _Turn:
     messages: list[JSON]
@@ -112,6 +129,15 @@ class PromptBuilder:
                 full_ids[_assistant_key(choice.content, choice.tool_calls)] = (
                     prompt_ids + choice.completion_ids
                 )
+            elif choice.finish_reason == "length" and not ends_with_eos:
+                # A reply cut at the token limit: the template closes its turn, so the next
+                # prompt holds the sampled tokens, then the end of turn (a re-tokenization of a
+                # cut reply, often ending inside a word or a UTF-8 character, differs from them).
+                full_ids[_assistant_key(choice.content, choice.tool_calls)] = [
+                    *prompt_ids,
+                    *choice.completion_ids,
+                    self._eos_id,
+                ]
         if not full_ids:
             return
         key = (request.rollout_id, request.agent_name)
@@ -120,7 +146,18 @@ class PromptBuilder:
         turns.append(
             _Turn(normalize_messages(request.messages), normalize_tools(request.tools), full_ids)
         )
-        del turns[:-4]
+        # The newest turns stay (an app may go back a turn or two), and so does the latest turn of
+        # every other conversation under this key: copies of one agent running side by side (a
+        # fan-out) share its name. A turn whose every reply a later turn continues is superseded.
+        older = turns[:-_RECENT_TURNS]
+        if older:
+            later = turns[-_RECENT_TURNS:]
+            leaves = [
+                t
+                for i, t in enumerate(older)
+                if not set(t.full_ids) <= _continued(t, (*older[i + 1 :], *later))
+            ]
+            turns[:] = [*leaves, *later][-_MAX_TURNS:]
         while len(self._turns) > self._max:
             self._turns.popitem(last=False)
 

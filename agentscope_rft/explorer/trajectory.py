@@ -12,6 +12,9 @@ is counted:
 - `settings_changed`: the sampling temperature changed;
 - `max_length`: merging would exceed the training length limit.
 
+A call whose prompt equals an earlier call's (copies of an agent asked the same question, a resent
+request) starts a sample of its own without counting as a break.
+
 Extra choices of an `n > 1` request that no later call continued are dropped (their outcome is
 not the episode's); choice 0 is kept when none was continued. A call that sampled no token (an
 empty completion) adds nothing to train: its reward goes to the nearest call that did.
@@ -128,7 +131,10 @@ def _chains_for_agent(
             stats.merges += 1
             last = target
             continue
-        if last is not None and call.choice_index == 0:
+        # A call with an earlier call's very prompt samples that state again (copies of an agent
+        # asked the same question, a resent request): a sibling sample, not a broken chain.
+        resampled = any(c.prompt_ids == call.prompt_ids for ch in chains for c in ch.calls)
+        if last is not None and call.choice_index == 0 and not resampled:
             stats.breaks[_break_reason(last, call, max_length)] += 1
         chain = _Chain.start(call)
         chains.append(chain)

@@ -44,6 +44,12 @@ _OWN_CLIENT = "_agentscope_rft_own_client"
 _BOUND_SCOPE = "_agentscope_rft_scope"
 
 
+@dataclass(frozen=True)
+class _SeenAgent:
+    agent: weakref.ReferenceType[Agent]
+    system_prompt: str
+
+
 @dataclass
 class RolloutScope:
     """Where the current episode's model calls go, and what it has emitted."""
@@ -58,6 +64,8 @@ class RolloutScope:
     """Answered model calls so far, per agent name (for `emit_reward` without a step)."""
     last_agent: str | None = None
     """The agent whose call was answered last."""
+    agents: dict[str, _SeenAgent] = field(default_factory=dict)
+    """The first agent object that replied under each name (see `_note_agent`)."""
     http_client: httpx.AsyncClient | None = None
     """A connection pool to share; it belongs to the event loop the scope is created on."""
     _clients: dict[str | None, openai.AsyncOpenAI] = field(default_factory=dict)
@@ -175,9 +183,45 @@ class _RedirectedClient:
         obj.__dict__[_OWN_CLIENT] = value
 
 
+_WARNED_NAMES: set[str] = set()
+
+
+def _note_agent(agent: Agent) -> None:
+    """Warn (once per name) when distinct agents with different system prompts share a name in
+    one episode: their calls are recorded as one agent's and train as one role.
+
+    An app that builds a new agent object each turn with the same system prompt is one agent and
+    stays quiet; so does an agent whose own prompt the app changes between replies.
+    """
+    scope = _SCOPE.get()
+    prompt = getattr(agent, "_system_prompt", None)
+    name = getattr(agent, "name", None)
+    if scope is None or not isinstance(prompt, str) or not isinstance(name, str):
+        return
+    first = scope.agents.setdefault(name, _SeenAgent(weakref.ref(agent), prompt))
+    if first.system_prompt == prompt or first.agent() is agent or name in _WARNED_NAMES:
+        return
+    _WARNED_NAMES.add(name)
+    logger.warning(
+        "two different agents named %r replied in one episode, with different system prompts "
+        "(%r and %r): agents that share a name train as one agent (one trajectory, one advantage "
+        "group, one role). Give each its own `name=`; if this is one agent rebuilt with a new "
+        "system prompt each turn, it is meant to train as one and this warning can be ignored",
+        name,
+        _preview(first.system_prompt),
+        _preview(prompt),
+    )
+
+
+def _preview(text: str, limit: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _wrap_reply(original: Any) -> Any:
     @functools.wraps(original)
     async def reply(self: Agent, *args: Any, **kwargs: Any) -> Any:
+        _note_agent(self)
         token = _AGENT.set(self.name)
         try:
             return await original(self, *args, **kwargs)
@@ -191,6 +235,7 @@ def _wrap_reply(original: Any) -> Any:
 def _wrap_reply_stream(original: Any) -> Any:
     @functools.wraps(original)
     async def reply_stream(self: Agent, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        _note_agent(self)
         stream = original(self, *args, **kwargs)
         try:
             while True:

@@ -92,6 +92,21 @@ def test_each_break_reason_is_counted(second, reason):
     ]
 
 
+def test_copies_of_an_agent_asked_the_same_question_are_siblings_not_breaks():
+    # A fan-out: two requests with one prompt, each conversation continued in a later turn.
+    sibling = [20, 21]
+    calls = [
+        call(0, P0, C0),
+        call(1, P0, sibling),
+        call(2, P1, C1),
+        call(3, [*P0, *sibling, 4, 5], [16]),
+    ]
+    samples, stats = build_samples(rollout(calls))
+    assert [s.num_calls for s in samples] == [2, 2]
+    assert not stats.breaks and stats.merges == 2
+    assert stats.metrics()["trajectory/merge_rate"] == 1.0
+
+
 def test_max_sample_length_splits_a_chain_that_would_grow_past_it():
     # The whole chain is 12 tokens; with a limit of 9 the third call cannot join (12 > 9).
     samples, stats = build_samples(rollout(LOOP), max_length=9)
