@@ -33,7 +33,6 @@ import zlib
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, cast
-from urllib.parse import quote, unquote
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -50,6 +49,7 @@ from agentscope_rft.engines.base import (
     EngineError,
     PromptReady,
 )
+from agentscope_rft.gateway.agent_name import AGENT_HEADER, decode_agent_name
 from agentscope_rft.gateway.metrics import (
     PROMETHEUS_CONTENT_TYPE,
     Histogram,
@@ -71,27 +71,6 @@ from agentscope_rft.gateway.runtime_state import apply_runtime_state
 from agentscope_rft.types import JSON, Call
 
 logger = logging.getLogger(__name__)
-
-AGENT_HEADER = "x-agent-name"
-# Printable ASCII but `%` passes as is; anything else (a Chinese agent name, a newline) is
-# percent-encoded, since an HTTP header value is ASCII.
-_HEADER_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) not in "%")
-
-
-def encode_agent_name(name: str) -> str:
-    """`name` as an `X-Agent-Name` header value (UTF-8 percent-encoded where not plain ASCII).
-
-    Example:
-        >>> encode_agent_name("助手"), encode_agent_name("solver 2")
-        ('%E5%8A%A9%E6%89%8B', 'solver 2')
-    """
-    return quote(name, safe=_HEADER_SAFE)
-
-
-def decode_agent_name(value: str | None) -> str | None:
-    """The agent name an `X-Agent-Name` header carries (see `encode_agent_name`)."""
-    return None if value is None else unquote(value)
-
 
 _ROLLOUT_ID = re.compile(r"^[A-Za-z0-9_.:\-]{1,200}$")
 

@@ -35,7 +35,7 @@ from agentscope.credential import OpenAICredential
 from agentscope.model import ChatModelBase, OpenAIChatModel
 from pydantic import SecretStr
 
-from agentscope_rft.gateway.app import AGENT_HEADER, encode_agent_name
+from agentscope_rft.gateway.agent_name import AGENT_HEADER, encode_agent_name
 from agentscope_rft.types import StepReward, StepState
 
 logger = logging.getLogger(__name__)

@@ -6,26 +6,41 @@ import sys
 from pathlib import Path
 
 import yaml
+from typer.testing import CliRunner
 
+from agentscope_rft.cli import app
 from agentscope_rft.config import dump_config, load_config
 
-CLI = [sys.executable, "-m", "agentscope_rft.cli", "train"]
+
+def run_cli(*args: str) -> tuple[int, str]:
+    """`train ARGS` in this process (a subprocess per case cost seconds of imports each);
+    the exit code and what the command printed."""
+    result = CliRunner().invoke(app, ["train", *args], env={"COLUMNS": "1000"})
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, result.output
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "1000"}  # long paths are not wrapped
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, env=env)
-
-
-def one_line(proc: subprocess.CompletedProcess[str]) -> str:
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr
-    return " ".join(proc.stderr.split())  # the console wraps long lines
+def one_line(outcome: tuple[int, str]) -> str:
+    code, output = outcome
+    assert code == 2, output
+    assert "Traceback" not in output
+    return " ".join(output.split())  # the console wraps long lines
 
 
 def test_resume_of_a_missing_folder_says_so(tmp_path):
-    message = one_line(run_cli("--resume", str(tmp_path / "nope")))
+    """The one real process here: the error is one line on stderr, no traceback."""
+    env = {**os.environ, "COLUMNS": "1000"}  # long paths are not wrapped
+    args = ["train", "--resume", str(tmp_path / "nope")]
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentscope_rft.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    message = one_line((proc.returncode, proc.stderr))
     assert "nope: no such folder" in message and "start a new run with --config" in message
+    assert one_line(run_cli(*args[1:])) == message  # in-process, the same line
 
 
 def test_a_config_given_with_resume_must_match_the_runs_own(tmp_path):

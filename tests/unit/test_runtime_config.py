@@ -110,3 +110,23 @@ def test_replica_keys_need_replicas_the_run_starts():
 
     assert load_config(None, ray).runtime.replica_cpus == 1.0
     assert "replica_cpus" in dump_config(load_config(None, ray))
+
+
+def test_the_runner_process_imports_no_trainer_or_engine_stack():
+    """A Ray runner imports `runtime/ray/process.py`: no torch, transformers or config tree.
+
+    Each one was ~300 MB and seconds of start-up per runner (and per replacement, and in every
+    Ray runtime test), for a process that only runs the app against the gateway's URL.
+    """
+    import subprocess
+    import sys
+
+    heavy = ["torch", "transformers", "llguidance", "sqlalchemy", "agentscope_rft.config"]
+    probe = (
+        "import sys, agentscope_rft.runtime.ray.process; "
+        f"print([m for m in {heavy!r} if m in sys.modules])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -12,9 +12,8 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agentscope_rft.config import RunConfig
 from agentscope_rft.explorer.runner import ModelSettings
 from agentscope_rft.runtime.ray.cluster import (
     RayCluster,
@@ -26,6 +25,9 @@ from agentscope_rft.runtime.ray.cluster import (
 from agentscope_rft.runtime.ray.pool import RayRunnerPool, RunnerStartError
 from agentscope_rft.runtime.ray.process import RunnerSpec
 from agentscope_rft.runtime.ray.weights import WeightPlacement, node_of
+
+if TYPE_CHECKING:
+    from agentscope_rft.config import RunConfig
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentscope_rft.config import ConfigError
+from agentscope_rft.config_errors import ConfigError
 from agentscope_rft.runtime.config import RuntimeConfig
 
 logger = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from agentscope_rft.config import ConfigError
+from agentscope_rft.config_errors import ConfigError
 from agentscope_rft.explorer.loop_monitor import LoopStats
 from agentscope_rft.explorer.runner import (
     EpisodeFailed,
