@@ -300,12 +300,21 @@ def _resumed_config(run_dir: Any, overrides: list[str]) -> Any:
     return load_resumed_config(run_dir, overrides)
 
 
-def _end_leftovers() -> None:
+def _children_now() -> frozenset[int]:
+    """This process's descendants before a command runs: they are not the run's to end (a
+    command invoked in a process that already has children, e.g. from a notebook or a test)."""
+    from agentscope_rft.runtime.processes import descendants
+
+    return frozenset(descendants())
+
+
+def _end_leftovers(spared: frozenset[int]) -> None:
     """Terminate processes the run left running (an app's environment server, a server that
-    did not stop): a finished or stopped run leaves no orphans behind."""
+    did not stop): a finished or stopped run leaves no orphans behind. Descendants that were
+    running before the command started (`spared`) are left alone."""
     from agentscope_rft.runtime.processes import kill_descendants
 
-    leftovers = kill_descendants(grace=5.0)
+    leftovers = kill_descendants(grace=5.0, spare=spared)
     if leftovers:
         logging.getLogger(__name__).warning(
             "terminated %d process(es) the run left running: %s", len(leftovers), leftovers
@@ -391,6 +400,7 @@ def train(
     from agentscope_rft.runtime.preflight import preflight
     from agentscope_rft.runtime.signals import RunStop, RunStopped
 
+    spared = _children_now()
     try:
         if resume is not None:
             cfg = _resumed_config(Path(resume), set_ or [])
@@ -416,7 +426,7 @@ def train(
     except _user_errors() as exc:
         raise fail(_said(exc)) from exc
     finally:
-        _end_leftovers()
+        _end_leftovers(spared)
     if resume is not None and not last:
         console.print(
             f"[bold green]done[/] {run_dir}: nothing left to train (run.steps: {cfg.run.steps}, "
@@ -502,6 +512,7 @@ def _train_sweep(
     )
     from agentscope_rft.runtime.sweep_summary import SUMMARY_MD
 
+    spared = _children_now()
     try:
         wanted = parse_seeds(seeds) if seeds is not None else []
         if resume is not None:
@@ -532,7 +543,7 @@ def _train_sweep(
     except _user_errors(SweepError) as exc:
         raise fail(_said(exc)) from exc
     finally:
-        _end_leftovers()
+        _end_leftovers(spared)
     console.print((sweep_dir / SUMMARY_MD).read_text(), markup=False, highlight=False)
     if summary["failed"]:
         raise fail(
@@ -628,6 +639,7 @@ def explore(
     from agentscope_rft.runtime.memory import preload_allocator
     from agentscope_rft.runtime.signals import RunStop, RunStopped
 
+    spared = _children_now()
     try:
         cfg = load_config(config, set_ or [])
         preload_allocator(cfg.run.allocator)  # may restart this command under jemalloc
@@ -648,7 +660,7 @@ def explore(
     except _user_errors(ValueError) as exc:
         raise fail(_said(exc)) from exc
     finally:
-        _end_leftovers()
+        _end_leftovers(spared)
     table = Table(title=f"explore {split}: {out_dir}")
     table.add_column("metric")
     table.add_column("value", justify="right")

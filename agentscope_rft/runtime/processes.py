@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -74,12 +75,16 @@ def alive(pid: int) -> bool:
         return True
 
 
-def kill_descendants(grace: float = 5.0) -> list[int]:
+def kill_descendants(grace: float = 5.0, spare: Collection[int] = ()) -> list[int]:
     """Terminate this process's descendants: SIGTERM, then SIGKILL after `grace` seconds.
 
-    Returns the ids that were still running. With `grace=0` they are killed at once.
+    Returns the ids that were still running. With `grace=0` they are killed at once. The ids in
+    `spare` (and their descendants) are left running.
     """
-    pids = descendants()
+    spared = set(spare)
+    for pid in spare:
+        spared.update(descendants(pid))
+    pids = [p for p in descendants() if p not in spared]
     if not pids:
         return []
     first = signal.SIGKILL if grace <= 0 else signal.SIGTERM

@@ -64,6 +64,29 @@ def test_kill_descendants_ends_children_and_grandchildren():
     assert out.stdout.strip() == "True True True []", out.stdout + out.stderr
 
 
+SPARING = """
+import subprocess, sys, time
+from agentscope_rft.runtime.processes import alive, descendants, kill_descendants
+script = "import subprocess, time; subprocess.Popen(['sleep', '60']); time.sleep(60)"
+before = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL)
+while len(descendants()) < 2:
+    time.sleep(0.05)
+spared = frozenset(descendants())  # what ran before the command: not the run's
+run_child = subprocess.Popen(["sleep", "60"])
+killed = kill_descendants(grace=2.0, spare=spared)
+print(killed == [run_child.pid], all(alive(p) for p in spared), run_child.poll() is not None)
+kill_descendants(grace=0)
+"""
+
+
+def test_kill_descendants_spares_what_ran_before_the_command():
+    # The CLI's commands spare the processes their caller already had (a notebook, a test).
+    out = subprocess.run(
+        [sys.executable, "-c", SPARING], capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.strip() == "True True True", out.stdout + out.stderr
+
+
 def test_token_cap_applies_when_the_request_sets_none_or_more():
     body = parse_request(b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}')
     assert body.sampling(overrides={"max_tokens_limit": 64}).max_tokens == 64
