@@ -119,6 +119,20 @@ def healthy_checkpoint(run_dir: Path, before: int, healthy: Callable[[int], bool
     return None
 
 
+def rollback_targets(
+    run_dir: Path, before: int, restored: int | None, healthy: Callable[[int], bool]
+) -> set[int]:
+    """The checkpoints pruning keeps for rollbacks: the newest healthy one before `before`, the
+    healthy one before it, and the healthy one before `restored` (the step the last rollback went
+    back to): a problem found again from a policy a rollback restores needs an older one."""
+    kept: set[int] = set()
+    newest = healthy_checkpoint(run_dir, before, healthy)
+    for bound in (before, newest, restored):
+        found = None if bound is None else healthy_checkpoint(run_dir, bound, healthy)
+        kept |= set() if found is None else {found}
+    return kept
+
+
 def _check_resume_checkpoint(run_dir: Path, step: int) -> None:
     """The checkpoint `state.json` names must be whole (its run state is written last), else
     the resume would fail deep in the trainer with an error that does not say why."""

@@ -58,6 +58,7 @@ from agentscope_rft.runtime.components import (
     prepare_run_dir,
     prune_checkpoints,
     read_state,
+    rollback_targets,
     sampling_rules,
     write_state,
 )
@@ -665,8 +666,8 @@ class TrainingRun:
         # what a resume starts from (a newer step folder, left by a kill, may outnumber it)
         keep = {int(saved["step"])}
         if self.config.health.rolls_back():  # what a rollback would return to
-            healthy = self._healthy_checkpoint(self.steps_done + 1)
-            keep |= set() if healthy is None else {healthy}
+            restored, healthy = self.rollback.restored, self.health.healthy
+            keep |= rollback_targets(self.run_dir, self.steps_done + 1, restored, healthy)
         prune_checkpoints(self.run_dir, self.config.run.keep_checkpoints, protect=keep)
 
     def _healthy_checkpoint(self, before: int) -> int | None:
@@ -686,7 +687,7 @@ class TrainingRun:
         weights = live_trainer_weights(self.config, self.trainer)
         async with room_for_training(self.engine, self.config, weights):
             await in_own_thread(self.trainer.load, folder)
-        self.rollback = self.rollback.after(settings)
+        self.rollback = self.rollback.after(settings, target)
         await self._apply_rollback_changes()
         if self.mode == "train_only":  # the groups trained since go back (a durable buffer)
             await self.buffer.requeue_after(target - 1)

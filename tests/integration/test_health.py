@@ -226,3 +226,33 @@ async def test_a_best_checkpoint_of_abandoned_steps_gives_way_to_the_best_kept(
     best = read_best(run_dir)
     assert best is not None and best["value"] == 0.0 and best["step"] <= 1
     assert (run_dir / "checkpoints" / "best" / "model" / "config.json").is_file()
+
+
+async def test_a_second_rollback_to_before_the_first_ones_target_finds_its_checkpoint(
+    tiny_model_path, toy_tasks, tmp_path
+):
+    """The default run.keep_checkpoints (2): after a rollback to step 2, the problem is found
+    again with its onset at step 2, so the second rollback needs step 1's checkpoint. Pruning
+    had deleted it (it kept the newest two and the newest healthy one, step 2), so the run
+    stopped with no healthy checkpoint left."""
+    run_dir = tmp_path / "run"
+    custom = [
+        {
+            "path": f"{RULES}:in_turn",
+            "action": "rollback",
+            "params": {"firings": [[3, 3], [3, 2]], "count": str(tmp_path / "count")},
+        }
+    ]
+    extra = [
+        "explorer.group_size=2",
+        "explorer.tasks_per_step=2",
+        "run.steps=4",
+        "run.checkpoint_every=1",
+        "health.rollback.max_rollbacks=2",
+        f"health.custom={json.dumps(custom)}",
+    ]
+    await train(toy_config(tiny_model_path, toy_tasks, run_dir, *extra), run_dir)
+    events = [e for e in read_events(run_dir) if e.rule == "in_turn"]
+    assert [(e.step, e.onset, e.rolled_back_to) for e in events] == [(3, 3, 2), (3, 2, 1)]
+    assert json.loads((run_dir / "state.json").read_text())["step"] == 4
+    assert [r.step for r in train_records(run_dir)] == [0, 1, 2, 3]

@@ -335,3 +335,21 @@ def test_a_users_rule_is_not_called_before_the_first_rl_step(tmp_path, caplog):
     for step in range(4):
         assert watcher.observe(step, {"loss": 1.0}) == []
     assert "raised" not in caplog.text
+
+
+def test_pruning_keeps_a_checkpoint_before_the_one_a_rollback_restores(tmp_path):
+    from agentscope_rft.runtime.best import RUN_STATE_FILE
+    from agentscope_rft.runtime.components import checkpoint_dir, rollback_targets
+
+    for step in range(7):
+        checkpoint_dir(tmp_path, step).mkdir(parents=True)
+        (checkpoint_dir(tmp_path, step) / RUN_STATE_FILE).write_text("{}")
+    healthy = lambda step: step != 5  # noqa: E731
+    # the newest healthy (6) and the one before it: the problem may show from step 6 on
+    assert rollback_targets(tmp_path, 7, None, healthy) == {6, 4}
+    # after a rollback to step 2: the one before 2 too (the problem found again from there)
+    assert rollback_targets(tmp_path, 7, 2, healthy) == {6, 4, 1}
+    from agentscope_rft.health.config import RollbackSettings
+
+    state = RollbackState().after(RollbackSettings(), 2)
+    assert RollbackState.from_dict(state.to_dict()).restored == 2
