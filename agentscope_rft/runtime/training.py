@@ -39,7 +39,6 @@ from agentscope_rft.health.watcher import (
     HealthEvent,
     HealthWatcher,
     health_metrics,
-    history_from_metrics,
     strongest,
 )
 from agentscope_rft.monitor import Monitor
@@ -261,9 +260,10 @@ class TrainingRun:
         self.health = HealthWatcher(
             config.health,
             run_dir,
-            history_from_metrics(run_dir) if self.resume else (),
             # the RL steps: after a warm start; none in an offline (SFT or DPO) run
             policy_from=config.run.steps if self.mode == "offline" else config.offline.warmup_steps,
+            # the steps logged so far, and the events of those that stand
+            resumed=(self.start, self.rollback.rollbacks) if self.resume else None,
         )
         self.best = BestCheckpoint(run_dir, config.run.best_metric, config.run.best_mode)
         if config.health.rolls_back():
@@ -703,7 +703,7 @@ class TrainingRun:
             self.offline = offline_batches(
                 self.config, target, self.checked.offline_units, consumed=saved.get(OFFLINE_UNITS)
             )
-        self.health.rewind(target)
+        self.health.rewind(target, self.rollback.rollbacks)
         self.monitor.supersede_from(target)
         await in_own_thread(self._rewind_best, target)
         self.start = self.steps_done = self.policy_version = target

@@ -256,3 +256,28 @@ async def test_a_second_rollback_to_before_the_first_ones_target_finds_its_check
     assert [(e.step, e.onset, e.rolled_back_to) for e in events] == [(3, 3, 2), (3, 2, 1)]
     assert json.loads((run_dir / "state.json").read_text())["step"] == 4
     assert [r.step for r in train_records(run_dir)] == [0, 1, 2, 3]
+
+
+async def test_a_step_redone_after_a_kill_records_its_health_event_once(
+    tiny_model_path, toy_tasks, tmp_path
+):
+    """Killed after step 1's warning but before step 1's checkpoint was committed: the resumed
+    run redid step 1 and health.jsonl held its warning twice (two marks on the curves)."""
+    from agentscope_rft.runtime.components import load_resumed_config, write_state
+
+    run_dir = tmp_path / "run"
+    custom = [{"path": f"{RULES}:always_at", "action": "warn", "params": {"step": 1, "onset": 1}}]
+    extra = [
+        "explorer.group_size=2",
+        "explorer.tasks_per_step=2",
+        "run.steps=2",
+        "run.checkpoint_every=1",
+        f"health.custom={json.dumps(custom)}",
+    ]
+    await train(toy_config(tiny_model_path, toy_tasks, run_dir, *extra), run_dir)
+    write_state(
+        run_dir, json.loads((run_dir / "checkpoints/step-000001/run_state.json").read_text())
+    )
+    await train(load_resumed_config(run_dir, []), run_dir, resume=True)
+    events = [e for e in read_events(run_dir) if e.rule == "always_at"]
+    assert [(e.step, e.action) for e in events] == [(1, "warn")]

@@ -1,5 +1,6 @@
 """Health rules against hand-derived histories, and the watcher's bookkeeping."""
 
+import dataclasses
 import json
 import math
 import re
@@ -160,7 +161,8 @@ def test_watcher_fires_once_per_streak_and_marks_suspect_steps(tmp_path):
     watcher.record(event)
     assert read_events(tmp_path) == [event]
     assert json.loads((tmp_path / "health.jsonl").read_text())["rule"] == "entropy_collapse"
-    watcher.rewind(1)
+    watcher.rewind(1, 0)
+    assert read_events(tmp_path) == []  # step 2 is redone: its event goes
     assert watcher.healthy(0) and not watcher.healthy(1)
     assert [h.step for h in watcher.history] == [0]
 
@@ -353,3 +355,38 @@ def test_pruning_keeps_a_checkpoint_before_the_one_a_rollback_restores(tmp_path)
 
     state = RollbackState().after(RollbackSettings(), 2)
     assert RollbackState.from_dict(state.to_dict()).restored == 2
+
+
+def test_a_resume_keeps_the_events_of_the_steps_that_stand(tmp_path):
+    """health.jsonl was not cut at resume: a run killed between an event and its step's
+    checkpoint recorded the event again when it redid the step (two marks on the curves)."""
+    from agentscope_rft.health.watcher import HealthEvent
+
+    def event(step, rule, action, onset, to=None):
+        return HealthEvent(step, 0.0, rule, action, "m", 1.0, 0.5, "why", onset, to)
+
+    run = [
+        event(1, "truncation", "warn", 1),
+        event(4, "kl", "rollback", 3, to=2),  # went back to step 2: steps 2-4 were redone
+        event(2, "kl", "stop", 2),  # stopped (saved after step 3), resumed
+        event(3, "truncation", "warn", 3),  # killed before step 4 was saved
+        event(4, "kl", "rollback", 4, to=3),  # killed before this rollback was saved
+    ]
+    (tmp_path / "health.jsonl").write_text(
+        "".join(json.dumps(dataclasses.asdict(e)) + "\n" for e in run) + '{"step": 5, "ru'
+    )
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps({"step": s, "phase": "train", "response_length/clip_ratio": c}) + "\n"
+            for s, c in enumerate([0.1, 0.9, 0.9])
+        )
+    )
+    config = HealthConfig.model_validate(
+        {"rules": {"truncation": {"max_rate": 0.5, "patience": 1}}}
+    )
+    watcher = HealthWatcher(config, tmp_path, resumed=(3, 1))  # state.json: step 3, 1 rollback
+    assert read_events(tmp_path) == run[:3]
+    assert [h.step for h in watcher.history] == [0, 1, 2]
+    # the stop's streak marks its step; the warning said at step 1 is not said again
+    assert not watcher.healthy(2) and watcher.healthy(1)
+    assert watcher.observe(3, {"response_length/clip_ratio": 0.9}) == []
