@@ -281,3 +281,19 @@ async def test_a_step_redone_after_a_kill_records_its_health_event_once(
     await train(load_resumed_config(run_dir, []), run_dir, resume=True)
     events = [e for e in read_events(run_dir) if e.rule == "always_at"]
     assert [(e.step, e.action) for e in events] == [(1, "warn")]
+
+
+async def test_a_learning_rate_far_too_high_is_caught_as_a_dead_policy(
+    tiny_model_path, toy_tasks, tmp_path
+):
+    """At trainer.lr 1e6 the tiny model is dead after one update: finite weights, entropy at its
+    maximum (10.80, log of the vocabulary), grad_norm exactly 0 while the groups' rewards differ
+    (measured). No rule caught it: the run trained on to the end."""
+    run_dir = tmp_path / "run"
+    small = ["explorer.group_size=4", "explorer.tasks_per_step=2", "run.steps=6"]
+    config = toy_config(tiny_model_path, toy_tasks, run_dir, *small, "trainer.lr=1e6")
+    with pytest.raises(RunStopped, match=r"health: dead_policy"):
+        await train(config, run_dir)
+    [event] = [e for e in read_events(run_dir) if e.rule == "dead_policy"]
+    assert (event.action, event.onset, event.step) == ("stop", 1, 3)
+    assert "trainer.lr" in event.message and "--fork-from" in event.message

@@ -390,3 +390,31 @@ def test_a_resume_keeps_the_events_of_the_steps_that_stand(tmp_path):
     # the stop's streak marks its step; the warning said at step 1 is not said again
     assert not watcher.healthy(2) and watcher.healthy(1)
     assert watcher.observe(3, {"response_length/clip_ratio": 0.9}) == []
+
+
+def test_a_dead_policy_is_caught_and_a_moving_or_signal_free_one_is_not():
+    from agentscope_rft.health.config import DeadPolicyRule
+    from agentscope_rft.health.rules import dead_policy
+
+    # measured at trainer.lr 1e6 on the tiny model: grad 0 from step 1, entropy at its maximum
+    dead = {"grad_norm": 0.0, "train/trained_tokens": 64.0, "entropy/mean": 10.80}
+    dead |= {"advantage/num_groups": 2.0, "advantage/zero_variance_groups": 0.0}
+    steps = [StepMetrics(0, {**dead, "grad_norm": 1.41})]
+    steps += [StepMetrics(s, dead) for s in range(1, 4)]
+    finding = dead_policy(steps, DeadPolicyRule())
+    assert finding is not None and finding.onset == 1 and "trainer.lr" in finding.message
+    assert dead_policy(steps[:3], DeadPolicyRule()) is None  # 2 steps: not yet
+    # a healthy quickstart-like run: small but non-zero gradients
+    moving = [StepMetrics(s, {**dead, "grad_norm": 1e-4 * (s + 1)}) for s in range(8)]
+    assert dead_policy(moving, DeadPolicyRule()) is None
+    # every group's rewards equal (filtering off): no signal, a zero gradient is expected
+    flat = {**dead, "advantage/zero_variance_groups": 2.0}
+    assert dead_policy([StepMetrics(s, flat) for s in range(4)], DeadPolicyRule()) is None
+    # a skipped step, or no trained tokens, says nothing
+    skipped = {**dead, "train/skipped": 1.0}
+    assert dead_policy([StepMetrics(s, skipped) for s in range(4)], DeadPolicyRule()) is None
+    # by the explorer's count when the trainer logs no advantage groups
+    other = {"grad_norm": 0.0, "train/trained_tokens": 8.0, "explore/tasks": 4.0}
+    other |= {"explore/groups_equal_reward": 1.0}
+    assert dead_policy([StepMetrics(s, other) for s in range(3)], DeadPolicyRule()) is not None
+    assert HealthConfig().rules.dead_policy.action == "stop"
