@@ -80,9 +80,6 @@ from agentscope_rft.types import Sample
 
 logger = logging.getLogger(__name__)
 
-OFFLINE_UNITS = "offline_units"
-"""Run-state key: the offline units (samples, DPO pairs) the checkpoint's steps trained."""
-
 LEAD = {"sync": 0, "one_step_off": 1}
 MAX_EMPTY_STEPS = 3
 
@@ -242,7 +239,7 @@ class TrainingRun:
         # Demonstrations are read (and a bad file refused) before the engine loads.
         if config.uses_offline_data():
             self.offline = offline_batches(
-                config, self.start, self.checked.offline_units, consumed=state.get(OFFLINE_UNITS)
+                config, self.start, self.checked.offline_units, saved=state
             )
         if self.mode in EXPLORING_MODES:
             await self._open_exploring(state)
@@ -655,7 +652,7 @@ class TrainingRun:
         await in_own_thread(self._export_hf, target / "model")
         saved: dict[str, Any] = {"step": done, "health": self.rollback.to_dict()}
         if self.offline is not None:  # resume trains on from the first unit not yet trained
-            saved[OFFLINE_UNITS] = self.offline.consumed
+            saved |= self.offline.state()
         if self.sampler is not None:  # resume re-explores from the first batch not yet trained
             saved["sampler"] = self.sampler_states.get(done, self.sampler.state_dict())
         write_json(target / RUN_STATE_FILE, saved)  # whole or absent, even if killed
@@ -701,7 +698,7 @@ class TrainingRun:
             self.gateway.restart_call_numbers()
         if self.config.uses_offline_data():
             self.offline = offline_batches(
-                self.config, target, self.checked.offline_units, consumed=saved.get(OFFLINE_UNITS)
+                self.config, target, self.checked.offline_units, saved=saved
             )
         self.health.rewind(target, self.rollback.rollbacks)
         self.monitor.supersede_from(target)
