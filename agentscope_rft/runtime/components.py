@@ -344,6 +344,17 @@ def prune_checkpoints(run_dir: Path, keep: int, protect: set[int] | None = None)
             shutil.rmtree(old, ignore_errors=True)
 
 
+def drop_checkpoints_after(run_dir: Path, step: int) -> None:
+    """Delete the step checkpoints after `step`: a rollback to `step` abandoned them (their
+    policies broke a rule, or trained on from one that did); `<run>:last` or a fork must not
+    take one for the run's. Their run state goes first, so a kill meanwhile leaves no whole
+    one."""
+    for folder in sorted((run_dir / CHECKPOINTS).glob("step-*")):
+        if int(folder.name.removeprefix("step-")) > step:
+            (folder / RUN_STATE_FILE).unlink(missing_ok=True)
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def load_resumed_config(run_dir: Path, overrides: list[str]) -> RunConfig:
     from agentscope_rft.config import load_config
 

@@ -50,6 +50,7 @@ from agentscope_rft.runtime.components import (
     RunFolderError,
     RunFolderLock,
     checkpoint_dir,
+    drop_checkpoints_after,
     episode_settings,
     healthy_checkpoint,
     max_tokens_per_call,
@@ -706,6 +707,7 @@ class TrainingRun:
         self.start = self.steps_done = self.policy_version = target
         self.saved_at = target
         write_state(self.run_dir, {**saved, "health": self.rollback.to_dict()})
+        drop_checkpoints_after(self.run_dir, target)  # (after: a resume may need them)
         progress.reset("run", total=self.steps, completed=target)
         logger.warning(
             "health: rolled back to step %d (rollback %d of %d): %s",

@@ -34,3 +34,16 @@ def in_turn(history: list[StepMetrics], params: dict) -> Finding | None:
         return None
     count.write_text(str(fired + 1))
     return Finding("reward/mean", 0.0, 1.0, "forced in turn", int(firings[fired][1]))
+
+
+def on_visit(history: list[StepMetrics], params: dict) -> Finding | None:
+    """Fires the `params["visit"]`-th time the run reaches step `params["step"]` (a count file
+    remembers the visits)."""
+    if history[-1].step != params["step"]:
+        return None
+    count = Path(params["count"])
+    visits = (int(count.read_text()) if count.exists() else 0) + 1
+    count.write_text(str(visits))
+    if visits != params["visit"]:
+        return None
+    return Finding("reward/mean", 0.0, 1.0, "forced on a visit", params["step"])

@@ -297,3 +297,30 @@ async def test_a_learning_rate_far_too_high_is_caught_as_a_dead_policy(
     [event] = [e for e in read_events(run_dir) if e.rule == "dead_policy"]
     assert (event.action, event.onset, event.step) == ("stop", 1, 3)
     assert "trainer.lr" in event.message and "--fork-from" in event.message
+
+
+async def test_the_last_checkpoint_after_a_rollback_is_on_the_path_the_run_kept(
+    tiny_model_path, toy_tasks, tmp_path
+):
+    """A rollback from step 4 to 2, then a stop while redoing step 2 (saved after step 3):
+    `runs/x:last` was the abandoned step-4 checkpoint, the policy the rule had found unhealthy."""
+    from agentscope_rft.runtime.best import resolve_checkpoint
+
+    run_dir = tmp_path / "run"
+    rollback = {"path": f"{RULES}:once_at", "action": "rollback"}
+    rollback["params"] = {"step": 4, "onset": 3, "flag": str(tmp_path / "f")}
+    stop = {"path": f"{RULES}:on_visit", "action": "stop"}
+    stop["params"] = {"step": 2, "visit": 2, "count": str(tmp_path / "visits")}
+    extra = [
+        "explorer.group_size=2",
+        "explorer.tasks_per_step=2",
+        "run.steps=6",
+        "run.checkpoint_every=1",
+        "run.keep_checkpoints=5",
+        f"health.custom={json.dumps([rollback, stop])}",
+    ]
+    with pytest.raises(RunStopped, match="on_visit"):
+        await train(toy_config(tiny_model_path, toy_tasks, run_dir, *extra), run_dir)
+    assert json.loads((run_dir / "state.json").read_text())["step"] == 3
+    assert resolve_checkpoint(f"{run_dir}:last").parent.name == "step-000003"
+    assert not (run_dir / "checkpoints" / "step-000004").exists()
