@@ -127,6 +127,18 @@ class RewardCollapseRule(RuleSettings):
     """No firing while the best moving average is below this (nothing learned yet to lose)."""
 
 
+class DeadPolicyRule(RuleSettings):
+    """The gradient norm (`grad_norm`) is 0 on steps that train tokens with a learning signal
+    (some group's rewards differ): the update moves nothing. A learning rate far too high leaves
+    such a policy: finite weights, saturated activations, entropy at its maximum, rewards at the
+    floor, and no rule on the metrics' values catches it."""
+
+    action: Action = "stop"
+    """`stop` by default: no later step can train a policy whose gradients vanish."""
+    patience: int = Field(default=3, ge=1)
+    """Consecutive steps that must break the rule before it fires."""
+
+
 class HealthRules(HealthSection):
     """The built-in rules, each with its own settings (`action: off` turns one off)."""
 
@@ -137,6 +149,7 @@ class HealthRules(HealthSection):
     truncation: TruncationRule = Field(default_factory=TruncationRule)
     kl: KLRule = Field(default_factory=KLRule)
     reward_collapse: RewardCollapseRule = Field(default_factory=RewardCollapseRule)
+    dead_policy: DeadPolicyRule = Field(default_factory=DeadPolicyRule)
 
 
 class CustomRule(RuleSettings):

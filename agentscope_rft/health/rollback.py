@@ -1,5 +1,6 @@
 """What rollbacks have changed so far: their count, the learning-rate scale, KL and entropy
-coefficients. Saved in `state.json` and in every checkpoint, so a resumed run keeps them."""
+coefficients, the step the last one restored. Saved in `state.json` and in every checkpoint, so
+a resumed run keeps them."""
 
 from __future__ import annotations
 
@@ -25,12 +26,16 @@ class RollbackState:
     """The learning rate is `lr_scale` x `trainer.lr` (and its schedule)."""
     kl_coef: float | None = None
     entropy_coef: float | None = None
+    restored: int | None = None
+    """The step the last rollback went back to: a problem found again from there needs a
+    checkpoint before it (pruning keeps one)."""
 
-    def after(self, settings: RollbackSettings) -> RollbackState:
-        """The state after one more rollback."""
+    def after(self, settings: RollbackSettings, restored: int | None = None) -> RollbackState:
+        """The state after one more rollback (to the checkpoint of step `restored`)."""
         return replace(
             self,
             rollbacks=self.rollbacks + 1,
+            restored=restored,
             lr_scale=self.lr_scale * settings.lr_factor,
             kl_coef=settings.kl_coef if settings.kl_coef is not None else self.kl_coef,
             entropy_coef=(
@@ -61,6 +66,6 @@ class RollbackState:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RollbackState:
-        names = ("rollbacks", "lr_scale", "kl_coef", "entropy_coef")
+        names = ("rollbacks", "lr_scale", "kl_coef", "entropy_coef", "restored")
         known = {k: data[k] for k in names if k in data}
         return cls(**known)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentscope_rft.health.config import (
+    DeadPolicyRule,
     EntropyCollapseRule,
     EqualRewardRule,
     KLRule,
@@ -287,6 +288,58 @@ def reward_collapse(history: Sequence[StepMetrics], cfg: RewardCollapseRule) -> 
     )
 
 
+def _learning_signal(entry: StepMetrics) -> bool | None:
+    """Whether some trained group's rewards differ (a non-zero advantage), None if unknown."""
+    groups = _value(entry, "advantage/num_groups")
+    flat = _value(entry, "advantage/zero_variance_groups")
+    if groups is not None and flat is not None:
+        return groups > flat
+    share = _equal_share(entry)
+    return None if share is None else share < 1
+
+
+def dead_policy(history: Sequence[StepMetrics], cfg: DeadPolicyRule) -> Finding | None:
+    """`grad_norm` exactly 0 on steps that trained tokens (`train/trained_tokens`) some of which
+    carry a non-zero advantage: the policy no longer moves (a learning rate far too high leaves
+    it saturated, entropy at its maximum). A step without those metrics never breaks the rule.
+
+    Example:
+        >>> dead = {"grad_norm": 0.0, "train/trained_tokens": 64, "advantage/num_groups": 2,
+        ...         "advantage/zero_variance_groups": 0}
+        >>> dead_policy([StepMetrics(i, dead) for i in range(3)], DeadPolicyRule()).onset
+        0
+        >>> flat = {**dead, "advantage/zero_variance_groups": 2}  # nothing to learn: no update
+        >>> dead_policy([StepMetrics(i, flat) for i in range(3)], DeadPolicyRule()) is None
+        True
+    """
+
+    def broken(entry: StepMetrics) -> bool:
+        trained = _value(entry, "train/trained_tokens")
+        return (
+            _value(entry, "grad_norm") == 0.0
+            and not entry.metrics.get("train/skipped")
+            and trained is not None
+            and trained > 0
+            and _learning_signal(entry) is True
+        )
+
+    onset = _streak(history, broken, cfg.patience)
+    if onset is None:
+        return None
+    entropy = _entropy(history[-1])
+    seen = "" if entropy is None else f", policy entropy {entropy:.3g}"
+    return Finding(
+        "grad_norm",
+        0.0,
+        0.0,
+        f"the gradient norm was 0 for {cfg.patience} steps while rewards within groups differed"
+        f"{seen}: the policy is dead (its activations saturated, no update moves it), most "
+        "likely from a trainer.lr far too high (the default is 1e-6); lower trainer.lr and "
+        f"start again, or fork a checkpoint from before step {onset} (`--fork-from`)",
+        onset,
+    )
+
+
 BUILTIN_RULES: dict[str, Rule] = {
     "non_finite": non_finite,
     "entropy_collapse": entropy_collapse,
@@ -295,6 +348,7 @@ BUILTIN_RULES: dict[str, Rule] = {
     "truncation": truncation,
     "kl": kl,
     "reward_collapse": reward_collapse,
+    "dead_policy": dead_policy,
 }
 """Rule name (a key of `health.rules`) -> its function."""
 

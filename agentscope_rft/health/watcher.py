@@ -4,6 +4,11 @@ The training loop calls `observe(step, metrics)` once per step; it gets back the
 fired (at most one per rule and streak: a rule that keeps failing does not fire again until it
 has recovered), adds `health_metrics(events)` to the step's metrics, and acts on the strongest
 action. Events go to `<run_dir>/health.jsonl`, one JSON object per line.
+
+`health.jsonl` holds the events of the steps that stand: when the run goes on from an earlier
+checkpoint (a resume after a kill, a rollback), the events of the steps it redoes are cut
+(`rewind_events`), and the events of the rollbacks that happened stay (each one is at the step
+that found the problem, past the step it went back to).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -49,7 +55,7 @@ class HealthWatcher:
     Args:
         config: The `health:` section.
         run_dir: Where `health.jsonl` is appended.
-        history: Training steps already logged (a resumed run passes what survived).
+        history: Training steps already logged.
         policy_from: The first step of the RL objective (`offline.warmup_steps`; an offline run
             has none): the rules that judge the policy (every rule but `non_finite`, custom ones
             included) see only the steps from it on. SFT on demonstrations lowers the entropy by
@@ -66,6 +72,7 @@ class HealthWatcher:
         run_dir: Path,
         history: Sequence[StepMetrics] = (),
         policy_from: int = 0,
+        resumed: tuple[int, int] | None = None,
     ) -> None:
         self.config = config
         self.policy_from = policy_from
@@ -86,6 +93,9 @@ class HealthWatcher:
         self.suspect_steps: set[int] = set()
         """Steps some rule's streak covers: their weights are not a healthy checkpoint."""
         self.last_observed = self.history[-1].step if self.history else -1
+        if resumed is not None:  # (step, rollbacks) of the checkpoint a resume starts from
+            self.history = history_from_metrics(run_dir)
+            self.rewind(*resumed)
 
     def observe(self, step: int, metrics: Mapping[str, float]) -> list[HealthEvent]:
         """Add the step's metrics and run every rule; returns the events that fired now."""
@@ -150,12 +160,22 @@ class HealthWatcher:
         log = logger.info if event.action == "warn" else logger.warning
         log("health: step %d: %s -> %s: %s", event.step, event.rule, event.action, event.message)
 
-    def rewind(self, step: int) -> None:
-        """Forget steps from `step` on (the run rolled back to the weights of `step`)."""
+    def rewind(self, step: int, rollbacks: int) -> None:
+        """Forget steps from `step` on: the run goes on from the weights of `step` (a rollback
+        to them, or a resume) with `rollbacks` rollbacks done. `health.jsonl` keeps the events
+        of the steps before `step` and of those rollbacks; a warning still broken since it was
+        recorded there is not said again, an acting rule's streak still marks its steps."""
         self.history = [h for h in self.history if h.step < step]
         self.suspect_steps = {s for s in self.suspect_steps if s < step}
         self.last_observed = step - 1
         self._firing.clear()
+        for event in rewind_events(self.path, step, rollbacks):
+            if event.rolled_back_to is not None:
+                continue  # (its steps were redone: a new firing there is said again)
+            if event.action == "warn":
+                self._firing[event.rule] = event.onset
+            else:
+                self.suspect_steps.update(range(event.onset, event.step + 1))
 
     def healthy(self, step: int) -> bool:
         """Whether the policy of version `step` (the weights trained by `step` steps, which
@@ -189,6 +209,41 @@ def read_events(run_dir: Path) -> list[HealthEvent]:
         except (json.JSONDecodeError, TypeError):
             continue
     return events
+
+
+def rewind_events(
+    path: Path, step: int, rollbacks: int, out: Path | None = None
+) -> list[HealthEvent]:
+    """Cut the events file `path` (into `out`, else in place) to what a run going on from its
+    checkpoint after `step` steps with `rollbacks` rollbacks done keeps: the events of steps
+    before `step`, and the first `rollbacks` rollback events (those of a kill before a rollback
+    was saved go: the resumed run redoes it). A torn line goes too. Returns the events kept.
+
+    Example:
+        >>> rewind_events(Path("runs/quickstart/health.jsonl"), 5, 1)  # doctest: +SKIP
+        [HealthEvent(step=7, ..., rolled_back_to=4)]
+    """
+    target = out or path
+    if not path.is_file():
+        return []
+    lines, kept, seen = [], [], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            event = HealthEvent(**json.loads(line))
+        except (json.JSONDecodeError, TypeError):
+            continue
+        if event.rolled_back_to is not None:
+            seen += 1
+            if seen > rollbacks:
+                continue
+        elif event.step >= step:
+            continue
+        lines.append(line + "\n")
+        kept.append(event)
+    partial = target.with_name(target.name + ".rewind")
+    partial.write_text("".join(lines), encoding="utf-8")
+    os.replace(partial, target)  # a kill meanwhile leaves the old file or the new one
+    return kept
 
 
 def history_from_metrics(run_dir: Path) -> list[StepMetrics]:

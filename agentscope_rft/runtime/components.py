@@ -119,6 +119,20 @@ def healthy_checkpoint(run_dir: Path, before: int, healthy: Callable[[int], bool
     return None
 
 
+def rollback_targets(
+    run_dir: Path, before: int, restored: int | None, healthy: Callable[[int], bool]
+) -> set[int]:
+    """The checkpoints pruning keeps for rollbacks: the newest healthy one before `before`, the
+    healthy one before it, and the healthy one before `restored` (the step the last rollback went
+    back to): a problem found again from a policy a rollback restores needs an older one."""
+    kept: set[int] = set()
+    newest = healthy_checkpoint(run_dir, before, healthy)
+    for bound in (before, newest, restored):
+        found = None if bound is None else healthy_checkpoint(run_dir, bound, healthy)
+        kept |= set() if found is None else {found}
+    return kept
+
+
 def _check_resume_checkpoint(run_dir: Path, step: int) -> None:
     """The checkpoint `state.json` names must be whole (its run state is written last), else
     the resume would fail deep in the trainer with an error that does not say why."""
@@ -328,6 +342,17 @@ def prune_checkpoints(run_dir: Path, keep: int, protect: set[int] | None = None)
     for old in [*complete[:-keep], *cut_off]:
         if old not in kept:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def drop_checkpoints_after(run_dir: Path, step: int) -> None:
+    """Delete the step checkpoints after `step`: a rollback to `step` abandoned them (their
+    policies broke a rule, or trained on from one that did); `<run>:last` or a fork must not
+    take one for the run's. Their run state goes first, so a kill meanwhile leaves no whole
+    one."""
+    for folder in sorted((run_dir / CHECKPOINTS).glob("step-*")):
+        if int(folder.name.removeprefix("step-")) > step:
+            (folder / RUN_STATE_FILE).unlink(missing_ok=True)
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def load_resumed_config(run_dir: Path, overrides: list[str]) -> RunConfig:

@@ -14,6 +14,7 @@ What a fork keeps from its source, and what it drops:
 - `metrics.jsonl`, `rollouts.jsonl`, `samples.jsonl`, `diagnosis.jsonl`: the train records of
   steps before `k` and the other records (validation) of steps up to `k`, the records a run
   resumed at `k` keeps (`monitor.records.before_resume`);
+- `health.jsonl`: the events of steps before `k` and of the rollbacks done by then;
 - the best checkpoint by validation among the steps up to `k` (`best.json`,
   `checkpoints/best/`), when its step's checkpoint is still there;
 - a SQLite buffer inside the run folder (copied with SQLite's backup, safe while the source runs);
@@ -35,6 +36,7 @@ from typing import Any
 
 from agentscope_rft.buffer.config import DEFAULT_SQLITE_NAME
 from agentscope_rft.config import RunConfig, dump_config
+from agentscope_rft.health.watcher import HEALTH_FILE, rewind_events
 from agentscope_rft.monitor.records import (
     METRICS_FILE,
     MetricsWriter,
@@ -114,6 +116,8 @@ def fork_run(source: Path, step: int, dest: Path, config: RunConfig) -> dict[str
     for name in STEP_LOGS:
         if (source / name).is_file():
             _cut_lines(source / name, dest / name, step)
+    health = json.loads((checkpoint / RUN_STATE_FILE).read_text()).get("health", {})
+    rewind_events(source / HEALTH_FILE, step, health.get("rollbacks", 0), dest / HEALTH_FILE)
     if (source / DEFAULT_SQLITE_NAME).is_file():
         _copy_sqlite(source / DEFAULT_SQLITE_NAME, dest / DEFAULT_SQLITE_NAME)
     best = _rewind_best(source, dest, step, config)

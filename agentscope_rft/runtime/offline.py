@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from agentscope_rft.chat.template import ChatRenderer
 from agentscope_rft.config import EXPLORING_MODES, RunConfig
@@ -16,12 +18,18 @@ from agentscope_rft.types import Sample
 logger = logging.getLogger(__name__)
 
 
+OFFLINE_UNITS = "offline_units"
+"""Run-state key: the offline units (samples, DPO pairs) the checkpoint's steps trained."""
+OFFLINE_STREAM = "offline_stream"
+"""Run-state key: what the offline order was drawn from (the seed, the units' fingerprint)."""
+
+
 def offline_batches(
     config: RunConfig,
     start: int = 0,
     units: dict[str, list[Sample]] | None = None,
     *,
-    consumed: int | None = None,
+    saved: Mapping[str, Any] | None = None,
 ) -> OfflineBatches:
     """Endless shuffled batches of `offline.batch_size` samples (DPO: pairs), epoch by epoch.
 
@@ -29,10 +37,12 @@ def offline_batches(
     `units` (from `load_offline_units`, read by the preflight checks) are given. The units come
     in one stream that depends only on `run.seed` and the file (one shuffle per epoch, one after
     another), and each batch is the stream's next `batch_size` units. A run resumed after step
-    `start` goes on where it stopped: after the `consumed` units it trained (its checkpoint's
-    `OfflineBatches.consumed`), so a resume that changes `offline.batch_size` neither repeats nor
-    skips a unit; without `consumed` (a checkpoint from before it was saved), after `start`
-    batches of the configured size.
+    `start` goes on where it stopped: after the units it trained (`saved`, its checkpoint's run
+    state), so a resume that changes `offline.batch_size` neither repeats nor skips a unit;
+    without them (a checkpoint from before they were saved), after `start` batches of the
+    configured size. The order stays the one the run drew: a resume with another `run.seed`
+    keeps the checkpoint's seed for it (the epoch in progress is not reshuffled), and one whose
+    `offline.path` holds other units starts them at a new epoch (said in a warning).
 
     Example:
         >>> batch = next(offline_batches(config))  # doctest: +SKIP
@@ -49,13 +59,37 @@ def offline_batches(
             config.offline.path,
             len(units),
         )
-    batches = OfflineBatches(units, config.offline.batch_size, random.Random(config.run.seed))
+    saved = saved or {}
+    consumed, stream = saved.get(OFFLINE_UNITS), saved.get(OFFLINE_STREAM) or {}
+    seed = config.run.seed
+    if stream and stream.get("units") != _fingerprint(units):
+        logger.warning(
+            "resume: %s holds other samples than the checkpoint's steps trained on (%d units "
+            "trained); the new data starts at its first epoch",
+            config.offline.path,
+            consumed or 0,
+        )
+        consumed = 0
+    elif stream and stream.get("seed") != seed:
+        logger.info(
+            "resume: the offline data keeps the order drawn with the run's run.seed %s (not %s): "
+            "the epoch in progress is not reshuffled",
+            stream["seed"],
+            seed,
+        )
+        seed = stream["seed"]
+    batches = OfflineBatches(units, config.offline.batch_size, random.Random(seed), seed=seed)
     if consumed is None:
         for _ in range(start):
             next(batches)
     else:
         batches.skip(consumed)
     return batches
+
+
+def _fingerprint(units: Mapping[str, list[Sample]]) -> str:
+    """The units' names (file and line, pair or group), which the order is a shuffle of."""
+    return hashlib.sha256(json.dumps(sorted(units)).encode()).hexdigest()[:16]
 
 
 def load_offline_units(config: RunConfig) -> dict[str, list[Sample]]:
@@ -130,8 +164,10 @@ def _max_sample_tokens(config: RunConfig) -> tuple[int, str] | None:
 class OfflineBatches:
     """The batches of `offline_batches`; `consumed` counts the units handed out so far."""
 
-    def __init__(self, units: dict[str, list[Sample]], batch_size: int, rng: random.Random) -> None:
-        self.units, self.batch_size, self.rng = units, batch_size, rng
+    def __init__(
+        self, units: dict[str, list[Sample]], batch_size: int, rng: random.Random, seed: int = 0
+    ) -> None:
+        self.units, self.batch_size, self.rng, self.seed = units, batch_size, rng, seed
         self.order = list(units)
         self.pending: list[str] = []  # the rest of the stream's shuffles drawn so far
         self.consumed = 0
@@ -146,6 +182,11 @@ class OfflineBatches:
         del self.pending[: self.batch_size]
         self.consumed += len(chosen)
         return [s for key in chosen for s in self.units[key]]
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint saves of the stream (`offline_batches(saved=...)` goes on from it)."""
+        stream = {"seed": self.seed, "units": _fingerprint(self.units)}
+        return {OFFLINE_UNITS: self.consumed, OFFLINE_STREAM: stream}
 
     def skip(self, units: int) -> None:
         """Pass over the first `units` units of the stream (what a resumed run trained)."""

@@ -39,7 +39,6 @@ from agentscope_rft.health.watcher import (
     HealthEvent,
     HealthWatcher,
     health_metrics,
-    history_from_metrics,
     strongest,
 )
 from agentscope_rft.monitor import Monitor
@@ -51,6 +50,7 @@ from agentscope_rft.runtime.components import (
     RunFolderError,
     RunFolderLock,
     checkpoint_dir,
+    drop_checkpoints_after,
     episode_settings,
     healthy_checkpoint,
     max_tokens_per_call,
@@ -58,6 +58,7 @@ from agentscope_rft.runtime.components import (
     prepare_run_dir,
     prune_checkpoints,
     read_state,
+    rollback_targets,
     sampling_rules,
     write_state,
 )
@@ -79,9 +80,6 @@ from agentscope_rft.trainers.factory import build_trainer
 from agentscope_rft.types import Sample
 
 logger = logging.getLogger(__name__)
-
-OFFLINE_UNITS = "offline_units"
-"""Run-state key: the offline units (samples, DPO pairs) the checkpoint's steps trained."""
 
 LEAD = {"sync": 0, "one_step_off": 1}
 MAX_EMPTY_STEPS = 3
@@ -242,7 +240,7 @@ class TrainingRun:
         # Demonstrations are read (and a bad file refused) before the engine loads.
         if config.uses_offline_data():
             self.offline = offline_batches(
-                config, self.start, self.checked.offline_units, consumed=state.get(OFFLINE_UNITS)
+                config, self.start, self.checked.offline_units, saved=state
             )
         if self.mode in EXPLORING_MODES:
             await self._open_exploring(state)
@@ -260,9 +258,10 @@ class TrainingRun:
         self.health = HealthWatcher(
             config.health,
             run_dir,
-            history_from_metrics(run_dir) if self.resume else (),
             # the RL steps: after a warm start; none in an offline (SFT or DPO) run
             policy_from=config.run.steps if self.mode == "offline" else config.offline.warmup_steps,
+            # the steps logged so far, and the events of those that stand
+            resumed=(self.start, self.rollback.rollbacks) if self.resume else None,
         )
         self.best = BestCheckpoint(run_dir, config.run.best_metric, config.run.best_mode)
         if config.health.rolls_back():
@@ -655,7 +654,7 @@ class TrainingRun:
         await in_own_thread(self._export_hf, target / "model")
         saved: dict[str, Any] = {"step": done, "health": self.rollback.to_dict()}
         if self.offline is not None:  # resume trains on from the first unit not yet trained
-            saved[OFFLINE_UNITS] = self.offline.consumed
+            saved |= self.offline.state()
         if self.sampler is not None:  # resume re-explores from the first batch not yet trained
             saved["sampler"] = self.sampler_states.get(done, self.sampler.state_dict())
         write_json(target / RUN_STATE_FILE, saved)  # whole or absent, even if killed
@@ -666,8 +665,8 @@ class TrainingRun:
         # what a resume starts from (a newer step folder, left by a kill, may outnumber it)
         keep = {int(saved["step"])}
         if self.config.health.rolls_back():  # what a rollback would return to
-            healthy = self._healthy_checkpoint(self.steps_done + 1)
-            keep |= set() if healthy is None else {healthy}
+            restored, healthy = self.rollback.restored, self.health.healthy
+            keep |= rollback_targets(self.run_dir, self.steps_done + 1, restored, healthy)
         prune_checkpoints(self.run_dir, self.config.run.keep_checkpoints, protect=keep)
 
     def _healthy_checkpoint(self, before: int) -> int | None:
@@ -687,7 +686,7 @@ class TrainingRun:
         weights = live_trainer_weights(self.config, self.trainer)
         async with room_for_training(self.engine, self.config, weights):
             await in_own_thread(self.trainer.load, folder)
-        self.rollback = self.rollback.after(settings)
+        self.rollback = self.rollback.after(settings, target)
         await self._apply_rollback_changes()
         if self.mode == "train_only":  # the groups trained since go back (a durable buffer)
             await self.buffer.requeue_after(target - 1)
@@ -701,14 +700,15 @@ class TrainingRun:
             self.gateway.restart_call_numbers()
         if self.config.uses_offline_data():
             self.offline = offline_batches(
-                self.config, target, self.checked.offline_units, consumed=saved.get(OFFLINE_UNITS)
+                self.config, target, self.checked.offline_units, saved=saved
             )
-        self.health.rewind(target)
+        self.health.rewind(target, self.rollback.rollbacks)
         self.monitor.supersede_from(target)
         await in_own_thread(self._rewind_best, target)
         self.start = self.steps_done = self.policy_version = target
         self.saved_at = target
         write_state(self.run_dir, {**saved, "health": self.rollback.to_dict()})
+        drop_checkpoints_after(self.run_dir, target)  # (after: a resume may need them)
         progress.reset("run", total=self.steps, completed=target)
         logger.warning(
             "health: rolled back to step %d (rollback %d of %d): %s",

@@ -226,3 +226,101 @@ async def test_a_best_checkpoint_of_abandoned_steps_gives_way_to_the_best_kept(
     best = read_best(run_dir)
     assert best is not None and best["value"] == 0.0 and best["step"] <= 1
     assert (run_dir / "checkpoints" / "best" / "model" / "config.json").is_file()
+
+
+async def test_a_second_rollback_to_before_the_first_ones_target_finds_its_checkpoint(
+    tiny_model_path, toy_tasks, tmp_path
+):
+    """The default run.keep_checkpoints (2): after a rollback to step 2, the problem is found
+    again with its onset at step 2, so the second rollback needs step 1's checkpoint. Pruning
+    had deleted it (it kept the newest two and the newest healthy one, step 2), so the run
+    stopped with no healthy checkpoint left."""
+    run_dir = tmp_path / "run"
+    custom = [
+        {
+            "path": f"{RULES}:in_turn",
+            "action": "rollback",
+            "params": {"firings": [[3, 3], [3, 2]], "count": str(tmp_path / "count")},
+        }
+    ]
+    extra = [
+        "explorer.group_size=2",
+        "explorer.tasks_per_step=2",
+        "run.steps=4",
+        "run.checkpoint_every=1",
+        "health.rollback.max_rollbacks=2",
+        f"health.custom={json.dumps(custom)}",
+    ]
+    await train(toy_config(tiny_model_path, toy_tasks, run_dir, *extra), run_dir)
+    events = [e for e in read_events(run_dir) if e.rule == "in_turn"]
+    assert [(e.step, e.onset, e.rolled_back_to) for e in events] == [(3, 3, 2), (3, 2, 1)]
+    assert json.loads((run_dir / "state.json").read_text())["step"] == 4
+    assert [r.step for r in train_records(run_dir)] == [0, 1, 2, 3]
+
+
+async def test_a_step_redone_after_a_kill_records_its_health_event_once(
+    tiny_model_path, toy_tasks, tmp_path
+):
+    """Killed after step 1's warning but before step 1's checkpoint was committed: the resumed
+    run redid step 1 and health.jsonl held its warning twice (two marks on the curves)."""
+    from agentscope_rft.runtime.components import load_resumed_config, write_state
+
+    run_dir = tmp_path / "run"
+    custom = [{"path": f"{RULES}:always_at", "action": "warn", "params": {"step": 1, "onset": 1}}]
+    extra = [
+        "explorer.group_size=2",
+        "explorer.tasks_per_step=2",
+        "run.steps=2",
+        "run.checkpoint_every=1",
+        f"health.custom={json.dumps(custom)}",
+    ]
+    await train(toy_config(tiny_model_path, toy_tasks, run_dir, *extra), run_dir)
+    write_state(
+        run_dir, json.loads((run_dir / "checkpoints/step-000001/run_state.json").read_text())
+    )
+    await train(load_resumed_config(run_dir, []), run_dir, resume=True)
+    events = [e for e in read_events(run_dir) if e.rule == "always_at"]
+    assert [(e.step, e.action) for e in events] == [(1, "warn")]
+
+
+async def test_a_learning_rate_far_too_high_is_caught_as_a_dead_policy(
+    tiny_model_path, toy_tasks, tmp_path
+):
+    """At trainer.lr 1e6 the tiny model is dead after one update: finite weights, entropy at its
+    maximum (10.80, log of the vocabulary), grad_norm exactly 0 while the groups' rewards differ
+    (measured). No rule caught it: the run trained on to the end."""
+    run_dir = tmp_path / "run"
+    small = ["explorer.group_size=4", "explorer.tasks_per_step=2", "run.steps=6"]
+    config = toy_config(tiny_model_path, toy_tasks, run_dir, *small, "trainer.lr=1e6")
+    with pytest.raises(RunStopped, match=r"health: dead_policy"):
+        await train(config, run_dir)
+    [event] = [e for e in read_events(run_dir) if e.rule == "dead_policy"]
+    assert (event.action, event.onset, event.step) == ("stop", 1, 3)
+    assert "trainer.lr" in event.message and "--fork-from" in event.message
+
+
+async def test_the_last_checkpoint_after_a_rollback_is_on_the_path_the_run_kept(
+    tiny_model_path, toy_tasks, tmp_path
+):
+    """A rollback from step 4 to 2, then a stop while redoing step 2 (saved after step 3):
+    `runs/x:last` was the abandoned step-4 checkpoint, the policy the rule had found unhealthy."""
+    from agentscope_rft.runtime.best import resolve_checkpoint
+
+    run_dir = tmp_path / "run"
+    rollback = {"path": f"{RULES}:once_at", "action": "rollback"}
+    rollback["params"] = {"step": 4, "onset": 3, "flag": str(tmp_path / "f")}
+    stop = {"path": f"{RULES}:on_visit", "action": "stop"}
+    stop["params"] = {"step": 2, "visit": 2, "count": str(tmp_path / "visits")}
+    extra = [
+        "explorer.group_size=2",
+        "explorer.tasks_per_step=2",
+        "run.steps=6",
+        "run.checkpoint_every=1",
+        "run.keep_checkpoints=5",
+        f"health.custom={json.dumps([rollback, stop])}",
+    ]
+    with pytest.raises(RunStopped, match="on_visit"):
+        await train(toy_config(tiny_model_path, toy_tasks, run_dir, *extra), run_dir)
+    assert json.loads((run_dir / "state.json").read_text())["step"] == 3
+    assert resolve_checkpoint(f"{run_dir}:last").parent.name == "step-000003"
+    assert not (run_dir / "checkpoints" / "step-000004").exists()

@@ -443,3 +443,30 @@ async def test_a_step_saved_again_is_not_marked_whole_until_it_is(tiny_model_pat
             await train(load_config(run_dir / "config.yaml"), run_dir, resume=True)
     assert (run_dir / "checkpoints" / "step-000002" / "trainer.pt").is_file()  # rewritten
     assert not (run_dir / "checkpoints" / "step-000002" / "run_state.json").exists()
+
+
+async def test_an_offline_resume_with_another_seed_keeps_the_epoch_in_progress(
+    tiny_model_path, tmp_path, monkeypatch
+):
+    """3 SFT steps of 2 samples of 7, resumed with another run.seed: the rest of the first epoch
+    was drawn from the new seed's shuffle, so some samples were trained twice in it and others
+    not at all. The run keeps the order it drew; other data starts at a new epoch."""
+    from agentscope_rft.runtime.offline import offline_batches
+
+    data = tmp_path / "sft.jsonl"
+    chat = [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": "A."}]
+    data.write_text("".join(json.dumps({"messages": chat}) + "\n" for _ in range(7)))
+    config = sft_config(tiny_model_path, tmp_path / "run", f"offline.path={data}")
+    config.offline.batch_size = 2
+    first = offline_batches(config)
+    trained = [s.sample_id for _ in range(3) for s in next(first)]
+    state = first.state()
+    config.run.seed = 7
+    resumed = offline_batches(config, 3, saved=state)
+    trained += [s.sample_id for s in next(resumed)]
+    assert sorted(trained[:7]) == sorted(f"sft.jsonl:{line}" for line in range(1, 8))
+    assert resumed.state()["offline_stream"]["seed"] == 0  # and so on, at every later resume
+    # other samples in the file: they start at their first epoch
+    data.write_text("".join(json.dumps({"messages": chat}) + "\n" for _ in range(9)))
+    fresh = offline_batches(config, 3, saved=state)
+    assert fresh.consumed == 0 and len(next(fresh)) == 2

@@ -64,6 +64,10 @@ async def test_reward_goes_up_on_a_learnable_task(tiny_model_path, toy_tasks, tm
     assert len(curve) == 16
     first, final = sum(curve[:3]) / 3, sum(curve[-3:]) / 3
     assert first < 0.15 and final > first + 0.2, curve
+    # a healthy run's policy moves: the dead-policy rule (on by default) never fired
+    from agentscope_rft.health import read_events
+
+    assert not [e for e in read_events(run_dir) if e.rule == "dead_policy"]
     before = load_file(str(Path(tiny_model_path) / "model.safetensors"))
     after = final_weights(run_dir, 16)
     assert any(not torch.equal(before[k], after[k]) for k in before)

@@ -62,6 +62,9 @@ def source(tmp_path) -> Path:
     )
     (run / "rollouts.jsonl").open("a").write('{"step": 9, "pha')  # torn by a kill
     jsonl(run / "samples.jsonl", [{"step": s, "phase": "train", "ids": [s]} for s in range(8)])
+    event = {"time": 0.0, "rule": "kl", "action": "warn", "metric": "kl/mean", "value": 1.0}
+    event |= {"threshold": 0.5, "message": "drifted", "rolled_back_to": None}
+    jsonl(run / "health.jsonl", [{**event, "step": s, "onset": s} for s in (2, 7)])
     for step in (4, 6, 8):
         checkpoint(run, step, step)
     best = run / "checkpoints" / "best"
@@ -96,6 +99,7 @@ def test_a_fork_is_the_run_as_it_was_after_the_step(source, tmp_path):
     logged = rows(dest / "rollouts.jsonl")
     assert [(r["step"], r["phase"]) for r in logged][-3:] == [(5, "train"), (5, "val"), (6, "val")]
     assert [r["step"] for r in rows(dest / "samples.jsonl")] == [0, 1, 2, 3, 4, 5]
+    assert [r["step"] for r in rows(dest / "health.jsonl")] == [2]  # (it had none)
     # the source's best (step 6) is the fork's
     assert json.loads((dest / "best.json").read_text())["step"] == 6
     assert (dest / "checkpoints/best/model/weights").read_text() == "policy after 6"
@@ -174,7 +178,7 @@ def test_a_fork_killed_while_it_was_made_is_made_again_by_the_same_command(
     fork_run(source, 6, dest, config(dest))
     assert json.loads((dest / "state.json").read_text())["step"] == 6
     made = {"best.json", "buffer.db", "checkpoints", "config.yaml", "fork.json", "state.json"}
-    made |= {"metrics.jsonl", "rollouts.jsonl", "samples.jsonl"}
+    made |= {"metrics.jsonl", "rollouts.jsonl", "samples.jsonl", "health.jsonl"}
     assert {p.name for p in dest.iterdir()} == made  # no leftover of the cut-off attempt
 
 

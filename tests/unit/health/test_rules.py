@@ -1,5 +1,6 @@
 """Health rules against hand-derived histories, and the watcher's bookkeeping."""
 
+import dataclasses
 import json
 import math
 import re
@@ -160,7 +161,8 @@ def test_watcher_fires_once_per_streak_and_marks_suspect_steps(tmp_path):
     watcher.record(event)
     assert read_events(tmp_path) == [event]
     assert json.loads((tmp_path / "health.jsonl").read_text())["rule"] == "entropy_collapse"
-    watcher.rewind(1)
+    watcher.rewind(1, 0)
+    assert read_events(tmp_path) == []  # step 2 is redone: its event goes
     assert watcher.healthy(0) and not watcher.healthy(1)
     assert [h.step for h in watcher.history] == [0]
 
@@ -335,3 +337,84 @@ def test_a_users_rule_is_not_called_before_the_first_rl_step(tmp_path, caplog):
     for step in range(4):
         assert watcher.observe(step, {"loss": 1.0}) == []
     assert "raised" not in caplog.text
+
+
+def test_pruning_keeps_a_checkpoint_before_the_one_a_rollback_restores(tmp_path):
+    from agentscope_rft.runtime.best import RUN_STATE_FILE
+    from agentscope_rft.runtime.components import checkpoint_dir, rollback_targets
+
+    for step in range(7):
+        checkpoint_dir(tmp_path, step).mkdir(parents=True)
+        (checkpoint_dir(tmp_path, step) / RUN_STATE_FILE).write_text("{}")
+    healthy = lambda step: step != 5  # noqa: E731
+    # the newest healthy (6) and the one before it: the problem may show from step 6 on
+    assert rollback_targets(tmp_path, 7, None, healthy) == {6, 4}
+    # after a rollback to step 2: the one before 2 too (the problem found again from there)
+    assert rollback_targets(tmp_path, 7, 2, healthy) == {6, 4, 1}
+    from agentscope_rft.health.config import RollbackSettings
+
+    state = RollbackState().after(RollbackSettings(), 2)
+    assert RollbackState.from_dict(state.to_dict()).restored == 2
+
+
+def test_a_resume_keeps_the_events_of_the_steps_that_stand(tmp_path):
+    """health.jsonl was not cut at resume: a run killed between an event and its step's
+    checkpoint recorded the event again when it redid the step (two marks on the curves)."""
+    from agentscope_rft.health.watcher import HealthEvent
+
+    def event(step, rule, action, onset, to=None):
+        return HealthEvent(step, 0.0, rule, action, "m", 1.0, 0.5, "why", onset, to)
+
+    run = [
+        event(1, "truncation", "warn", 1),
+        event(4, "kl", "rollback", 3, to=2),  # went back to step 2: steps 2-4 were redone
+        event(2, "kl", "stop", 2),  # stopped (saved after step 3), resumed
+        event(3, "truncation", "warn", 3),  # killed before step 4 was saved
+        event(4, "kl", "rollback", 4, to=3),  # killed before this rollback was saved
+    ]
+    (tmp_path / "health.jsonl").write_text(
+        "".join(json.dumps(dataclasses.asdict(e)) + "\n" for e in run) + '{"step": 5, "ru'
+    )
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps({"step": s, "phase": "train", "response_length/clip_ratio": c}) + "\n"
+            for s, c in enumerate([0.1, 0.9, 0.9])
+        )
+    )
+    config = HealthConfig.model_validate(
+        {"rules": {"truncation": {"max_rate": 0.5, "patience": 1}}}
+    )
+    watcher = HealthWatcher(config, tmp_path, resumed=(3, 1))  # state.json: step 3, 1 rollback
+    assert read_events(tmp_path) == run[:3]
+    assert [h.step for h in watcher.history] == [0, 1, 2]
+    # the stop's streak marks its step; the warning said at step 1 is not said again
+    assert not watcher.healthy(2) and watcher.healthy(1)
+    assert watcher.observe(3, {"response_length/clip_ratio": 0.9}) == []
+
+
+def test_a_dead_policy_is_caught_and_a_moving_or_signal_free_one_is_not():
+    from agentscope_rft.health.config import DeadPolicyRule
+    from agentscope_rft.health.rules import dead_policy
+
+    # measured at trainer.lr 1e6 on the tiny model: grad 0 from step 1, entropy at its maximum
+    dead = {"grad_norm": 0.0, "train/trained_tokens": 64.0, "entropy/mean": 10.80}
+    dead |= {"advantage/num_groups": 2.0, "advantage/zero_variance_groups": 0.0}
+    steps = [StepMetrics(0, {**dead, "grad_norm": 1.41})]
+    steps += [StepMetrics(s, dead) for s in range(1, 4)]
+    finding = dead_policy(steps, DeadPolicyRule())
+    assert finding is not None and finding.onset == 1 and "trainer.lr" in finding.message
+    assert dead_policy(steps[:3], DeadPolicyRule()) is None  # 2 steps: not yet
+    # a healthy quickstart-like run: small but non-zero gradients
+    moving = [StepMetrics(s, {**dead, "grad_norm": 1e-4 * (s + 1)}) for s in range(8)]
+    assert dead_policy(moving, DeadPolicyRule()) is None
+    # every group's rewards equal (filtering off): no signal, a zero gradient is expected
+    flat = {**dead, "advantage/zero_variance_groups": 2.0}
+    assert dead_policy([StepMetrics(s, flat) for s in range(4)], DeadPolicyRule()) is None
+    # a skipped step, or no trained tokens, says nothing
+    skipped = {**dead, "train/skipped": 1.0}
+    assert dead_policy([StepMetrics(s, skipped) for s in range(4)], DeadPolicyRule()) is None
+    # by the explorer's count when the trainer logs no advantage groups
+    other = {"grad_norm": 0.0, "train/trained_tokens": 8.0, "explore/tasks": 4.0}
+    other |= {"explore/groups_equal_reward": 1.0}
+    assert dead_policy([StepMetrics(s, other) for s in range(3)], DeadPolicyRule()) is not None
+    assert HealthConfig().rules.dead_policy.action == "stop"
