@@ -1,0 +1,46 @@
+"""`explorer.agents`: which agents train, validated where the config loads."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentscope_rft.config import ConfigError, load_config
+from agentscope_rft.explorer.agents import AgentsConfig
+from tests.unit.test_config import MINIMAL
+
+
+def test_the_selection_loads_from_yaml_overrides():
+    config = load_config(None, [*MINIMAL, "explorer.agents={skip: [critic]}"])
+    assert config.explorer.agents.skip == ["critic"]
+    assert not config.explorer.agents.trains("critic")
+    assert config.explorer.agents.trains("solver") and config.explorer.agents.trains(None)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("{train: []}", "explorer.agents.train is empty, so no agent would train"),
+        ("{train: [a], skip: [b]}", "give explorer.agents.train or explorer.agents.skip"),
+        ("{skip: [solver/compress]}", "name the agent ('solver') instead"),
+        ("{trian: [a]}", "did you mean 'train'"),
+    ],
+)
+def test_a_bad_selection_says_what_is_wrong(value, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config(None, [*MINIMAL, f"explorer.agents={value}"])
+
+
+@pytest.mark.parametrize(
+    ("selection", "expected"),
+    [
+        (AgentsConfig(), {"solver": True, "critic": True, "solver/compress": False, None: True}),
+        (
+            AgentsConfig(train=["solver"], compression=True),
+            {"solver": True, "critic": False, "solver/compress": True, "critic/compress": False},
+        ),
+        (AgentsConfig(train=["-"]), {None: True, "solver": False}),
+        (AgentsConfig(skip=["critic"]), {"critic": False, "critic/compress": False}),
+    ],
+)
+def test_which_calls_train(selection, expected):
+    assert {name: selection.trains(name) for name in expected} == expected
