@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 from pydantic import Field, model_validator
 
-from agentscope_rft.config_base import Section
+from agentscope_rft.config_base import Section, did_you_mean
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +137,13 @@ class UnseenAgentWarning:
             "explorer.agents names %s, but no episode of this batch had such an agent (agents "
             "seen: %s; %s). Use the names the app gives its agents (`Agent(name=...)`; `-` for "
             "calls outside any agent)",
-            ", ".join(repr(n) for n in unknown),
+            ", ".join(_with_suggestion(n, agents) for n in unknown),
             ", ".join(sorted(agents)),
             f"training: {', '.join(trained)}" if trained else "NONE of them trains",
         )
+
+
+def _with_suggestion(name: str, known: Iterable[str]) -> str:
+    """`'Solver' (did you mean 'solver'?)`, or `'x'` when no known name is close."""
+    hint = did_you_mean(name, known)  # "; did you mean 'y'?" or ""
+    return f"{name!r} ({hint[2:]})" if hint else repr(name)

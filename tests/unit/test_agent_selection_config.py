@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import pytest
 
 from agentscope_rft.config import ConfigError, load_config
-from agentscope_rft.explorer.agents import AgentsConfig
+from agentscope_rft.explorer.agents import AgentsConfig, UnseenAgentWarning
+from agentscope_rft.runtime.no_samples import why_no_samples
 from tests.unit.test_config import MINIMAL
 
 
@@ -44,3 +48,21 @@ def test_a_bad_selection_says_what_is_wrong(value, message):
 )
 def test_which_calls_train(selection, expected):
     assert {name: selection.trains(name) for name in expected} == expected
+
+
+def test_a_name_no_agent_has_warns_once_with_the_close_one(caplog):
+    warning = UnseenAgentWarning(AgentsConfig(train=["Solver"]))
+    with caplog.at_level(logging.WARNING):
+        warning.check(["solver", "critic", "solver/compress"])
+        warning.check(["solver"])
+    [record] = [r for r in caplog.records if "explorer.agents names" in r.message]
+    message = record.getMessage()
+    assert "'Solver' (did you mean 'solver'?)" in message
+    assert "agents seen: critic, solver; NONE of them trains" in message
+
+
+def test_a_step_left_empty_by_the_selection_says_so():
+    metrics = {"trajectory/samples": 0.0, "trajectory/untrained_calls": 8.0}
+    cause = why_no_samples(metrics, Path("runs/x/rollouts.jsonl"))
+    assert cause.startswith("no agent that made calls trains (explorer.agents): 8 call(s)")
+    assert why_no_samples({}, Path("r.jsonl")).startswith("every episode failed")
