@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from agentscope_rft.config_base import Section, did_you_mean
 
@@ -64,6 +65,11 @@ class AgentsConfig(Section):
     `<agent>/compress`) train with the agent. Off by default: a summary is a different task
     from the agent's turns, it happens only in the episodes that grew long, and the episode
     reward says little about how good the summary was (see docs/workflows.md)."""
+
+    @field_validator("train", "skip", mode="before")
+    @classmethod
+    def _one_name(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value  # `skip: critic` is one agent
 
     @model_validator(mode="after")
     def _check(self) -> AgentsConfig:

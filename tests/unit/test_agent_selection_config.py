@@ -18,6 +18,8 @@ def test_the_selection_loads_from_yaml_overrides():
     assert config.explorer.agents.skip == ["critic"]
     assert not config.explorer.agents.trains("critic")
     assert config.explorer.agents.trains("solver") and config.explorer.agents.trains(None)
+    one = load_config(None, [*MINIMAL, "explorer.agents.skip=critic"])  # one name, no list
+    assert one.explorer.agents.skip == ["critic"]
 
 
 @pytest.mark.parametrize(
