@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import textwrap
+from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
 
 from agentscope_rft.api import Workflow, WorkflowFn, load_workflow
 from agentscope_rft.engines.base import Engine
+from agentscope_rft.explorer.agents import COMPRESS_SUFFIX, AgentsConfig, display_name
 from agentscope_rft.explorer.diagnosis import TOOL_MARKUP, Finding, diagnose
 from agentscope_rft.explorer.explorer import (
     EpisodeSettings,
@@ -30,6 +32,25 @@ class CheckReport:
     rollout: Rollout
     samples: list[Sample]
     stats: TrajectoryStats
+    agents: AgentsConfig = field(default_factory=AgentsConfig)
+    """The selection of agents that train it was built with."""
+
+    def agent_lines(self) -> list[str]:
+        """One line per agent of the episode: its calls, and whether (or why not) it trains."""
+        calls: dict[str | None, int] = {}
+        for call in self.rollout.calls:
+            calls[call.agent_name] = calls.get(call.agent_name, 0) + 1
+        samples = Counter(s.agent_name for s in self.samples)
+        lines = []
+        for agent, count in calls.items():
+            trains = self.agents.trains(agent)
+            verdict = (
+                f"trains ({samples[agent]} sample(s))"
+                if trains
+                else f"not trained: {self.agents.why_not(agent)}"
+            )
+            lines.append(f"  agent {display_name(agent)}: {count} call(s), {verdict}")
+        return lines
 
     @property
     def findings(self) -> list[Finding]:
@@ -47,6 +68,17 @@ class CheckReport:
                 "no model call reached the trainable endpoint: use the `model` argument or an "
                 "AgentScope OpenAIChatModel (other clients are not redirected)"
             )
+        seen = {
+            display_name(c.agent_name).removesuffix(COMPRESS_SUFFIX) for c in self.rollout.calls
+        }
+        unseen = [n for n in self.agents.names if n not in seen]
+        if self.rollout.calls and unseen:
+            out.append(
+                f"explorer.agents names {', '.join(map(repr, unseen))}, which made no call in "
+                f"this episode (agents: {', '.join(sorted(seen))})"
+            )
+        if self.rollout.ok and self.rollout.calls and not self.samples:
+            out.append("no agent of this episode trains (explorer.agents): it gives no sample")
         for reason, count in self.stats.breaks.items():
             out.append(
                 f"{count} call(s) did not continue the previous one ({reason}); they train as "
@@ -67,6 +99,7 @@ class CheckReport:
         ]
         if r.error:
             lines.append(textwrap.indent(r.error.strip(), "  | "))
+        lines.extend(self.agent_lines())
         for i, call in enumerate(r.calls):
             tools = ", ".join(f"{t.name}({t.arguments})" for t in call.tool_calls) or "-"
             preview = (call.content or "").replace("\n", " ")[:100]
@@ -93,6 +126,7 @@ async def check_workflow(
     timeout: float = 300.0,
     runtime_state: str = "keep",
     show: bool = True,
+    agents: AgentsConfig | None = None,
 ) -> CheckReport:
     """Run one episode with the embedded model (or `engine`) and report what was captured.
 
@@ -100,6 +134,8 @@ async def check_workflow(
     whatever the app does with cancellation) and with the default per-call token limit.
     `runtime_state` is the config's `gateway.runtime_state` (`keep`, `freeze` or `drop`). The
     report's warnings include the diagnosis of the episode (`CheckReport.findings`).
+    `agents` is the config's `explorer.agents` (which agents train); the report says, per agent,
+    whether its calls would train.
 
     Raises:
         TaskSetError: `task` is not one task as a dict.
@@ -138,8 +174,11 @@ async def check_workflow(
     finally:
         if own_engine:
             await engine.close()
-    samples, stats = build_samples(rollout) if rollout.ok else ([], TrajectoryStats())
-    report = CheckReport(rollout=rollout, samples=samples, stats=stats)
+    agents = agents or AgentsConfig()
+    samples, stats = (
+        build_samples(rollout, agents=agents) if rollout.ok else ([], TrajectoryStats())
+    )
+    report = CheckReport(rollout=rollout, samples=samples, stats=stats, agents=agents)
     if show:
         Console().print(report.render(), markup=False, highlight=False)
     return report

@@ -44,6 +44,7 @@ from agentscope_rft.engines.config import (  # noqa: F401  (re-exported)
     EngineConfig,
     VLLMEngineConfig,
 )
+from agentscope_rft.explorer.agents import AgentsConfig
 from agentscope_rft.health.config import HealthConfig
 from agentscope_rft.monitor.config import MonitorConfig
 from agentscope_rft.runtime.config import RuntimeConfig
@@ -209,6 +210,10 @@ class ExplorerConfig(Section):
     """Each training call without a seed gets one derived from this, its rollout and call
     number, so exploration is reproducible (null: unseeded). Follows the sweep seed of
     `--seeds` unless set."""
+    agents: AgentsConfig = Field(default_factory=AgentsConfig)
+    """Which agents of a multi-agent app train, e.g. `{skip: [critic]}` or `{train: [solver]}`
+    (all agents' calls are served and recorded either way); their context-compression calls
+    only with `compression: true`."""
     dynamic_sampling: DynamicSamplingConfig | None = None
     """Refill each step with groups whose rewards differ (DAPO's dynamic sampling), e.g.
     `{max_batches: 3}`; null: off (one batch per step; its equal-reward groups are dropped by

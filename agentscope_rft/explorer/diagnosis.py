@@ -193,7 +193,8 @@ def equal_rewards(rollouts: Sequence[Rollout]) -> Finding | None:
         "equal_rewards",
         len(flat),
         len(sized),
-        f"all {len(sized)} group(s) have equal rewards within the group (reward {shown}): "
+        f"all {len(sized)} task group(s) (a task's episodes) have equal rewards within the "
+        f"group (reward {shown}): "
         "group-relative advantages are all zero, so a training step learns nothing. Fix: make "
         "some episodes succeed (worked episodes in the agent's memory, an SFT warm start, easier "
         "tasks, a larger model), give partial credit in the reward, or raise "

@@ -35,6 +35,7 @@ import httpx
 from agentscope.model import OpenAIChatModel
 
 from agentscope_rft.api import Workflow
+from agentscope_rft.explorer.agents import AgentsConfig, UnseenAgentWarning
 from agentscope_rft.explorer.loop_monitor import LoopMonitor, LoopStats
 from agentscope_rft.explorer.runner import (
     EpisodeFailed,
@@ -102,6 +103,8 @@ class EpisodeSettings:
     """Seconds an episode's calls still in flight after it returned may take before abort."""
     context_overflow_reward: float = 0.0
     """Reward of an episode whose conversation outgrew the context window (kept as data)."""
+    agents: AgentsConfig = field(default_factory=AgentsConfig)
+    """Which agents' calls become samples (`explorer.agents`)."""
 
 
 _RUNTIME_GAUGES = frozenset({"runtime/runners", "runtime/runner_processes"})
@@ -268,6 +271,7 @@ class Explorer:
         ]
         self._episodes_started = 0
         self._warned_no_calls = False
+        self._unseen_agents = UnseenAgentWarning(settings.agents)
         self._stragglers: set[asyncio.Task[Any]] = set()
         self._closures: dict[str, RolloutClosure] = {}
         self.loop_monitor = LoopMonitor()
@@ -541,9 +545,11 @@ class Explorer:
                 reward_spread=self.settings.reward_spread,
                 gamma=self.settings.reward_gamma,
                 max_length=self.settings.max_sample_length,
+                agents=self.settings.agents,
             )
             samples.extend(built)
             stats.merge(built_stats)
+        self._unseen_agents.check(c.agent_name for r in rollouts if r.ok for c in r.calls)
         if no_calls and not self._warned_no_calls:
             self._warned_no_calls = True
             logger.warning(

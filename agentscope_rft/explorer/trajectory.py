@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from agentscope_rft.explorer.agents import COMPRESS_SUFFIX, AgentsConfig, display_name
 from agentscope_rft.types import Call, Rollout, Sample
 
 RewardSpread = Literal["outcome", "last_call", "each_call", "discounted"]
@@ -89,6 +90,10 @@ class TrajectoryStats:
     merges: int = 0
     breaks: collections.Counter[str] = field(default_factory=collections.Counter)
     dropped_choices: int = 0
+    untrained_calls: int = 0
+    """Calls of agents that do not train (`explorer.agents`): recorded, but no sample."""
+    agent_samples: collections.Counter[str] = field(default_factory=collections.Counter)
+    """Samples per agent name (`-`: calls outside any agent); untrained agents count 0."""
 
     def merge(self, other: TrajectoryStats) -> None:
         self.calls += other.calls
@@ -96,6 +101,9 @@ class TrajectoryStats:
         self.merges += other.merges
         self.breaks.update(other.breaks)
         self.dropped_choices += other.dropped_choices
+        self.untrained_calls += other.untrained_calls
+        for agent, count in other.agent_samples.items():
+            self.agent_samples[agent] += count
 
     def metrics(self) -> dict[str, float]:
         possible = self.merges + sum(self.breaks.values())
@@ -104,7 +112,11 @@ class TrajectoryStats:
             "trajectory/samples": float(self.samples),
             "trajectory/merge_rate": self.merges / possible if possible else 1.0,
             "trajectory/dropped_choices": float(self.dropped_choices),
+            "trajectory/untrained_calls": float(self.untrained_calls),
         }
+        if len(self.agent_samples) > 1:  # a multi-agent app: what each agent gave
+            for agent, count in self.agent_samples.items():
+                out[f"trajectory/samples/{agent}"] = float(count)
         for reason, count in self.breaks.items():
             out[f"trajectory/break/{reason}"] = float(count)
         return out
@@ -157,8 +169,10 @@ def build_samples(
     reward_spread: RewardSpread = "outcome",
     gamma: float = 1.0,
     max_length: int | None = None,
+    agents: AgentsConfig | None = None,
 ) -> tuple[list[Sample], TrajectoryStats]:
-    """Samples of one finished episode, one or more per agent.
+    """Samples of one finished episode, one or more per agent that trains (`agents`: which do;
+    default every agent, without their compression calls).
 
     `reward_spread` says where the episode reward goes: `outcome` keeps it as each sample's
     `reward` (the advantage estimator handles it); `last_call`, `each_call` and `discounted`
@@ -173,13 +187,20 @@ def build_samples(
     for call in sorted(rollout.calls, key=lambda c: (c.started_at, c.choice_index)):
         by_agent[call.agent_name].append(call)
 
+    agents = agents or AgentsConfig()
+    own_agents = [a for a in by_agent if not display_name(a).endswith(COMPRESS_SUFFIX)]
     samples: list[Sample] = []
     for agent, calls in by_agent.items():
+        if not agents.trains(agent):
+            stats.untrained_calls += len(calls)
+            stats.agent_samples[display_name(agent)] += 0
+            continue
         requests = list(dict.fromkeys(c.request_id for c in calls))
         rewards = _token_rewards(rollout, agent, requests, reward_spread, gamma)
-        states = _call_states(rollout, agent, requests, only_agent=len(by_agent) == 1)
+        states = _call_states(rollout, agent, requests, only_agent=len(own_agents) == 1)
         calls = _without_empty_completions(calls, rewards)
         chains = _chains_for_agent(calls, max_length, stats)
+        stats.agent_samples[display_name(agent)] += len(chains)
         for k, chain in enumerate(chains):
             token_rewards = [0.0] * len(chain.token_ids)
             for call, end in zip(chain.calls, chain.call_ends, strict=True):

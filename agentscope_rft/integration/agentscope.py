@@ -11,6 +11,8 @@ Three patches, installed once and idempotent, make this work without edits to ag
 - `Agent.reply` and `Agent.reply_stream` (and their overrides in an app's own `Agent` subclasses)
   set the current agent's name while they run, so every call is tagged with the AgentScope agent
   that made it (header `X-Agent-Name`); multi-agent episodes then yield one trajectory per agent.
+  `Agent.compress_context` (AgentScope's context compression: a summary call made inside a reply)
+  tags its calls `<name>/compress`, so they can be kept out of training (`explorer.agents`).
 - Any other AgentScope chat model (`DeepSeekChatModel`, `DashScopeChatModel`, ...) called in an
   episode is logged once per class: its calls go to its own provider and are not trained.
 """
@@ -35,6 +37,7 @@ from agentscope.credential import OpenAICredential
 from agentscope.model import ChatModelBase, OpenAIChatModel
 from pydantic import SecretStr
 
+from agentscope_rft.explorer.agents import COMPRESS_SUFFIX
 from agentscope_rft.gateway.agent_name import AGENT_HEADER, encode_agent_name
 from agentscope_rft.types import StepReward, StepState
 
@@ -132,7 +135,8 @@ class _CountingClient(openai.AsyncOpenAI):
         # Counted once answered: a failed attempt that the app retries is not a recorded call.
         counts = self._scope.calls_made
         counts[self._agent] = counts.get(self._agent, 0) + 1
-        self._scope.last_agent = self._agent
+        if not (self._agent or "").endswith(COMPRESS_SUFFIX):  # a reward is for the agent's turns
+            self._scope.last_agent = self._agent
         return response
 
 
@@ -255,6 +259,23 @@ def _wrap_reply_stream(original: Any) -> Any:
     return reply_stream
 
 
+def _wrap_compress(original: Any) -> Any:
+    """Tag the calls an agent's `compress_context` makes (its summary of older context) as
+    `<name>/compress`: a different task from the agent's turns, trained only when asked
+    (`explorer.agents.compression`)."""
+
+    @functools.wraps(original)
+    async def compress_context(self: Agent, *args: Any, **kwargs: Any) -> Any:
+        token = _AGENT.set(f"{self.name}{COMPRESS_SUFFIX}")
+        try:
+            return await original(self, *args, **kwargs)
+        finally:
+            _AGENT.reset(token)
+
+    compress_context.__agentscope_rft_wrapped__ = True  # type: ignore[attr-defined]
+    return compress_context
+
+
 _WARNED_MODELS: set[type] = set()
 
 
@@ -306,13 +327,19 @@ def install() -> None:
 
 
 def _tag_replies(cls: type[Agent]) -> None:
-    """Wrap the `reply` and `reply_stream` that `cls` itself defines (once)."""
+    """Wrap the `reply`, `reply_stream` and `compress_context` that `cls` itself defines
+    (once)."""
     own = cls.__dict__
     reply, stream = own.get("reply"), own.get("reply_stream")
     if inspect.iscoroutinefunction(reply) and not getattr(reply, "__agentscope_rft_wrapped__", 0):
         cls.reply = _wrap_reply(reply)  # type: ignore[method-assign]
     if inspect.isasyncgenfunction(stream) and not getattr(stream, "__agentscope_rft_wrapped__", 0):
         cls.reply_stream = _wrap_reply_stream(stream)  # type: ignore[method-assign]
+    compress = own.get("compress_context")
+    if inspect.iscoroutinefunction(compress) and not getattr(
+        compress, "__agentscope_rft_wrapped__", 0
+    ):
+        cls.compress_context = _wrap_compress(compress)  # type: ignore[method-assign]
 
 
 def _tagging_init_subclass(original: Any) -> Any:

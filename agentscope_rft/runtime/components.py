@@ -186,6 +186,7 @@ def episode_settings(config: RunConfig, max_model_len: int) -> EpisodeSettings:
         max_sample_length=max_length,
         late_call_grace=ex.late_call_grace,
         context_overflow_reward=ex.context_overflow_reward,
+        agents=ex.agents,
     )
 
 

@@ -70,6 +70,7 @@ from agentscope_rft.runtime.memory import (
     release_freed_memory,
     share_trainer_weights,
 )
+from agentscope_rft.runtime.no_samples import why_no_samples
 from agentscope_rft.runtime.offline import OfflineBatches, offline_batches
 from agentscope_rft.runtime.preflight import Checked
 from agentscope_rft.runtime.sample_log import SampleLog
@@ -467,7 +468,7 @@ class TrainingRun:
         return samples, metrics
 
     def _skip_empty_step(self, step: int, metrics: dict[str, float], in_a_row: int) -> None:
-        cause = self._why_no_samples(metrics)
+        cause = why_no_samples(metrics, self.run_dir / "rollouts.jsonl")
         logger.warning("step %d: no samples (%s); nothing to train", step, cause)
         self.last = {**metrics, "train/skipped": 1.0}
         self.monitor.log(step, self.last)
@@ -475,25 +476,6 @@ class TrainingRun:
             raise NoSamplesError(
                 f"{MAX_EMPTY_STEPS} steps in a row produced no training samples ({cause})"
             )
-
-    def _why_no_samples(self, metrics: dict[str, float]) -> str:
-        """What left a step without samples: the data operators, or the episodes themselves."""
-        dropped = {
-            key.split("/")[1]: int(value)
-            for key, value in metrics.items()
-            if key.startswith("data/") and key.endswith("/episodes_dropped") and value > 0
-        }
-        if dropped:
-            counts = ", ".join(f"{name}: {count}" for name, count in dropped.items())
-            return (
-                f"data.operators dropped every episode ({counts} dropped); loosen or remove "
-                "them, the dropped episodes are in "
-                f"{self.run_dir / 'rollouts.jsonl'}"
-            )
-        return (
-            "every episode failed or made no model call; the errors are in "
-            f"{self.run_dir / 'rollouts.jsonl'}"
-        )
 
     async def _train_step(
         self,

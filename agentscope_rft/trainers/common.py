@@ -76,6 +76,15 @@ def count_groups(samples: Sequence[Sample]) -> int:
     return len({(s.group, s.agent_name) for s in samples})
 
 
+def _groups(samples: Sequence[Sample]) -> str:
+    """What the trainer's groups are, as the step line says it: one per task, or, in a
+    multi-agent app, one per task and agent (the run's diagnosis counts task groups)."""
+    tasks = len({s.group for s in samples if s.kind == "rl"})
+    if count_groups([s for s in samples if s.kind == "rl"]) == tasks:
+        return "groups"
+    return f"advantage groups (one per task and agent, over {tasks} task group(s))"
+
+
 def drop_zero_variance(
     samples: Sequence[Sample], algorithm: AlgorithmConfig, pad_id: int
 ) -> tuple[list[Sample], int]:
@@ -150,7 +159,9 @@ def filter_step_samples(
     if masked:
         metrics["train/nonfinite_logprob_tokens"] = float(masked)
     if not kept:
-        logger.warning("step %d: all %d groups had equal rewards; no update", step, dropped)
+        logger.warning(
+            "step %d: all %d %s had equal rewards; no update", step, dropped, _groups(samples)
+        )
         metrics["train/skipped"] = 1.0
     return kept, metrics
 

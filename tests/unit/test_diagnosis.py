@@ -177,3 +177,32 @@ def test_run_diagnosis_reports_each_phase_once_and_each_finding_once(tmp_path, c
     records = [json.loads(line) for line in (tmp_path / "diagnosis.jsonl").read_text().splitlines()]
     assert [r["phase"] for r in records] == ["train", "val"]
     assert [f["code"] for f in records[0]["findings"]] == ["no_tool_calls", "equal_rewards"]
+
+
+def test_the_diagnosis_and_the_step_line_say_what_their_groups_are(caplog):
+    """Two tasks, two agents each, all rewards equal: the diagnosis counts 2 task groups and the
+    trainer 4 advantage groups; each line says which it counts, so they do not seem to disagree."""
+    from agentscope_rft.algorithms.config import AlgorithmConfig
+    from agentscope_rft.trainers.common import filter_step_samples
+    from agentscope_rft.types import Sample
+
+    rollouts = [rollout([call()], 1.0, task) for task in ("a", "b") for _ in range(2)]
+    finding = equal_rewards(rollouts)
+    assert finding is not None and "all 2 task group(s) (a task's episodes)" in finding.message
+    samples = [
+        Sample([1, 2], [0, 1], [0.0, -1.0], 1.0, f"{task}{k}", task, agent_name=agent)
+        for task in ("a", "b")
+        for k in range(2)
+        for agent in ("solver", "critic")
+    ]
+    with caplog.at_level(logging.WARNING):
+        kept, metrics = filter_step_samples(samples, AlgorithmConfig(), pad_id=0, step=3)
+    assert kept == [] and metrics["train/groups"] == 4.0
+    assert (
+        "step 3: all 4 advantage groups (one per task and agent, over 2 task group(s)) had equal "
+        "rewards; no update"
+    ) in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        filter_step_samples(samples[::2], AlgorithmConfig(), pad_id=0, step=4)
+    assert "step 4: all 2 groups had equal rewards; no update" in caplog.text
