@@ -96,7 +96,7 @@ class OurSide:
         self.batcher.start()
 
     def run(self, prompts: list[list[int]], max_new: int) -> list[tuple[list[int], list[float]]]:
-        from agentscope_rft.engines.batcher import GenerationJob
+        from agentscope_rft.engines.jobs import GenerationJob
 
         async def go():
             loop = asyncio.get_running_loop()

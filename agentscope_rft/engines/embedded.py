@@ -34,15 +34,11 @@ from agentscope_rft.engines.base import (
     PromptReady,
     completion_room,
 )
-from agentscope_rft.engines.batcher import (
-    ContinuousBatcher,
-    GenerationJob,
-    _resolve,
-    _WeightSwap,
-)
+from agentscope_rft.engines.batcher import ContinuousBatcher
 from agentscope_rft.engines.chat import PromptBuilder, TextStream, assemble_choice
 from agentscope_rft.engines.cpu_dtype import pick_dtype
 from agentscope_rft.engines.fused import FusedDecoder, fused_decode_unsupported
+from agentscope_rft.engines.jobs import GenerationJob, WeightSwap, resolve
 from agentscope_rft.engines.packed import pack_linear_weights, packing_unsupported, repack
 from agentscope_rft.engines.prefix_cache import PrefixCache
 from agentscope_rft.engines.structured import GrammarMask, grammar_for
@@ -471,7 +467,7 @@ class EmbeddedEngine:
                 batcher.fused.release()  # its q/k/v and gate/up copies: retaken below
             if refill is not None:
                 free_weights(batcher.model)
-            loop.call_soon_threadsafe(_resolve, parked, 0.0)
+            loop.call_soon_threadsafe(resolve, parked, 0.0)
             try:
                 release.wait()
             finally:
@@ -520,7 +516,7 @@ class EmbeddedEngine:
         default unchanged); the future resolves with the seconds it waited and took."""
         batcher = self._running()
         loop = asyncio.get_running_loop()
-        swap = _WeightSwap(
+        swap = WeightSwap(
             apply=apply,
             version=batcher.policy_version if version is None else version,
             loop=loop,

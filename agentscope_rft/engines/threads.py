@@ -32,6 +32,7 @@ import contextvars
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ParamSpec, TypeVar
@@ -135,6 +136,36 @@ class ThreadPolicy:
             if len(bucket.last) == 2:
                 lo = 1 << (key - 1)
                 out[f"threads/tokens_{lo}_{2 * lo - 1}"] = float(self._best(bucket))
+        return out
+
+
+class ForwardRunner:
+    """Runs the engine thread's forwards with the threads a `ThreadPolicy` picks, and tells the
+    policy how long each took (no policy: torch's setting stays). Thread counts set here hold
+    for the calling thread only.
+
+    Example:
+        >>> run = ForwardRunner(policy=None)  # a ThreadPolicy: its pick, timed
+        >>> run(3, lambda: 1 + 2)
+        3
+    """
+
+    def __init__(self, policy: ThreadPolicy | None) -> None:
+        self.policy = policy
+        self._threads_now = 0
+
+    def __call__(self, tokens: int, forward: Callable[[], _T]) -> _T:
+        """`forward()` (over `tokens` tokens or rows), timed for the policy."""
+        policy = self.policy
+        if policy is None:
+            return forward()
+        threads = policy.choose(tokens)
+        if threads != self._threads_now:
+            torch.set_num_threads(threads)
+            self._threads_now = threads
+        start = time.perf_counter()
+        out = forward()
+        policy.record(tokens, threads, time.perf_counter() - start)
         return out
 
 

@@ -11,86 +11,46 @@ environment, so its torch/transformers pins never meet the trainer's. The engine
   template and parses tool calls with its `--tool-call-parser` (any model family vLLM supports);
   prompt ids come back with the response. Either way vLLM is called non-streamed with
   `return_token_ids` and log-probs, and streamed clients get the final content as one delta: no
-  streamed tool-call token ids to lose.
+  streamed tool-call token ids to lose. (`vllm_chat.py`)
 - **Replicas.** Each rollout sticks to one replica (a stable hash of its id) so its prefix cache
-  is reused; calls without a rollout go to the least busy replica.
+  is reused; calls without a rollout go to the least busy replica. (`vllm_replicas.py`)
 - **Weight sync.** `load_weights` closes the gate for new calls, drains in-flight calls
   (`sync_mode="wait"`) or freezes them (`"keep"`), reloads weights from a checkpoint folder on
   every replica (`/collective_rpc reload_weights`), resets the prefix cache, resumes and bumps the
-  version. `load_lora` loads a LoRA adapter named by version instead. NCCL transfer from a trainer
-  on other GPUs is in `vllm_nccl.py`.
+  version. `load_lora` loads a LoRA adapter named by version instead. (`vllm_weights.py`) NCCL
+  transfer from a trainer on other GPUs is in `vllm_nccl.py`.
+
+This module starts (or connects to) the replicas and wires those three together.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import shutil
 import tempfile
-import time
-import uuid
-import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
-import httpx
-
-from agentscope_rft.chat.template import (
-    ChatFormatError,
-    ChatRenderer,
-    normalize_messages,
-    normalize_tools,
-)
-from agentscope_rft.engines import vllm_wire as wire
-from agentscope_rft.engines.base import (
-    ChatEvent,
-    ChatRequest,
-    ChoiceDone,
-    ChoiceResult,
-    ContentDelta,
-    ContextWindowError,
-    EngineError,
-    GenerationOutput,
-    PromptReady,
-    completion_room,
-)
-from agentscope_rft.engines.chat import PromptBuilder, assemble_choice
+from agentscope_rft.chat.template import ChatRenderer
+from agentscope_rft.engines.base import ChatEvent, ChatRequest, EngineError, GenerationOutput
+from agentscope_rft.engines.chat import PromptBuilder
+from agentscope_rft.engines.vllm_chat import VLLMCalls
 from agentscope_rft.engines.vllm_env import find_vllm_python
 from agentscope_rft.engines.vllm_launch import VLLMLaunch
+from agentscope_rft.engines.vllm_replicas import Replica, ReplicaPool, SyncMode
 from agentscope_rft.engines.vllm_server import OnRestart, VLLMServer, VLLMServerError, free_port
+from agentscope_rft.engines.vllm_weights import ServedWeights, WeightPaths
 from agentscope_rft.models import load_tokenizer, resolve_model
-from agentscope_rft.types import JSON, SamplingParams
+from agentscope_rft.types import SamplingParams
 
 if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
 
-SyncMode = Literal["wait", "keep"]
 ChatRendering = Literal["engine", "vllm"]
-
-
-def save_weights(weights: Mapping[str, torch.Tensor], folder: Path) -> None:
-    """Write a state dict as `folder/model.safetensors`, the layout the servers reload from.
-
-    Tied weights (one storage under two names) are copied: safetensors refuses shared storage.
-
-    Example:
-        >>> save_weights(model.state_dict(), Path("weights-v3"))  # doctest: +SKIP
-    """
-    from safetensors.torch import save_file
-
-    tensors: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
-    for name, tensor in weights.items():
-        tensor = tensor.detach().to("cpu").contiguous()
-        if tensor.data_ptr() in seen:
-            tensor = tensor.clone()
-        seen.add(tensor.data_ptr())
-        tensors[name] = tensor
-    save_file(tensors, str(folder / "model.safetensors"))
 
 
 class ReplicaHosts(Protocol):
@@ -109,15 +69,6 @@ class ReplicaHosts(Protocol):
     ) -> list[VLLMServer]:
         """`count` supervised servers (not yet started), running `launch`."""
         ...
-
-
-class _Replica:
-    def __init__(self, server: VLLMServer, request_timeout: float) -> None:
-        self.server = server
-        self.in_flight = 0
-        self.http = httpx.AsyncClient(
-            base_url=server.url, timeout=httpx.Timeout(request_timeout, connect=10.0)
-        )
 
 
 class VLLMEngine:
@@ -203,35 +154,17 @@ class VLLMEngine:
         self.tokenizer = load_tokenizer(self.model_path)
         self.renderer = ChatRenderer(self.tokenizer, chat_template)
         self.prompts = PromptBuilder(self.renderer, reuse=reuse_prompt_tokens)
-        self._stop_ids = {int(self.tokenizer.eos_token_id), self.renderer.end_of_turn_id}
 
-        self.replicas: list[_Replica] = []
+        self.pool = ReplicaPool()
+        self.weights = ServedWeights(self.pool, self._model_name, max_loras=max_loras)
+        self.calls = VLLMCalls(self.pool, self.weights, self.tokenizer, self.renderer, self.prompts)
         self.replica_hosts: ReplicaHosts | None = None
         """Where managed replicas start: None: child processes of this one; set by the Ray runtime
         to start them under host actors on the cluster's nodes."""
-        self.weight_paths: Callable[[Path, int], Awaitable[Mapping[str, Path]]] | None = None
+        self.weight_paths: WeightPaths | None = None
         """Where each replica (by URL) reads a weights folder; None: the folder itself (set by
         the Ray runtime for replicas on other machines)."""
-        self._max_model_len = 0
-        self._version = 0
-        self._active_model = self._model_name
-        self._weights_path: Path | None = None
-        self._replica_weights: dict[str, Path] = {}  # replica URL -> its copy of the weights
-        self._owned_weights: list[Path] = []
-        self._loras: list[tuple[str, dict[str, Path]]] = []  # name, replica URL -> its folder
-        self._gate = asyncio.Event()
-        self._gate.set()
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._in_flight = 0
-        self._sync_lock = asyncio.Lock()
         self._tmp: Path | None = None
-        self._reloads = 0
-        self.mixed_policy_calls = 0
-        """Calls in flight across a full-weight reload in `keep` mode: sampled partly by the old
-        weights and partly by the new ones (recorded with the version they were admitted under)."""
-        self.sync_seconds: list[float] = []
-        """Seconds of every weight sync (reload or LoRA), pause included, in order."""
 
     # ------------------------------------------------------------------ properties
     @property
@@ -239,25 +172,39 @@ class VLLMEngine:
         return self._model_name
 
     @property
+    def replicas(self) -> list[Replica]:
+        """The replicas the engine calls (none until started)."""
+        return self.pool.replicas
+
+    @property
     def policy_version(self) -> int:
-        return self._version
+        return self.weights.version
 
     @property
     def max_model_len(self) -> int:
-        if not self.replicas:
-            raise EngineError("the engine is not started (await engine.start())", status=503)
-        return self._max_model_len
+        return self.pool.max_model_len
 
     @property
     def active_model(self) -> str:
         """The model name calls are sent with: the base model, or the latest LoRA adapter."""
-        return self._active_model
+        return self.weights.active_model
+
+    @property
+    def sync_seconds(self) -> list[float]:
+        """Seconds of every weight sync (reload or LoRA), pause included, in order."""
+        return self.weights.sync_seconds
+
+    @property
+    def mixed_policy_calls(self) -> int:
+        """Calls in flight across a full-weight reload in `keep` mode: sampled partly by the old
+        weights and partly by the new ones (recorded with the version they were admitted under)."""
+        return self.pool.mixed_policy_calls
 
     def metrics(self) -> dict[str, float]:
         """Counters for monitoring: syncs, last sync seconds, crashes and restarts."""
         return {
-            "policy_version": float(self._version),
-            "in_flight": float(self._in_flight),
+            "policy_version": float(self.policy_version),
+            "in_flight": float(self.pool.in_flight),
             "syncs": float(len(self.sync_seconds)),
             "mixed_policy_calls": float(self.mixed_policy_calls),
             "last_sync_seconds": self.sync_seconds[-1] if self.sync_seconds else 0.0,
@@ -273,7 +220,7 @@ class VLLMEngine:
         Example:
             >>> engine.check()  # doctest: +SKIP
         """
-        failed = [r.server.failure for r in self.replicas if r.server.failure is not None]
+        failed = self.pool.failures()
         if failed:
             raise VLLMServerError(
                 f"{len(failed)} of {len(self.replicas)} vLLM replica(s) gone for good, so the run "
@@ -292,16 +239,7 @@ class VLLMEngine:
         return self._tmp
 
     def token_texts(self, token_ids: Sequence[int]) -> list[str]:
-        return [self._decode([tid], skip_special_tokens=False) for tid in token_ids]
-
-    def _decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
-        text = self.tokenizer.decode(
-            list(token_ids),
-            skip_special_tokens=skip_special_tokens,
-            clean_up_tokenization_spaces=False,
-        )
-        assert isinstance(text, str)
-        return text
+        return [self.calls.decode([tid], skip_special_tokens=False) for tid in token_ids]
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -343,14 +281,14 @@ class VLLMEngine:
     async def sleep(self) -> None:
         """Free the servers' GPU memory (weights to CPU, KV cache dropped) for a colocated
         trainer step; in-flight requests are drained first (none run during a step)."""
-        await self._on_all("/sleep", params={"level": "1"})
+        await self.pool.on_all("/sleep", params={"level": "1"})
         logger.info(
             "vLLM asleep on %d replica(s): GPU memory freed for the trainer", len(self.replicas)
         )
 
     async def wake_up(self) -> None:
         """Take the GPU memory back after a colocated trainer step (before the weight sync)."""
-        await self._on_all("/wake_up")
+        await self.pool.on_all("/wake_up")
 
     async def start(self) -> None:
         if self.replicas:
@@ -371,7 +309,7 @@ class VLLMEngine:
                 port=self._port,
                 startup_timeout=self._startup_timeout,
                 max_restarts=self._max_restarts,
-                on_restart=self._reapply_weights,
+                on_restart=self.weights.reapply,
             )
         else:
             python = find_vllm_python(self._python)
@@ -387,13 +325,13 @@ class VLLMEngine:
                         log_path=log_dir / f"vllm-replica-{i}.log",
                         startup_timeout=self._startup_timeout,
                         max_restarts=self._max_restarts,
-                        on_restart=self._reapply_weights,
+                        on_restart=self.weights.reapply,
                     )
                 )
-        self.replicas = [_Replica(s, self._request_timeout) for s in servers]
+        self.pool.replicas = [Replica(s, self._request_timeout) for s in servers]
         try:
             await asyncio.gather(*(s.start() for s in servers))
-            await self._discover_max_model_len()
+            await self.pool.discover_max_model_len(self._model_name)
         except BaseException:
             await self.close()
             raise
@@ -402,237 +340,30 @@ class VLLMEngine:
             self.model_path.name,
             len(servers),
             ", ".join(s.url for s in servers),
-            self._max_model_len,
+            self.max_model_len,
             self.chat_rendering,
         )
 
-    async def _discover_max_model_len(self) -> None:
-        replica = self.replicas[0]
-        response = await replica.http.get("/v1/models")
-        if response.status_code != 200:
-            raise wire.api_error(response, replica.server.describe())
-        served = {m["id"]: m for m in response.json().get("data", [])}
-        if self._model_name not in served:
-            raise VLLMServerError(
-                f"{replica.server.describe()} does not serve {self._model_name!r} (it serves "
-                f"{sorted(served)}): the engine asks for model.name_or_path; start that server "
-                f"with --served-model-name {self._model_name} (with the same weights), or fix "
-                "engine.urls"
-            )
-        self._max_model_len = int(served[self._model_name].get("max_model_len") or 0)
-
     async def close(self) -> None:
-        replicas, self.replicas = self.replicas, []
-        for replica in replicas:
-            await replica.server.stop()
-            await replica.http.aclose()
-        self._drop_old_weights(keep=None)
+        await self.pool.close()
+        self.weights.drop_old(keep=None)
         # Without log_dir the logs live in the temporary folder: keep them for post-mortems.
         if self._tmp is not None and self.log_dir is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
         self._tmp = None
 
     # ------------------------------------------------------------------ requests
-    def _pick(self, rollout_id: str | None) -> _Replica:
-        if not self.replicas:
-            raise EngineError("the engine is not started (await engine.start())", status=503)
-        if rollout_id is not None:
-            return self.replicas[zlib.crc32(rollout_id.encode()) % len(self.replicas)]
-        return min(self.replicas, key=lambda r: r.in_flight)
-
-    @contextlib.asynccontextmanager
-    async def _admitted(self, replica: _Replica) -> AsyncIterator[tuple[int, str]]:
-        """Admit one call past the sync gate; yields (policy version, model name) to use.
-
-        The version is the one current at admission: in `keep` mode a call that a reload
-        interrupts records it although its later tokens come from the new weights (its log-probs
-        are those of the weights that sampled each token); `mixed_policy_calls` counts them.
-        """
-        while not self._gate.is_set():
-            await self._gate.wait()
-        self._in_flight += 1
-        replica.in_flight += 1
-        self._idle.clear()
-        reloads = self._reloads
-        try:
-            yield self._version, self._active_model
-        finally:
-            if self._reloads != reloads:  # only possible in keep mode: wait mode drains first
-                self.mixed_policy_calls += 1
-            self._in_flight -= 1
-            replica.in_flight -= 1
-            if self._in_flight == 0:
-                self._idle.set()
-
-    async def _post(
-        self,
-        replica: _Replica,
-        path: str,
-        body: Any = None,
-        params: Mapping[str, str] | None = None,
-    ) -> Any:
-        await replica.server.ready()
-        try:
-            response = await replica.http.post(path, json=body, params=params)
-        except httpx.TransportError as exc:
-            raise await replica.server.request_failed(exc) from exc
-        if response.status_code >= 400:
-            raise wire.api_error(response, replica.server.describe())
-        if "json" not in response.headers.get("content-type", ""):
-            return response.text  # e.g. /v1/load_lora_adapter answers in plain text
-        return response.json()
-
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams
     ) -> list[GenerationOutput]:
-        return await self._complete(prompt_ids, sampling, None)
-
-    async def _complete(
-        self,
-        prompt_ids: list[int],
-        sampling: SamplingParams,
-        rollout_id: str | None,
-        response_format: JSON | None = None,
-    ) -> list[GenerationOutput]:
-        max_tokens = completion_room(len(prompt_ids), self.max_model_len, sampling.max_tokens)
-        replica = self._pick(rollout_id)
-        async with self._admitted(replica) as (version, model):
-            body = self._stop_at_turn_end(
-                wire.completions_body(model, prompt_ids, sampling, max_tokens), sampling
-            )
-            if response_format is not None:
-                body["response_format"] = response_format
-            data = await self._post(replica, "/v1/completions", body)
-        choices = sorted(data["choices"], key=lambda c: c.get("index", 0))
-        return [wire.parse_completion(c, sampling.top_logprobs, version) for c in choices]
+        return await self.calls.complete(prompt_ids, sampling, None)
 
     async def chat(self, request: ChatRequest) -> AsyncIterator[ChatEvent]:
-        if self.chat_rendering == "vllm":
-            async for event in self._chat_vllm(request):
-                yield event
-            return
-        try:
-            prompt_ids, reused = self.prompts.build(request)
-        except ChatFormatError as exc:
-            raise EngineError(str(exc), param=exc.param) from exc
-        completion_room(len(prompt_ids), self.max_model_len, request.sampling.max_tokens)
-        yield PromptReady(prompt_ids=prompt_ids, reused_tokens=reused)
-        outputs = await self._complete(
-            prompt_ids, request.sampling, request.rollout_id, request.response_format
-        )
-        parse_tools = bool(request.tools) and request.tool_choice != "none"
-        choices = [
-            assemble_choice(
-                index, output, self.tokenizer, self._stop_ids, parse_tools,
-                id_prefix=f"call_{request.request_id or uuid.uuid4().hex[:8]}",
-            )
-            for index, output in enumerate(outputs)
-        ]  # fmt: skip
-        for choice in choices:
-            if request.stream and choice.content:
-                yield ContentDelta(index=choice.index, text=choice.content)
-            yield ChoiceDone(choice)
-        self.prompts.remember(request, prompt_ids, choices)
-
-    def _stop_at_turn_end(self, body: JSON, sampling: SamplingParams) -> JSON:
-        """`body` stopping at the chat template's end of turn where the model's eos differs (a
-        base model's tokenizer with a ChatML template: eos <|endoftext|>, turns <|im_end|>),
-        as the embedded engine does; not with `ignore_eos`, which ignores both there."""
-        if self.renderer.end_of_turn_id != self.tokenizer.eos_token_id and not sampling.ignore_eos:
-            body["stop_token_ids"] = [self.renderer.end_of_turn_id]
-        return body
-
-    async def _chat_vllm(self, request: ChatRequest) -> AsyncIterator[ChatEvent]:
-        try:  # the same validation (and error messages) as the engine's own rendering
-            normalize_messages(request.messages)
-            normalize_tools(request.tools)
-        except ChatFormatError as exc:
-            raise EngineError(str(exc), param=exc.param) from exc
-        sampling = request.sampling
-        replica = self._pick(request.rollout_id)
-        max_tokens = min(sampling.max_tokens or self.max_model_len, self.max_model_len)
-        async with self._admitted(replica) as (version, model):
-            body = self._stop_at_turn_end(
-                wire.chat_body(
-                    model,
-                    request.messages,
-                    request.tools,
-                    request.tool_choice,
-                    sampling,
-                    max_tokens,
-                ),
-                sampling,
-            )
-            if request.response_format is not None:
-                body["response_format"] = request.response_format
-            try:
-                data = await self._post(replica, "/v1/chat/completions", body)
-            except ContextWindowError as exc:
-                # vLLM renders the prompt here, so only its refusal tells how long it is; a
-                # max_tokens past the window is an upper bound, as on the engine's own rendering
-                room = wire.room_left(str(exc), self.max_model_len)
-                if room is None or room >= max_tokens:
-                    raise
-                body["max_tokens"] = room
-                data = await self._post(replica, "/v1/chat/completions", body)
-        yield PromptReady(prompt_ids=[int(t) for t in data.get("prompt_token_ids") or []])
-        for raw in sorted(data["choices"], key=lambda c: c.get("index", 0)):
-            ids, logprobs, top, content, tool_calls = wire.parse_chat_choice(
-                raw, sampling.top_logprobs
-            )
-            text_ids = ids[:-1] if ids and ids[-1] in self._stop_ids else ids
-            text = self._decode(text_ids)
-            stop = wire.stop_string(raw)
-            if stop is not None and stop in text:
-                text = text[: text.find(stop)]
-            choice = ChoiceResult(
-                index=int(raw.get("index", 0)),
-                completion_ids=ids,
-                logprobs=logprobs,
-                finish_reason=wire.finish_reason(raw),
-                policy_version=version,
-                text=text,
-                content=content if content or not tool_calls else None,
-                tool_calls=tool_calls,
-                top_logprobs=top,
-            )
-            if request.stream and choice.content:
-                yield ContentDelta(index=choice.index, text=choice.content)
-            yield ChoiceDone(choice)
+        calls = self.calls.chat_vllm if self.chat_rendering == "vllm" else self.calls.chat
+        async for event in calls(request):
+            yield event
 
     # ------------------------------------------------------------------ weights
-    @contextlib.asynccontextmanager
-    async def _paused(self, *, pause_servers: bool) -> AsyncIterator[None]:
-        """Hold new calls at the gate; drain (wait) or freeze (keep) the ones in flight."""
-        async with self._sync_lock:
-            self._gate.clear()
-            try:
-                if self.sync_mode == "wait":
-                    await self._idle.wait()
-                if pause_servers:
-                    await self._on_all("/pause", params={"mode": self.sync_mode})
-                try:
-                    yield
-                finally:
-                    if pause_servers:
-                        await self._on_all(
-                            "/reset_prefix_cache",
-                            # Frozen calls are preempted and recompute their KV on the new weights.
-                            params={
-                                "reset_running_requests": str(self.sync_mode == "keep").lower()
-                            },
-                        )
-                        await self._on_all("/resume")
-            finally:
-                self._gate.set()
-
-    async def _on_all(
-        self, path: str, body: Any = None, params: Mapping[str, str] | None = None
-    ) -> list[Any]:
-        return list(
-            await asyncio.gather(*(self._post(r, path, body, params) for r in self.replicas))
-        )
-
     async def sync(
         self, version: int, apply: Callable[[], Awaitable[None]], *, pause_servers: bool = True
     ) -> float:
@@ -641,16 +372,11 @@ class VLLMEngine:
 
         The building block of `load_weights`, `load_lora` and the NCCL sender. Returns the
         seconds it took (recorded in `sync_seconds`).
+
+        Example:
+            >>> seconds = await engine.sync(2, send_weights)  # doctest: +SKIP
         """
-        started = time.perf_counter()
-        async with self._paused(pause_servers=pause_servers):
-            if pause_servers:  # full weights change under any call frozen in flight
-                self._reloads += 1
-            await apply()
-            self._version = version
-        elapsed = time.perf_counter() - started
-        self.sync_seconds.append(elapsed)
-        return elapsed
+        return await self.weights.sync(version, apply, self.sync_mode, pause_servers=pause_servers)
 
     async def load_weights(self, weights: Mapping[str, torch.Tensor] | Path, version: int) -> float:
         """Swap in new weights as `version`: a state dict, an HF checkpoint folder, or (with
@@ -662,53 +388,9 @@ class VLLMEngine:
         """
         if isinstance(weights, Path) and (weights / "adapter_config.json").is_file():
             return await self.load_lora(weights, version)
-        started = time.perf_counter()
-        folder = await asyncio.to_thread(self._weights_folder, weights, version)
-        # Replicas on other machines may read a copy of the folder (see runtime/ray/weights.py).
-        paths = await self.weight_paths(folder, version) if self.weight_paths else {}
-
-        where = {r.server.url: paths.get(r.server.url, folder) for r in self.replicas}
-
-        async def reload() -> None:
-            await asyncio.gather(
-                *(
-                    self._post(
-                        replica,
-                        "/collective_rpc",
-                        {
-                            "method": "reload_weights",
-                            "kwargs": {"weights_path": str(where[replica.server.url])},
-                        },
-                    )
-                    for replica in self.replicas
-                )
-            )
-            self._weights_path = folder
-            self._replica_weights = where
-            self._active_model = self._model_name  # full weights replace any adapter
-
-        await self.sync(version, reload)
-        self._drop_old_weights(keep=folder)
-        elapsed = time.perf_counter() - started
-        self.sync_seconds[-1] = elapsed
-        logger.info("vLLM weights v%d loaded from %s in %.2f s", version, folder, elapsed)
-        return elapsed
-
-    def _weights_folder(self, weights: Mapping[str, torch.Tensor] | Path, version: int) -> Path:
-        if isinstance(weights, Path):
-            if not any(weights.glob("*.safetensors")):
-                raise EngineError(f"no *.safetensors files in {weights}", status=404)
-            return weights.resolve()
-        assert self._tmp is not None, "the engine is not started"
-        folder = Path(tempfile.mkdtemp(prefix=f"weights-v{version}-", dir=self._tmp))
-        save_weights(weights, folder)
-        self._owned_weights.append(folder)
-        return folder
-
-    def _drop_old_weights(self, keep: Path | None) -> None:
-        for folder in [f for f in self._owned_weights if f != keep]:
-            shutil.rmtree(folder, ignore_errors=True)
-            self._owned_weights.remove(folder)
+        return await self.weights.load_full(
+            weights, version, self.sync_mode, root=self._tmp, weight_paths=self.weight_paths
+        )
 
     async def load_lora(self, adapter: Path, version: int) -> float:
         """Load a LoRA adapter folder as `version`; later calls use it (named by version).
@@ -724,51 +406,6 @@ class VLLMEngine:
             raise EngineError(
                 f"{adapter} has no adapter_config.json (not a LoRA adapter)", status=404
             )
-        name = f"{self._model_name}-lora-v{version}"
-        path = adapter.resolve()
-        # Replicas on other machines may read a copy of the folder (see runtime/ray/weights.py).
-        paths = await self.weight_paths(path, version) if self.weight_paths else {}
-        where = {r.server.url: paths.get(r.server.url, path) for r in self.replicas}
-
-        async def load() -> None:
-            await asyncio.gather(
-                *(
-                    self._post(
-                        r,
-                        "/v1/load_lora_adapter",
-                        {"lora_name": name, "lora_path": str(where[r.server.url])},
-                    )
-                    for r in self.replicas
-                )
-            )
-            self._loras.append((name, where))
-            self._active_model = name
-
-        # No server pause: calls in flight keep their adapter; the gate orders the switch.
-        elapsed = await self.sync(version, load, pause_servers=False)
-        for old, _ in self._loras[: -self._max_loras]:
-            with contextlib.suppress(EngineError):
-                await self._on_all("/v1/unload_lora_adapter", {"lora_name": old})
-        del self._loras[: -self._max_loras]
-        logger.info("vLLM LoRA adapter %s loaded from %s in %.2f s", name, adapter, elapsed)
-        return elapsed
-
-    async def _reapply_weights(self, server: VLLMServer) -> None:
-        """After a restart the server has the base weights: load the current ones again."""
-        replica = next(r for r in self.replicas if r.server is server)
-
-        async def post(path: str, body: Any) -> None:
-            response = await replica.http.post(path, json=body)
-            if response.status_code >= 400:
-                raise wire.api_error(response, server.describe())
-
-        if self._weights_path is not None:
-            path = self._replica_weights.get(server.url, self._weights_path)
-            await post(
-                "/collective_rpc",
-                {"method": "reload_weights", "kwargs": {"weights_path": str(path)}},
-            )
-        for name, paths in self._loras:
-            lora_path = str(paths[server.url])
-            await post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": lora_path})
-        logger.info("%s restarted with policy version %d", server.describe(), self._version)
+        return await self.weights.load_lora(
+            adapter, version, self.sync_mode, weight_paths=self.weight_paths
+        )

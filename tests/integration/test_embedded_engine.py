@@ -78,7 +78,7 @@ async def test_answered_rows_leave_at_once_without_changing_results(engine, tiny
             # The batcher thread may be mid-retire while this looks; what must never be seen
             # is a row whose answer already went out (answers resolve on this loop, after
             # the batch dropped their rows).
-            rows = list(batcher._rows)
+            rows = list(batcher.batch.rows)
             lingered.append(sum(row.retired and row.job.done.done() for row in rows))
             sizes.append(len(rows))
             await asyncio.sleep(0.001)
@@ -98,7 +98,7 @@ async def test_answered_rows_leave_at_once_without_changing_results(engine, tiny
         late([7, 8, 9, 10]),
     )
     watcher.cancel()
-    assert max(lingered) == 0 and batcher.num_running == 0 and not batcher._rows
+    assert max(lingered) == 0 and batcher.num_running == 0 and not batcher.batch.rows
     assert len(set(sizes)) > 3  # the batch shrank step by step (and grew once)
     model = load_causal_lm(tiny_model_path, dtype=torch.float32)
     for prompt, [out] in zip([*prompts, [7, 8, 9, 10]], outs, strict=True):

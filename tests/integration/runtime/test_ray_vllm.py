@@ -132,7 +132,8 @@ async def test_replica_runs_under_an_actor_on_the_chosen_node(ray_driver, vllm_t
         await placement.start()
         engine.weight_paths = placement.paths
         await engine.load_weights(await asyncio.to_thread(_perturbed, vllm_tiny), 1)
-        assert engine._replica_weights[server.url] != engine._weights_path  # the staged copy
+        served = engine.weights
+        assert served.replica_weights[server.url] != served.weights_path  # the staged copy
         ids_new, after, version = await _greedy(engine)
         assert version == 1 and after != before
 

@@ -137,7 +137,7 @@ async def test_both_renderings_record_the_same_call(vllm_engine: VLLMEngine) -> 
 
 
 async def test_rollouts_stick_to_one_replica(vllm_engine: VLLMEngine) -> None:
-    picks = {vllm_engine._pick("rollout-42") for _ in range(5)}
+    picks = {vllm_engine.pool.pick("rollout-42") for _ in range(5)}
     assert len(picks) == 1
 
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from agentscope_rft.engines.base import ChatRequest, EngineError
-from agentscope_rft.engines.vllm import VLLMEngine, save_weights
+from agentscope_rft.engines.vllm import VLLMEngine
+from agentscope_rft.engines.vllm_weights import save_weights
 from agentscope_rft.models import load_causal_lm
 from agentscope_rft.types import SamplingParams
 

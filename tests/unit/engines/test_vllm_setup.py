@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from agentscope_rft.engines import vllm_env
-from agentscope_rft.engines.vllm import VLLMEngine, _Replica
+from agentscope_rft.engines.vllm import VLLMEngine
+from agentscope_rft.engines.vllm_replicas import Replica
 from agentscope_rft.engines.vllm_server import (
     TAIL_MARKER,
     VLLMServer,
@@ -72,12 +73,14 @@ def test_server_command_has_the_flags_token_capture_needs(tiny_model_path: str) 
 
 def test_rollouts_stick_to_a_replica_and_spread(tiny_model_path: str) -> None:
     engine = VLLMEngine(tiny_model_path, urls=["http://127.0.0.1:1", "http://127.0.0.1:2"])
-    engine.replicas = [_Replica(VLLMServer(f"r{i}", url=f"http://x{i}"), 10.0) for i in range(2)]
-    picks = {f"rollout-{i}": engine._pick(f"rollout-{i}") for i in range(40)}
-    assert all(engine._pick(rid) is replica for rid, replica in picks.items())
+    engine.pool.replicas = [
+        Replica(VLLMServer(f"r{i}", url=f"http://x{i}"), 10.0) for i in range(2)
+    ]
+    picks = {f"rollout-{i}": engine.pool.pick(f"rollout-{i}") for i in range(40)}
+    assert all(engine.pool.pick(rid) is replica for rid, replica in picks.items())
     assert {id(r) for r in picks.values()} == {id(r) for r in engine.replicas}
     engine.replicas[0].in_flight = 3
-    assert engine._pick(None) is engine.replicas[1]  # no rollout: the least busy replica
+    assert engine.pool.pick(None) is engine.replicas[1]  # no rollout: the least busy replica
 
 
 def test_log_tail_and_first_error(tmp_path: Path) -> None:
@@ -173,7 +176,9 @@ async def test_a_dead_url_waits_engine_startup_timeout_and_says_what_to_fix(
 def test_a_replica_gone_for_good_fails_the_engines_check(tiny_model_path: str) -> None:
     # Rollouts are routed to replicas by id: a dead one would fail its share of every step.
     engine = VLLMEngine(tiny_model_path, urls=["http://127.0.0.1:1", "http://127.0.0.1:2"])
-    engine.replicas = [_Replica(VLLMServer(f"r{i}", url=f"http://x{i}"), 10.0) for i in range(2)]
+    engine.pool.replicas = [
+        Replica(VLLMServer(f"r{i}", url=f"http://x{i}"), 10.0) for i in range(2)
+    ]
     engine.check()  # both serving
     engine.replicas[1].server._failure = (
         "vLLM server r1 crashed (exit code -9) and was not restarted: max_restarts=3 reached"
@@ -196,8 +201,8 @@ async def test_vllm_rendering_takes_max_tokens_past_the_window_as_an_upper_bound
     from agentscope_rft.types import SamplingParams
 
     engine = VLLMEngine(tiny_model_path, urls=["http://127.0.0.1:1"], chat_rendering="vllm")
-    engine.replicas = [_Replica(VLLMServer("r0", url="http://x0"), 10.0)]
-    engine._max_model_len = 128
+    engine.pool.replicas = [Replica(VLLMServer("r0", url="http://x0"), 10.0)]
+    engine.pool._max_model_len = 128
     sent: list[int] = []
 
     async def post(replica, path, body=None, params=None):
@@ -229,7 +234,7 @@ async def test_vllm_rendering_takes_max_tokens_past_the_window_as_an_upper_bound
             ],
         }
 
-    monkeypatch.setattr(engine, "_post", post)
+    monkeypatch.setattr(engine.pool, "post", post)
 
     def request(content: str, max_tokens: int | None) -> ChatRequest:
         return ChatRequest(
@@ -315,10 +320,12 @@ async def test_a_server_of_another_model_is_named_with_the_fix(tiny_model_path: 
 
     server, url = await _fake_http_server(routes)
     engine = VLLMEngine(tiny_model_path, urls=[url], startup_timeout=600.0)
-    engine.replicas = [_Replica(VLLMServer("replica-0", url=url), 10.0)]
+    engine.pool.replicas = [Replica(VLLMServer("replica-0", url=url), 10.0)]
     async with server:
         with pytest.raises(VLLMServerError) as error:
-            await asyncio.wait_for(engine._discover_max_model_len(), timeout=20)
+            await asyncio.wait_for(
+                engine.pool.discover_max_model_len(engine.model_name), timeout=20
+            )
     assert f"does not serve {tiny_model_path!r} (it serves ['other-model'])" in str(error.value)
     assert f"--served-model-name {tiny_model_path}" in str(error.value)
 

@@ -133,8 +133,8 @@ def test_requests_stop_at_the_templates_end_of_turn_where_the_eos_differs():
     from agentscope_rft.models import resolve_model
 
     engine = VLLMEngine(resolve_model("tiny-random"))  # not started: bodies only
-    assert engine._stop_at_turn_end({}, SamplingParams()) == {}  # eos is <|im_end|> itself
+    assert engine.calls.stop_at_turn_end({}, SamplingParams()) == {}  # eos is <|im_end|> itself
     engine.tokenizer.eos_token = "<|endoftext|>"  # a base model's tokenizer, ChatML turns
     turn_end = engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
-    assert engine._stop_at_turn_end({}, SamplingParams()) == {"stop_token_ids": [turn_end]}
-    assert engine._stop_at_turn_end({}, SamplingParams(ignore_eos=True)) == {}
+    assert engine.calls.stop_at_turn_end({}, SamplingParams()) == {"stop_token_ids": [turn_end]}
+    assert engine.calls.stop_at_turn_end({}, SamplingParams(ignore_eos=True)) == {}
