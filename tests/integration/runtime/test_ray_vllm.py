@@ -70,12 +70,19 @@ def _gone(pids: list[int], timeout: float) -> list[int]:
         time.sleep(0.5)
 
 
-def _watchers() -> set[int]:
-    """The server watchers running (see `vllm_server._GUARD`)."""
+def _watchers(group: int) -> set[int]:
+    """The watchers of the server whose process group is `group` (see `vllm_server._GUARD`: its
+    arguments are a pipe's fd and the group). Other runs' watchers on the machine are not
+    counted."""
     found = set()
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info["cmdline"] or []
-        if len(cmdline) > 2 and cmdline[1] == "-c" and "os.killpg(group" in cmdline[2]:
+        if (
+            len(cmdline) > 4
+            and cmdline[1] == "-c"
+            and "os.killpg(group" in cmdline[2]
+            and cmdline[4] == str(group)
+        ):
             found.add(proc.pid)
     return found
 
@@ -111,7 +118,6 @@ async def test_replica_runs_under_an_actor_on_the_chosen_node(ray_driver, vllm_t
     engine = VLLMEngine(vllm_tiny, log_dir=tmp_path / "logs", **ENGINE)
     engine.replica_hosts = hosts
     placement = WeightPlacement({}, "object_store", tmp_path)
-    watchers = _watchers()
     try:
         await engine.start()
         [replica] = engine.replicas
@@ -148,7 +154,9 @@ async def test_replica_runs_under_an_actor_on_the_chosen_node(ray_driver, vllm_t
         assert await _greedy(engine) == (ids_new, after, 1)
         tree = [server.pid, *(p.pid for p in psutil.Process(server.pid).children(recursive=True))]
         host_pid = server.process.host_pid
-        assert len(_watchers() - watchers) == 1  # one per running server
+        group = os.getpgid(server.pid)
+        watchers = _watchers(group)
+        assert len(watchers) == 1  # one per running server
 
         # Its host actor dies (killed, or its node left): the server goes with it, and the
         # replica reports the loss instead of hanging.
@@ -170,7 +178,7 @@ async def test_replica_runs_under_an_actor_on_the_chosen_node(ray_driver, vllm_t
         hosts.close()
     assert _gone(tree, timeout=30) == []
     assert _gone([host_pid], timeout=30) == []
-    assert _gone(list(_watchers() - watchers), timeout=10) == []
+    assert _gone(list(watchers), timeout=10) == []
     assert (tmp_path / "logs" / "vllm-replica-0.log").is_file()  # same machine: the run's logs
 
 
@@ -198,7 +206,7 @@ async def test_a_node_without_the_interpreter_or_model_is_named(ray_driver, tiny
 
 DRIVER = textwrap.dedent(
     """
-    import asyncio, json, sys
+    import asyncio, json, os, sys
     import psutil, ray
     from agentscope_rft.engines.vllm import VLLMEngine
     from agentscope_rft.runtime.ray import PACKAGE_ROOT
@@ -213,7 +221,8 @@ DRIVER = textwrap.dedent(
         await engine.start()
         server = engine.replicas[0].server
         tree = [server.pid] + [p.pid for p in psutil.Process(server.pid).children(recursive=True)]
-        print(json.dumps({"tree": tree, "host": server.process.host_pid}), flush=True)
+        found = {"tree": tree, "host": server.process.host_pid, "group": os.getpgid(server.pid)}
+        print(json.dumps(found), flush=True)
         await asyncio.sleep(3600)
 
     asyncio.run(main())
@@ -235,7 +244,8 @@ async def test_replica_dies_with_a_killed_driver(ray_cluster, vllm_tiny, tmp_pat
         line = await asyncio.wait_for(asyncio.to_thread(driver.stdout.readline), 300)  # type: ignore[union-attr]
         started = json.loads(line)
         assert _gone(started["tree"], timeout=0) == started["tree"]  # all running
-        watchers = _watchers()
+        watchers = _watchers(started["group"])
+        assert len(watchers) == 1
         driver.send_signal(signal.SIGKILL)
         driver.wait()
         # Ray kills the dead driver's actors; the host's watcher ends its server's process group.
