@@ -170,6 +170,7 @@ def test_summary_of_fixture_seeds(tmp_path):
     write_run(sweep / "seed-2", [*lines, val(4, 0.6)], 4, best)
     data = read_sweep(sweep)
     data["status"] = {"0": "done", "1": "done", "2": "done", "3": "failed"}
+    del data["config"]["tasks"]["val"]  # an older sweep: its config had no val, eval validated
     (sweep / "sweep.json").write_text(json.dumps(data))
 
     summary = summarize(sweep)
@@ -428,3 +429,39 @@ def test_a_sweep_json_without_its_keys_is_one_error(tmp_path):
     (tmp_path / "sweep.json").write_text("{}")
     with pytest.raises(SweepError, match=r"sweep.json has no seeds, runs, status, config: it is"):
         summarize(tmp_path)
+
+
+def test_without_a_validation_split_no_best_is_chosen_on_the_test_split(tmp_path, caplog):
+    """A config with tasks.eval (test) and no tasks.val evaluates the test split during training
+    for monitoring only; the summary took the best of those test records as the seed's `best val`
+    and labelled the last checkpoint's test score `(best ckpt)`: a checkpoint chosen on test."""
+    sweep = tmp_path / "sweep"
+    open_sweep(config(tmp_path, "tasks.eval=test.jsonl"), sweep, [0, 1])
+    evals = [val(s, v, "eval") for s, v in ((0, 0.2), (2, 0.9), (4, 0.4))]
+    write_run(sweep / "seed-0", evals, 4)
+    write_run(sweep / "seed-1", [val(s, v, "eval") for s, v in ((0, 0.2), (4, 0.6))], 4)
+    for seed, score in ((0, 0.3), (1, 0.5)):
+        (sweep / f"seed-{seed}" / "test-best").mkdir()
+        (sweep / f"seed-{seed}" / "test-best" / "summary.json").write_text(
+            json.dumps({"reward/mean": score})
+        )
+    data = read_sweep(sweep)
+    data["status"] = {"0": "done", "1": "done"}
+    (sweep / "sweep.json").write_text(json.dumps(data))
+
+    with caplog.at_level("WARNING"):
+        summary = summarize(sweep)
+    seed = summary["seeds"]["0"]
+    assert seed["best"] == {"step": None, "value": None}  # not step 2's 0.9, a test score
+    assert seed["last"] == {"step": 4, "value": 0.4}
+    assert seed["checkpoint"] == "last"
+    assert seed["best_model"].endswith("seed-0/checkpoints/step-000004/model")
+    assert summary["best"]["n"] == 0 and summary["last"]["n"] == 2
+    table = (sweep / "summary.md").read_text()
+    assert "| 0 | done | – | – | 4 | 0.4 | 0.3 |" in table
+    assert "test reward/mean (last ckpt)" in table and "(best ckpt)" not in table
+    assert "no validation split (tasks.val)" in table
+    assert "tasks.val is not set: the in-training evaluation of seed(s) 0, 1 is of the test" in (
+        caplog.text
+    )
+    assert "logs no val/reward/mean" not in caplog.text
