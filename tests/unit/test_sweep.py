@@ -465,3 +465,29 @@ def test_without_a_validation_split_no_best_is_chosen_on_the_test_split(tmp_path
         caplog.text
     )
     assert "logs no val/reward/mean" not in caplog.text
+
+
+def test_a_last_checkpoint_already_tested_is_reused_and_a_second_look_is_warned(
+    tmp_path, monkeypatch, caplog
+):
+    """A seed without best.json (no validation) was evaluated on the test split anew by every
+    `--test`, silently replacing the earlier look."""
+    from agentscope_rft.runtime import sweep_summary
+
+    run = tmp_path / "seed-0"
+    step2, step4 = (run / "checkpoints" / f"step-00000{s}" / "model" for s in (2, 4))
+    step2.mkdir(parents=True)
+    (run / "test-best").mkdir()
+    (run / "test-best" / "summary.json").write_text('{"reward/mean": 0.42}')
+    (run / "test-best" / "config.yaml").write_text(f"model:\n  name_or_path: {step2}\n")
+    explored: list[Path] = []
+    monkeypatch.setattr(sweep_summary, "_evaluate", lambda c, o, out: explored.append(out) or {})
+    assert sweep_summary.evaluate_best(run, str(step2)) == {"reward/mean": 0.42}
+    assert explored == []
+    # the seed ran on to step 4: its last checkpoint is another model, tested anew and said so
+    step4.mkdir(parents=True)
+    with caplog.at_level("WARNING"):
+        assert sweep_summary.evaluate_best(run, str(step4)) == {}
+    assert explored == [run / "test-best"]
+    assert f"its earlier test evaluation was of {step2}" in caplog.text
+    assert "a second look at the test split" in caplog.text
