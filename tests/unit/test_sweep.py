@@ -123,6 +123,23 @@ def test_a_folder_holding_only_an_earlier_baseline_becomes_the_sweep(tmp_path):
         open_sweep(config(tmp_path), tmp_path / "run", [0])
 
 
+def test_a_folder_holding_only_explore_results_becomes_the_sweep(tmp_path):
+    """`explore --split test` of the config before `train --seeds` (the README's baseline) left
+    `explore-test/` in the config's run folder, and the sweep refused it as a run folder, offering
+    run.overwrite, which deletes the baseline."""
+    sweep = tmp_path / "sweep"
+    for name in ("explore-test", "explore-val-best"):
+        (sweep / name).mkdir(parents=True)
+        (sweep / name / "summary.json").write_text('{"reward/mean": 0.1}')
+    data = open_sweep(config(tmp_path), sweep, [0])
+    assert data["seeds"] == [0] and is_sweep(sweep)
+    assert (sweep / "explore-test" / "summary.json").is_file()
+    (tmp_path / "run" / "explore-test").mkdir(parents=True)  # beside a run's files: refused
+    (tmp_path / "run" / "state.json").write_text("{}")
+    with pytest.raises(SweepError, match="is a run folder, not a sweep"):
+        open_sweep(config(tmp_path), tmp_path / "run", [0])
+
+
 def test_parallel(tmp_path):
     assert choose_parallel(config(tmp_path), "auto", 5) == 1
     assert choose_parallel(config(tmp_path), "3", 2) == 2
