@@ -19,8 +19,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from agentscope_rft.monitor.records import METRICS_FILE, per_step, read_metrics, surviving_history
 from agentscope_rft.runtime.best import (
     BEST_DIR,
@@ -233,14 +231,16 @@ def evaluate_best(run_dir: Path, best_model: str | None) -> dict[str, float]:
     An evaluation of this model is reused (for `checkpoints/best`, one written after the seed's
     best was chosen: `test-best/summary.json` newer than `best.json`), so a `--test` that was
     stopped goes on where it was and a second `--test` looks at the test split no second time.
-    An earlier evaluation of another checkpoint is replaced, with a warning: a second look.
+    An earlier evaluation of another checkpoint is replaced (explore warns: a second look).
     """
     if best_model is None or not Path(best_model).is_dir():
         raise SweepError(f"{run_dir}: no checkpoint to test ({best_model or 'state.json missing'})")
     out = run_dir / BEST_TEST_DIR
     done, chosen = out / "summary.json", run_dir / BEST_FILE
     if done.is_file():
-        tested = _tested_model(out)
+        from agentscope_rft.runtime.explore import tested_model  # (explore says a second look)
+
+        tested = tested_model(out)
         same_model = Path(tested).resolve() == Path(best_model).resolve() if tested else None
         if chosen.is_file():  # the best's folder is the same for every best: its time tells
             fresh = done.stat().st_mtime > chosen.stat().st_mtime and same_model is not False
@@ -251,25 +251,7 @@ def evaluate_best(run_dir: Path, best_model: str | None) -> dict[str, float]:
                 "%s: the test evaluation of its best checkpoint is reused (%s)", run_dir, done
             )
             return dict(json.loads(done.read_text()))
-        logger.warning(
-            "%s: its earlier test evaluation was of %s, not of the checkpoint to test now (%s); "
-            "evaluating again replaces it: a second look at the test split, so choose nothing "
-            "by comparing the two",
-            run_dir,
-            tested or "a best checkpoint chosen before",
-            best_model,
-        )
     return _evaluate(run_dir / "config.yaml", [f"model.name_or_path={best_model}"], out)
-
-
-def _tested_model(out: Path) -> str | None:
-    """The model an evaluation folder's `config.yaml` names (None: no readable config)."""
-    try:
-        config = yaml.safe_load((out / "config.yaml").read_text())
-        name = config["model"]["name_or_path"]
-    except (OSError, yaml.YAMLError, TypeError, KeyError):
-        return None
-    return str(name) if name else None
 
 
 def evaluate_untrained(sweep_dir: Path) -> dict[str, float]:

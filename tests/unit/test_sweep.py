@@ -484,9 +484,7 @@ def test_without_a_validation_split_no_best_is_chosen_on_the_test_split(tmp_path
     assert "logs no val/reward/mean" not in caplog.text
 
 
-def test_a_last_checkpoint_already_tested_is_reused_and_a_second_look_is_warned(
-    tmp_path, monkeypatch, caplog
-):
+def test_a_last_checkpoint_already_tested_is_reused(tmp_path, monkeypatch):
     """A seed without best.json (no validation) was evaluated on the test split anew by every
     `--test`, silently replacing the earlier look."""
     from agentscope_rft.runtime import sweep_summary
@@ -501,10 +499,27 @@ def test_a_last_checkpoint_already_tested_is_reused_and_a_second_look_is_warned(
     monkeypatch.setattr(sweep_summary, "_evaluate", lambda c, o, out: explored.append(out) or {})
     assert sweep_summary.evaluate_best(run, str(step2)) == {"reward/mean": 0.42}
     assert explored == []
-    # the seed ran on to step 4: its last checkpoint is another model, tested anew and said so
+    # the seed ran on to step 4: its last checkpoint is another model, tested anew
     step4.mkdir(parents=True)
-    with caplog.at_level("WARNING"):
-        assert sweep_summary.evaluate_best(run, str(step4)) == {}
+    assert sweep_summary.evaluate_best(run, str(step4)) == {}
     assert explored == [run / "test-best"]
-    assert f"its earlier test evaluation was of {step2}" in caplog.text
+
+
+def test_a_test_evaluation_replacing_an_earlier_one_is_called_a_second_look(tmp_path, caplog):
+    """`explore --split test` (or a `--test` of another checkpoint) replaced an earlier test
+    evaluation in its folder without a word."""
+    from agentscope_rft.runtime.explore import warn_second_look
+
+    out = tmp_path / "explore-test-best"
+    out.mkdir()
+    with caplog.at_level("WARNING"):
+        warn_second_look(out, "test", "m2")  # a first look
+        (out / "summary.json").write_text("{}")
+        (out / "config.yaml").write_text("model:\n  name_or_path: m1\n")
+        warn_second_look(out, "val", "m2")  # validation may be looked at again
+        assert caplog.text == ""
+        warn_second_look(out, "test", "m2")
+    assert "holds a test-split evaluation already (of m1); this one, of m2, replaces it" in (
+        caplog.text
+    )
     assert "a second look at the test split" in caplog.text
