@@ -583,7 +583,8 @@ def run_sweep(
     Returns the summary (`sweep_summary.summarize`); the failed seeds are its `failed` list.
 
     Raises:
-        SweepError: bad `parallel`, or a sweep folder with another config.
+        SweepError: bad `parallel`, a sweep folder with another config, or `test` without a test
+            split.
         SweepStopped: a signal stopped the sweep (the seeds resume with `--resume <sweep_dir>`).
 
     Example:
@@ -592,6 +593,11 @@ def run_sweep(
     """
     from agentscope_rft.runtime.sweep_summary import summarize
 
+    if test and config.tasks.eval is None:  # found now, not after every seed has trained
+        raise SweepError(
+            "--test: the config has no test split (tasks.test): set it (in the config, or "
+            "--set tasks.test=PATH), or leave out --test"
+        )
     data = open_sweep(config, sweep_dir, seeds, fork)
     at_once = choose_parallel(config, parallel, len(data["seeds"]))
     logger.info(

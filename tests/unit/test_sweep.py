@@ -523,3 +523,14 @@ def test_a_test_evaluation_replacing_an_earlier_one_is_called_a_second_look(tmp_
         caplog.text
     )
     assert "a second look at the test split" in caplog.text
+
+
+def test_test_without_a_test_split_is_refused_before_any_seed_trains(tmp_path, monkeypatch):
+    """`train --seeds 0,1,2 --test` with no tasks.test trained every seed, then failed at the
+    summary: `--test: tasks.eval is not set`."""
+    from agentscope_rft.runtime import sweep
+
+    monkeypatch.setattr(sweep.SweepRun, "run", lambda self: pytest.fail("a seed was started"))
+    with pytest.raises(SweepError, match=r"--test: the config has no test split \(tasks.test\)"):
+        sweep.run_sweep(config(tmp_path), tmp_path / "sweep", [0, 1], test=True)
+    assert not (tmp_path / "sweep").exists()
