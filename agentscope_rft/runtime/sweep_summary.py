@@ -258,13 +258,31 @@ def evaluate_untrained(sweep_dir: Path) -> dict[str, float]:
     """The config's own (untrained) model on the test split, once per sweep: `test-untrained/`.
 
     Every seed starts from this model, so it is the baseline a seed's gain is measured from. An
-    earlier evaluation of the same model is reused (`test-untrained/summary.json`).
+    earlier evaluation of the same model is reused (`test-untrained/summary.json`); one whose
+    `config.yaml` names another model is refused.
     """
     out = sweep_dir / BASELINE_DIR
     done = out / "summary.json"
     if done.is_file():
+        from agentscope_rft.runtime.explore import tested_model
+
+        tested = tested_model(out)
+        model = read_sweep(sweep_dir)["config"]["model"]["name_or_path"]
+        if tested is not None and not _same_model(tested, out, model):
+            raise SweepError(
+                f"{out} is of {tested}, not of this sweep's {model}: it is no baseline of this "
+                f"sweep; remove the folder (--test then evaluates {model}) or copy in the "
+                "evaluation of this model"
+            )
         return dict(json.loads(done.read_text()))
     return _evaluate(sweep_dir / "config.yaml", [], out)
+
+
+def _same_model(tested: str, out: Path, model: str) -> bool:
+    """Whether an evaluation's model (a path relative to its folder in an artefacts export) is
+    `model`: the same name, or the same folder."""
+    here = out / tested
+    return tested == model or (here.exists() and here.resolve() == Path(model).resolve())
 
 
 def _evaluate(config_path: Path, overrides: list[str], out: Path) -> dict[str, float]:

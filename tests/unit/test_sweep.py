@@ -534,3 +534,20 @@ def test_test_without_a_test_split_is_refused_before_any_seed_trains(tmp_path, m
     with pytest.raises(SweepError, match=r"--test: the config has no test split \(tasks.test\)"):
         sweep.run_sweep(config(tmp_path), tmp_path / "sweep", [0, 1], test=True)
     assert not (tmp_path / "sweep").exists()
+
+
+def test_an_untrained_baseline_of_another_model_is_refused_not_shown_as_the_floor(tmp_path):
+    """A `test-untrained/` copied in from a sweep of another model was shown as this sweep's
+    untrained row."""
+    from agentscope_rft.runtime.sweep_summary import evaluate_untrained
+
+    sweep = tmp_path / "sweep"
+    open_sweep(config(tmp_path, "model.name_or_path=my-model"), sweep, [0])
+    baseline = sweep / "test-untrained"
+    baseline.mkdir()
+    (baseline / "summary.json").write_text('{"reward/mean": 0.1}')
+    (baseline / "config.yaml").write_text("model:\n  name_or_path: my-model\n")
+    assert evaluate_untrained(sweep) == {"reward/mean": 0.1}
+    (baseline / "config.yaml").write_text("model:\n  name_or_path: other-model\n")
+    with pytest.raises(SweepError, match=r"is of other-model, not of this sweep's my-model"):
+        evaluate_untrained(sweep)
