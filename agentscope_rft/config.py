@@ -151,6 +151,15 @@ class SamplingConfig(Section):
     """Completion length limit per call (null: the app's own, else the context left)."""
 
 
+class EvalSamplingConfig(SamplingConfig):
+    """Sampling forced on evaluation episodes (validation, test, `explore`); greedy by default.
+
+    Greedy unless `temperature` is given, also when only other keys (`max_tokens`) are."""
+
+    temperature: float | None = Field(default=0.0, ge=0, le=2)
+    """Sampling temperature (0: greedy)."""
+
+
 class DynamicSamplingConfig(Section):
     """Dynamic sampling (DAPO): refill a step's batch with groups whose rewards differ.
 
@@ -188,7 +197,7 @@ class ExplorerConfig(Section):
     max_retries: int = Field(default=1, ge=0)
     """Retries of an episode that raised or timed out (a fresh rollout each time)."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    eval_sampling: SamplingConfig = Field(default_factory=lambda: SamplingConfig(temperature=0.0))
+    eval_sampling: EvalSamplingConfig = Field(default_factory=EvalSamplingConfig)
     """Sampling for evaluation episodes (greedy by default)."""
     eval_group_size: int = Field(default=1, ge=1)
     """Episodes per evaluation task."""

@@ -68,6 +68,8 @@ def toy_config(train: Path, val: Path, run_dir: Path, seed: int, steps: int, *ex
             "explorer.tasks_per_step=4",
             "explorer.sampling.max_tokens=8",
             "explorer.eval_sampling.max_tokens=8",
+            # validation sampled, as the recorded results were (eval_sampling defaults to greedy)
+            "explorer.eval_sampling.temperature=1.0",
             "engine.dtype=float32",
             "trainer.dtype=float32",
             "trainer.lr=5e-2",

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agentscope_rft.api import load_workflow
@@ -101,6 +102,33 @@ def split_tasks(config: RunConfig, split: str) -> list[Task]:
     return tasks
 
 
+def tested_model(out_dir: Path) -> str | None:
+    """The model an explore folder's `config.yaml` names (None: no readable config)."""
+    try:
+        config = yaml.safe_load((out_dir / "config.yaml").read_text())
+        name = config["model"]["name_or_path"]
+    except (OSError, yaml.YAMLError, TypeError, KeyError):
+        return None
+    return str(name) if name else None
+
+
+def warn_second_look(out_dir: Path, split: str, model: str) -> None:
+    """Say so when a test-split evaluation replaces one `out_dir` holds: a second look at test.
+
+    Example:
+        >>> warn_second_look(Path("runs/x/explore-test"), "test", "my-model")  # doctest: +SKIP
+    """
+    if split not in ("test", "eval") or not (out_dir / "summary.json").is_file():
+        return
+    logger.warning(
+        "%s holds a test-split evaluation already (of %s); this one, of %s, replaces it: a second "
+        "look at the test split. A claim reports its first look; choose nothing by comparing them",
+        out_dir,
+        tested_model(out_dir) or "a model its folder does not name",
+        model,
+    )
+
+
 async def explore(
     config: RunConfig,
     out_dir: Path,
@@ -147,6 +175,7 @@ async def _explore(
         config.explorer.group_size if split == "train" else config.explorer.eval_group_size
     )
     out_dir.mkdir(parents=True, exist_ok=True)
+    warn_second_look(out_dir, split, config.model.name_or_path)
     (out_dir / "config.yaml").write_text(dump_config(config))
     buffer_config = config.buffer
     if buffer_config.type == "memory":

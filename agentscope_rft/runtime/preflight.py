@@ -183,7 +183,6 @@ def preflight(config: RunConfig) -> Checked:
                 config.tasks.val_limit,
                 config.tasks.stratify_field,
             )
-            _warn_overlap(train, vals, evals, config.tasks.id_field)
             if config.run.eval_every:
                 from agentscope_rft.runtime.best import best_metric_problem
 
@@ -199,6 +198,7 @@ def preflight(config: RunConfig) -> Checked:
                 "to choose checkpoints without looking at the test split",
                 config.run.eval_every,
             )
+        _warn_overlap(train, vals, evals, config.tasks.id_field)
         from agentscope_rft.data.side import check_data
 
         check_data(config.data, train, seed=config.run.seed)
@@ -332,22 +332,36 @@ def _check_groups(config: RunConfig) -> None:
 def _warn_overlap(
     train: list[Task], vals: list[Task], tests: list[Task], id_field: str | list[str]
 ) -> None:
-    """Say when the validation split shares tasks (by id or content) with train or test."""
+    """Say when a held-out split shares tasks (by id or content) with a split it must not:
+    validation with train or test, test with train."""
     id_fields = {id_field} if isinstance(id_field, str) else set(id_field)
 
     def keys(task: Task) -> set[str]:
         content = repr(sorted((k, repr(v)) for k, v in task.data.items() if k not in id_fields))
         return {f"id:{task.id}", content}
 
-    for name, other in (("tasks.train", train), ("tasks.eval (test)", tests)):
+    flatter = "validation scores then flatter the policy"
+    pairs = (
+        ("tasks.val", vals, "tasks.train", train, flatter),
+        ("tasks.val", vals, "tasks.eval (test)", tests, flatter),
+        (
+            "tasks.eval (test)",
+            tests,
+            "tasks.train",
+            train,
+            "test scores then count tasks the policy trained on; remove them from one file",
+        ),
+    )
+    for name, split, other_name, other, effect in pairs:
         other_keys = {key for task in other for key in keys(task)}
-        shared = sum(bool(keys(task) & other_keys) for task in vals)  # a task once, by either
+        shared = sum(bool(keys(task) & other_keys) for task in split)  # a task once, by either
         if other and shared:
             logger.warning(
-                "tasks.val shares %d task(s) (same id or content) with %s: validation scores "
-                "then flatter the policy",
-                shared,
+                "%s shares %d task(s) (same id or content) with %s: %s",
                 name,
+                shared,
+                other_name,
+                effect,
             )
 
 

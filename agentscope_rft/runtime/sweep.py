@@ -183,14 +183,14 @@ def open_sweep(
 
     Seeds not yet in an existing sweep are added to it (finished ones stay). A sweep folder with
     another config is refused (replaced with `run.overwrite`); an ordinary run folder is refused;
-    a folder holding only the untrained model's test evaluation (`test-untrained/`, to reuse it)
-    becomes the sweep's.
+    a folder holding only evaluations (`test-untrained/` copied in to reuse it, `explore-*/` of an
+    `explore` of the config before the sweep) becomes the sweep's.
     `fork`: (source sweep folder, step): each seed starts from the same seed's checkpoint there
     (`runtime.fork`); recorded in `sweep.json`, and a continuing command may not change it.
     """
     resolved = config.model_dump(mode="json")
     forked = None if fork is None else _fork_record(fork, seeds)
-    if sweep_dir.exists() and any(p.name != BASELINE_DIR for p in sweep_dir.iterdir()):
+    if sweep_dir.exists() and not all(_evaluation_only(p) for p in sweep_dir.iterdir()):
         if not is_sweep(sweep_dir):
             if not config.run.overwrite:
                 raise SweepError(
@@ -254,6 +254,12 @@ def open_sweep(
         data["fork"] = forked
     write_sweep(sweep_dir, data)
     return data
+
+
+def _evaluation_only(path: Path) -> bool:
+    """An evaluation a new sweep's folder may hold already: the untrained model's test evaluation
+    copied in (`test-untrained/`), or an `explore` of the config (`explore-<split>[-<ckpt>]/`)."""
+    return path.name == BASELINE_DIR or (path.is_dir() and path.name.startswith("explore-"))
 
 
 def _fork_record(fork: tuple[Path, int], seeds: Sequence[int]) -> dict[str, Any]:
@@ -577,7 +583,8 @@ def run_sweep(
     Returns the summary (`sweep_summary.summarize`); the failed seeds are its `failed` list.
 
     Raises:
-        SweepError: bad `parallel`, or a sweep folder with another config.
+        SweepError: bad `parallel`, a sweep folder with another config, or `test` without a test
+            split.
         SweepStopped: a signal stopped the sweep (the seeds resume with `--resume <sweep_dir>`).
 
     Example:
@@ -586,6 +593,11 @@ def run_sweep(
     """
     from agentscope_rft.runtime.sweep_summary import summarize
 
+    if test and config.tasks.eval is None:  # found now, not after every seed has trained
+        raise SweepError(
+            "--test: the config has no test split (tasks.test): set it (in the config, or "
+            "--set tasks.test=PATH), or leave out --test"
+        )
     data = open_sweep(config, sweep_dir, seeds, fork)
     at_once = choose_parallel(config, parallel, len(data["seeds"]))
     logger.info(

@@ -72,12 +72,16 @@ def spread(values: Sequence[float]) -> dict[str, float | int | None]:
     return {"mean": statistics.fmean(finite), "std": std, "n": len(finite)}
 
 
-def seed_result(run_dir: Path, metric: str | Sequence[str], mode: str) -> dict[str, Any]:
+def seed_result(
+    run_dir: Path, metric: str | Sequence[str], mode: str, *, eval_is_test: bool = False
+) -> dict[str, Any]:
     """One seed's curve of `metric` (several: their mean), its best point and its value at the
     last checkpoint.
 
     The best point is `best.json` when the run kept a best checkpoint, else the best validation
-    record (and the model is the last checkpoint's). Phase `val` falls back to `eval` (older runs).
+    record (and the model is the last checkpoint's). Phase `val` falls back to `eval` (older runs,
+    whose `eval` was their validation); `eval_is_test` (a config with `tasks.eval` and no
+    `tasks.val`): those records are the test split, and no best is chosen on them.
     """
     split = [split_metric(m) for m in metric_names(metric)]
     phase, names = split[0][0], [name for _, name in split]
@@ -95,7 +99,7 @@ def seed_result(run_dir: Path, metric: str | Sequence[str], mode: str) -> dict[s
         best = json.loads(best_file.read_text())
         best_at = {"step": int(best["step"]), "value": float(best["value"])}
         best_model = run_dir / CHECKPOINTS / BEST_DIR / "model"
-    elif curve:
+    elif curve and not (phase == "eval" and eval_is_test):
         step, value = best_point(curve, mode) or (None, None)
         best_at, best_model = {"step": step, "value": value}, last_model
     else:
@@ -111,6 +115,7 @@ def seed_result(run_dir: Path, metric: str | Sequence[str], mode: str) -> dict[s
         "best": best_at,
         "last": last_point,
         "best_model": str(best_model) if best_model is not None else None,
+        "checkpoint": "best" if best_file.is_file() else "last",
         "curve": [[s, v] for s, v in curve],
     }
 
@@ -137,6 +142,10 @@ def summarize(sweep_dir: Path, *, test: bool = False) -> dict[str, Any]:
     metric = metric_label(criterion)
     mode = run.get("best_mode") or DEFAULT_MODE
     steps = int(run.get("steps", 0))
+    tasks = data["config"].get("tasks", {})
+    # `tasks.val` in the schema but unset: `eval` records are the test split (an older config,
+    # without the key, validated on `eval`)
+    eval_is_test = "val" in tasks and tasks["val"] is None
     seeds: dict[str, dict[str, Any]] = {}
     for seed in data["seeds"]:
         key, run_dir = str(seed), sweep_dir / data["runs"][str(seed)]
@@ -152,8 +161,9 @@ def summarize(sweep_dir: Path, *, test: bool = False) -> dict[str, Any]:
             )
         result: dict[str, Any] = {"status": status, "run": run_dir.name}
         if status == "done":
-            result.update(seed_result(run_dir, criterion, mode))
-            if result["best"]["value"] is None:
+            result.update(seed_result(run_dir, criterion, mode, eval_is_test=eval_is_test))
+            unchosen = eval_is_test and result["phase"] == "eval" and result["curve"]
+            if result["best"]["value"] is None and not unchosen:
                 _warn_unlogged(key, run_dir, criterion, result["phase"])
             if test:
                 result["test"] = evaluate_best(run_dir, result["best_model"])
@@ -161,6 +171,15 @@ def summarize(sweep_dir: Path, *, test: bool = False) -> dict[str, Any]:
                 result["test"] = json.loads((run_dir / BEST_TEST_DIR / "summary.json").read_text())
         seeds[key] = result
     done = [r for r in seeds.values() if "best" in r]
+    on_test = [k for k, r in seeds.items() if eval_is_test and r.get("phase") == "eval"]
+    if on_test:
+        logger.warning(
+            "tasks.val is not set: the in-training evaluation of seed(s) %s is of the test split "
+            "(tasks.eval), so no best checkpoint is chosen on it (the table shows its last "
+            "value) and --test evaluates each seed's last checkpoint. Set tasks.val to a "
+            "validation file to choose checkpoints",
+            ", ".join(on_test),
+        )
     summary: dict[str, Any] = {
         "metric": metric,
         "mode": mode,
@@ -170,6 +189,7 @@ def summarize(sweep_dir: Path, *, test: bool = False) -> dict[str, Any]:
         "failed": [s for s in data["seeds"] if seeds[str(s)]["status"] == "failed"],
         "not_done": [s for s in data["seeds"] if seeds[str(s)]["status"] != "done"],
         "commit": data.get("commit"),
+        "no_validation": on_test,
     }
     if test:
         summary["untrained"] = evaluate_untrained(sweep_dir)
@@ -208,31 +228,61 @@ def _warn_unlogged(seed: str, run_dir: Path, criterion: str | Sequence[str], pha
 def evaluate_best(run_dir: Path, best_model: str | None) -> dict[str, float]:
     """Explore the test split with the seed's best checkpoint; writes `test-best/` in its folder.
 
-    An evaluation written after the seed's best was chosen (`test-best/summary.json` newer than
-    `best.json`) is reused, so a `--test` that was stopped goes on where it was.
+    An evaluation of this model is reused (for `checkpoints/best`, one written after the seed's
+    best was chosen: `test-best/summary.json` newer than `best.json`), so a `--test` that was
+    stopped goes on where it was and a second `--test` looks at the test split no second time.
+    An earlier evaluation of another checkpoint is replaced (explore warns: a second look).
     """
     if best_model is None or not Path(best_model).is_dir():
         raise SweepError(f"{run_dir}: no checkpoint to test ({best_model or 'state.json missing'})")
-    done, chosen = run_dir / BEST_TEST_DIR / "summary.json", run_dir / BEST_FILE
-    if done.is_file() and chosen.is_file() and done.stat().st_mtime > chosen.stat().st_mtime:
-        logger.info("%s: the test evaluation of its best checkpoint is reused (%s)", run_dir, done)
-        return dict(json.loads(done.read_text()))
-    return _evaluate(
-        run_dir / "config.yaml", [f"model.name_or_path={best_model}"], run_dir / BEST_TEST_DIR
-    )
+    out = run_dir / BEST_TEST_DIR
+    done, chosen = out / "summary.json", run_dir / BEST_FILE
+    if done.is_file():
+        from agentscope_rft.runtime.explore import tested_model  # (explore says a second look)
+
+        tested = tested_model(out)
+        same_model = Path(tested).resolve() == Path(best_model).resolve() if tested else None
+        if chosen.is_file():  # the best's folder is the same for every best: its time tells
+            fresh = done.stat().st_mtime > chosen.stat().st_mtime and same_model is not False
+        else:  # a step's checkpoint: the model recorded by the evaluation tells
+            fresh = bool(same_model)
+        if fresh:
+            logger.info(
+                "%s: the test evaluation of its best checkpoint is reused (%s)", run_dir, done
+            )
+            return dict(json.loads(done.read_text()))
+    return _evaluate(run_dir / "config.yaml", [f"model.name_or_path={best_model}"], out)
 
 
 def evaluate_untrained(sweep_dir: Path) -> dict[str, float]:
     """The config's own (untrained) model on the test split, once per sweep: `test-untrained/`.
 
     Every seed starts from this model, so it is the baseline a seed's gain is measured from. An
-    earlier evaluation of the same model is reused (`test-untrained/summary.json`).
+    earlier evaluation of the same model is reused (`test-untrained/summary.json`); one whose
+    `config.yaml` names another model is refused.
     """
     out = sweep_dir / BASELINE_DIR
     done = out / "summary.json"
     if done.is_file():
+        from agentscope_rft.runtime.explore import tested_model
+
+        tested = tested_model(out)
+        model = read_sweep(sweep_dir)["config"]["model"]["name_or_path"]
+        if tested is not None and not _same_model(tested, out, model):
+            raise SweepError(
+                f"{out} is of {tested}, not of this sweep's {model}: it is no baseline of this "
+                f"sweep; remove the folder (--test then evaluates {model}) or copy in the "
+                "evaluation of this model"
+            )
         return dict(json.loads(done.read_text()))
     return _evaluate(sweep_dir / "config.yaml", [], out)
+
+
+def _same_model(tested: str, out: Path, model: str) -> bool:
+    """Whether an evaluation's model (a path relative to its folder in an artefacts export) is
+    `model`: the same name, or the same folder."""
+    here = out / tested
+    return tested == model or (here.exists() and here.resolve() == Path(model).resolve())
 
 
 def _evaluate(config_path: Path, overrides: list[str], out: Path) -> dict[str, float]:
@@ -268,10 +318,21 @@ def markdown_table(summary: dict[str, Any], name: str) -> str:
     metric = summary["metric"]
     test_names = [k for k in TEST_METRICS if k in summary.get("test", {})]
     head = ["seed", "status", "best step", f"best {metric}", "last step", f"last {metric}"]
-    head += [f"test {k} (best ckpt)" for k in test_names]
+    tested = {r.get("checkpoint", "best") for r in summary["seeds"].values() if "test" in r}
+    which = "best" if tested <= {"best"} else "last" if tested == {"last"} else "best or last"
+    head += [f"test {k} ({which} ckpt)" for k in test_names]
     lines = [
         f"Seeds of `{name}`: {metric} ({summary['mode']}), mean ± sample std across seeds.",
         "",
+    ]
+    if summary.get("no_validation"):
+        lines += [
+            f"Seed(s) {', '.join(summary['no_validation'])}: no validation split (tasks.val); "
+            "their in-training values are of the test split (tasks.eval), no best is chosen on "
+            "them, and their test is of the last checkpoint.",
+            "",
+        ]
+    lines += [
         "| " + " | ".join(head) + " |",
         "|" + "|".join("---" for _ in head) + "|",
     ]

@@ -24,7 +24,8 @@ def sweep_command(model: str, tasks: Path, sweep: Path) -> list[str]:
         # ~1 s episodes: seed 1 is still running when its first checkpoint appears
         f"workflow={ROOT / 'tests/integration/toy_app.py'}:slow",
         f"tasks.train={tasks}",
-        f"tasks.eval={tasks}",
+        f"tasks.val={tasks}",  # (the same tasks: a warning says so)
+        f"tasks.test={tasks}",
         "explorer.group_size=2",
         "explorer.tasks_per_step=2",
         "explorer.eval_group_size=1",
@@ -91,9 +92,10 @@ def test_a_killed_sweep_continues_with_the_seeds_not_done(tiny_model_path, tmp_p
     assert summary["best"]["n"] == 2 and summary["failed"] == []
     for seed in ("0", "1"):
         result = summary["seeds"][seed]
-        assert result["phase"] == "eval" and result["last"]["step"] == STEPS
+        assert result["phase"] == "val" and result["last"]["step"] == STEPS
+        assert result["checkpoint"] == "best"
         steps = [s for s, _ in result["curve"]]
-        # eval before step 1 and after each step (a resume supersedes its first step's record)
+        # val before step 1 and after each step (a resume supersedes its first step's record)
         assert steps == list(range(STEPS + 1)) if seed == "0" else steps[-1] == STEPS, steps
         values = [v for _, v in result["curve"]]
         assert result["best"]["value"] == max(values)
@@ -120,7 +122,7 @@ def test_a_killed_sweep_continues_with_the_seeds_not_done(tiny_model_path, tmp_p
         results = (sweep / f"seed-{seed}" / "test-best" / "results.jsonl").read_text()
         assert len(results.splitlines()) == 4  # every test task, once
         test_config = (sweep / f"seed-{seed}" / "test-best" / "config.yaml").read_text()
-        assert f"seed-{seed}/checkpoints/step-{STEPS:06d}/model" in test_config  # its best model
+        assert f"seed-{seed}/checkpoints/best/model" in test_config  # chosen on validation
     table = (sweep / "summary.md").read_text()
     assert "test reward/mean (best ckpt)" in table
     # the untrained model every seed started from, on the same test tasks, once

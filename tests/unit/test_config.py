@@ -196,3 +196,21 @@ def test_the_removed_sync_section_loads_from_saved_configs_and_is_refused_with_a
     with pytest.raises(ConfigError, match=r"engine\.enable_lora"):
         load_config(path)
     assert load_config(path, ["sync=null"]).run.name == "run"  # a resumed run's way out
+
+
+def test_evaluation_stays_greedy_when_only_its_length_is_given(tmp_path):
+    """`eval_sampling: {max_tokens: 8}` (or `--set explorer.eval_sampling.max_tokens=8`) made
+    validation and test episodes sample at temperature 1.0: the section's default was greedy only
+    while the whole section was left out."""
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "workflow: app.py:run\ntasks: {train: t.jsonl}\n"
+        "explorer: {sampling: {max_tokens: 8}, eval_sampling: {max_tokens: 8}}\n"
+    )
+    from_yaml = load_config(path).explorer
+    from_set = load_config(path, ["explorer.eval_sampling.top_p=0.9"]).explorer.eval_sampling
+    assert (from_yaml.eval_sampling.temperature, from_yaml.eval_sampling.max_tokens) == (0.0, 8)
+    assert (from_set.temperature, from_set.top_p) == (0.0, 0.9)
+    assert from_yaml.sampling.temperature == 1.0  # training samples, as before
+    given = load_config(path, ["explorer.eval_sampling.temperature=0.7"]).explorer.eval_sampling
+    assert given.temperature == 0.7

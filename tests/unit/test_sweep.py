@@ -121,6 +121,23 @@ def test_a_folder_holding_only_an_earlier_baseline_becomes_the_sweep(tmp_path):
         open_sweep(config(tmp_path), tmp_path / "run", [0])
 
 
+def test_a_folder_holding_only_explore_results_becomes_the_sweep(tmp_path):
+    """`explore --split test` of the config before `train --seeds` (the README's baseline) left
+    `explore-test/` in the config's run folder, and the sweep refused it as a run folder, offering
+    run.overwrite, which deletes the baseline."""
+    sweep = tmp_path / "sweep"
+    for name in ("explore-test", "explore-val-best"):
+        (sweep / name).mkdir(parents=True)
+        (sweep / name / "summary.json").write_text('{"reward/mean": 0.1}')
+    data = open_sweep(config(tmp_path), sweep, [0])
+    assert data["seeds"] == [0] and is_sweep(sweep)
+    assert (sweep / "explore-test" / "summary.json").is_file()
+    (tmp_path / "run" / "explore-test").mkdir(parents=True)  # beside a run's files: refused
+    (tmp_path / "run" / "state.json").write_text("{}")
+    with pytest.raises(SweepError, match="is a run folder, not a sweep"):
+        open_sweep(config(tmp_path), tmp_path / "run", [0])
+
+
 def test_parallel(tmp_path):
     assert choose_parallel(config(tmp_path), "auto", 5) == 1
     assert choose_parallel(config(tmp_path), "3", 2) == 2
@@ -168,6 +185,7 @@ def test_summary_of_fixture_seeds(tmp_path):
     write_run(sweep / "seed-2", [*lines, val(4, 0.6)], 4, best)
     data = read_sweep(sweep)
     data["status"] = {"0": "done", "1": "done", "2": "done", "3": "failed"}
+    del data["config"]["tasks"]["val"]  # an older sweep: its config had no val, eval validated
     (sweep / "sweep.json").write_text(json.dumps(data))
 
     summary = summarize(sweep)
@@ -426,3 +444,108 @@ def test_a_sweep_json_without_its_keys_is_one_error(tmp_path):
     (tmp_path / "sweep.json").write_text("{}")
     with pytest.raises(SweepError, match=r"sweep.json has no seeds, runs, status, config: it is"):
         summarize(tmp_path)
+
+
+def test_without_a_validation_split_no_best_is_chosen_on_the_test_split(tmp_path, caplog):
+    """A config with tasks.eval (test) and no tasks.val evaluates the test split during training
+    for monitoring only; the summary took the best of those test records as the seed's `best val`
+    and labelled the last checkpoint's test score `(best ckpt)`: a checkpoint chosen on test."""
+    sweep = tmp_path / "sweep"
+    open_sweep(config(tmp_path, "tasks.eval=test.jsonl"), sweep, [0, 1])
+    evals = [val(s, v, "eval") for s, v in ((0, 0.2), (2, 0.9), (4, 0.4))]
+    write_run(sweep / "seed-0", evals, 4)
+    write_run(sweep / "seed-1", [val(s, v, "eval") for s, v in ((0, 0.2), (4, 0.6))], 4)
+    for seed, score in ((0, 0.3), (1, 0.5)):
+        (sweep / f"seed-{seed}" / "test-best").mkdir()
+        (sweep / f"seed-{seed}" / "test-best" / "summary.json").write_text(
+            json.dumps({"reward/mean": score})
+        )
+    data = read_sweep(sweep)
+    data["status"] = {"0": "done", "1": "done"}
+    (sweep / "sweep.json").write_text(json.dumps(data))
+
+    with caplog.at_level("WARNING"):
+        summary = summarize(sweep)
+    seed = summary["seeds"]["0"]
+    assert seed["best"] == {"step": None, "value": None}  # not step 2's 0.9, a test score
+    assert seed["last"] == {"step": 4, "value": 0.4}
+    assert seed["checkpoint"] == "last"
+    assert seed["best_model"].endswith("seed-0/checkpoints/step-000004/model")
+    assert summary["best"]["n"] == 0 and summary["last"]["n"] == 2
+    table = (sweep / "summary.md").read_text()
+    assert "| 0 | done | – | – | 4 | 0.4 | 0.3 |" in table
+    assert "test reward/mean (last ckpt)" in table and "(best ckpt)" not in table
+    assert "no validation split (tasks.val)" in table
+    assert "tasks.val is not set: the in-training evaluation of seed(s) 0, 1 is of the test" in (
+        caplog.text
+    )
+    assert "logs no val/reward/mean" not in caplog.text
+
+
+def test_a_last_checkpoint_already_tested_is_reused(tmp_path, monkeypatch):
+    """A seed without best.json (no validation) was evaluated on the test split anew by every
+    `--test`, silently replacing the earlier look."""
+    from agentscope_rft.runtime import sweep_summary
+
+    run = tmp_path / "seed-0"
+    step2, step4 = (run / "checkpoints" / f"step-00000{s}" / "model" for s in (2, 4))
+    step2.mkdir(parents=True)
+    (run / "test-best").mkdir()
+    (run / "test-best" / "summary.json").write_text('{"reward/mean": 0.42}')
+    (run / "test-best" / "config.yaml").write_text(f"model:\n  name_or_path: {step2}\n")
+    explored: list[Path] = []
+    monkeypatch.setattr(sweep_summary, "_evaluate", lambda c, o, out: explored.append(out) or {})
+    assert sweep_summary.evaluate_best(run, str(step2)) == {"reward/mean": 0.42}
+    assert explored == []
+    # the seed ran on to step 4: its last checkpoint is another model, tested anew
+    step4.mkdir(parents=True)
+    assert sweep_summary.evaluate_best(run, str(step4)) == {}
+    assert explored == [run / "test-best"]
+
+
+def test_a_test_evaluation_replacing_an_earlier_one_is_called_a_second_look(tmp_path, caplog):
+    """`explore --split test` (or a `--test` of another checkpoint) replaced an earlier test
+    evaluation in its folder without a word."""
+    from agentscope_rft.runtime.explore import warn_second_look
+
+    out = tmp_path / "explore-test-best"
+    out.mkdir()
+    with caplog.at_level("WARNING"):
+        warn_second_look(out, "test", "m2")  # a first look
+        (out / "summary.json").write_text("{}")
+        (out / "config.yaml").write_text("model:\n  name_or_path: m1\n")
+        warn_second_look(out, "val", "m2")  # validation may be looked at again
+        assert caplog.text == ""
+        warn_second_look(out, "test", "m2")
+    assert "holds a test-split evaluation already (of m1); this one, of m2, replaces it" in (
+        caplog.text
+    )
+    assert "a second look at the test split" in caplog.text
+
+
+def test_test_without_a_test_split_is_refused_before_any_seed_trains(tmp_path, monkeypatch):
+    """`train --seeds 0,1,2 --test` with no tasks.test trained every seed, then failed at the
+    summary: `--test: tasks.eval is not set`."""
+    from agentscope_rft.runtime import sweep
+
+    monkeypatch.setattr(sweep.SweepRun, "run", lambda self: pytest.fail("a seed was started"))
+    with pytest.raises(SweepError, match=r"--test: the config has no test split \(tasks.test\)"):
+        sweep.run_sweep(config(tmp_path), tmp_path / "sweep", [0, 1], test=True)
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_an_untrained_baseline_of_another_model_is_refused_not_shown_as_the_floor(tmp_path):
+    """A `test-untrained/` copied in from a sweep of another model was shown as this sweep's
+    untrained row."""
+    from agentscope_rft.runtime.sweep_summary import evaluate_untrained
+
+    sweep = tmp_path / "sweep"
+    open_sweep(config(tmp_path, "model.name_or_path=my-model"), sweep, [0])
+    baseline = sweep / "test-untrained"
+    baseline.mkdir()
+    (baseline / "summary.json").write_text('{"reward/mean": 0.1}')
+    (baseline / "config.yaml").write_text("model:\n  name_or_path: my-model\n")
+    assert evaluate_untrained(sweep) == {"reward/mean": 0.1}
+    (baseline / "config.yaml").write_text("model:\n  name_or_path: other-model\n")
+    with pytest.raises(SweepError, match=r"is of other-model, not of this sweep's my-model"):
+        evaluate_untrained(sweep)
