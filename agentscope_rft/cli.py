@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -16,7 +16,6 @@ from rich.table import Table
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from agentscope_rft.engines.base import Engine
 
 app = typer.Typer(
     name="agentscope-rft",
@@ -61,185 +60,11 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(code=2)
 
 
-def _said(exc: BaseException) -> str:
+def said(exc: BaseException) -> str:
     """An error as the CLI shows it: a vLLM server's error without the copy of its log's tail
     (the message names the log and its first error)."""
     summary = getattr(exc, "summary", None)
     return summary if isinstance(summary, str) else str(exc)
-
-
-@app.command()
-def serve(
-    model: Annotated[
-        str,
-        typer.Option(
-            help="Model name, local HF folder, or a run's checkpoint: <run folder>:best, "
-            "<run folder>:last (or :latest), <run folder>:<step>, a checkpoint folder."
-        ),
-    ] = "smollm2-135m-instruct",
-    chat_template: Annotated[
-        str | None,
-        typer.Option(
-            help="A Jinja chat template, a .jinja file or the text, replacing the model folder's "
-            "(a base model's folder may have none)."
-        ),
-    ] = None,
-    host: Annotated[str, typer.Option(help="Interface to bind (loopback by default).")] = (
-        "127.0.0.1"
-    ),
-    port: Annotated[int, typer.Option(help="Port to listen on.", min=0, max=65535)] = 8000,
-    api_key: Annotated[
-        str | None, typer.Option(help="Require this key (Authorization: Bearer <key>).")
-    ] = None,
-    engine: Annotated[
-        Literal["embedded", "vllm"], typer.Option(help="Inference engine.")
-    ] = "embedded",
-    dtype: Annotated[
-        Literal["auto", "float32", "bfloat16", "float16"], typer.Option(help="Weights dtype.")
-    ] = "auto",
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda[:N].")] = "auto",
-    max_batch_size: Annotated[int, typer.Option(help="Embedded: sequences per batch.", min=1)] = 32,
-    vllm_python: Annotated[
-        str | None, typer.Option(help="vLLM: interpreter of the vLLM environment.")
-    ] = None,
-    enforce_eager: Annotated[bool, typer.Option(help="vLLM: faster start, slower decode.")] = False,
-    vllm_arg: Annotated[
-        list[str] | None, typer.Option(help="vLLM: extra server argument (repeatable).")
-    ] = None,
-    log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
-) -> None:
-    """Serve the policy as an OpenAI-compatible endpoint (try your app against it).
-
-    Calls to /rollouts/<id>/v1 are recorded under <id> (GET /rollouts/<id> returns them).
-    """
-    setup_logging(log_level)
-    from agentscope_rft.config import (
-        EmbeddedEngineConfig,
-        EngineConfig,
-        ModelConfig,
-        VLLMEngineConfig,
-    )
-    from agentscope_rft.engines.factory import build_engine
-    from agentscope_rft.models import check_model_folder, resolve_model
-    from agentscope_rft.runtime.preflight import bind_problem
-
-    problem = bind_problem(host, port)  # before the model loads (minutes with vLLM)
-    if problem is not None:
-        raise fail(
-            f"cannot listen on {host}:{port} ({problem}); pick another --port (or stop what uses "
-            "it) and a --host of this machine"
-        )
-    engine_config: EngineConfig = (
-        EmbeddedEngineConfig(dtype=dtype, device=device, max_batch_size=max_batch_size)
-        if engine == "embedded"
-        else VLLMEngineConfig(
-            python=vllm_python,
-            dtype=dtype,
-            enforce_eager=enforce_eager,
-            extra_args=vllm_arg or [],
-        )
-    )
-    try:
-        resolved = _checkpoint_or_model(model)
-        check_model_folder(resolve_model(resolved))  # before an engine loads it
-        built = build_engine(
-            ModelConfig(name_or_path=resolved, chat_template=chat_template), engine_config
-        )
-    except (ValueError, RuntimeError) as exc:
-        raise fail(_said(exc)) from exc
-    # Clients may name the model as the user did (`runs/x:best`), not only as resolved.
-    asyncio.run(_serve(built, host, port, api_key, aliases={model} - {resolved}))
-
-
-def _checkpoint_or_model(model: str) -> str:
-    """A run's checkpoint (`runs/x:best`, `runs/x:12`, a run or checkpoint folder) as its HF
-    model folder; anything else (a model name, an HF folder) as given."""
-    from agentscope_rft.runtime.best import resolve_checkpoint, split_checkpoint
-
-    if not split_checkpoint(model)[0].is_dir():
-        return model
-    return str(resolve_checkpoint(model))
-
-
-@app.command("export")
-def export_model(
-    checkpoint: Annotated[
-        str,
-        typer.Argument(
-            help="<run folder>:best, <run folder>:last (or :latest), <run folder>:<step>, a run "
-            "or checkpoint folder."
-        ),
-    ],
-    out: Annotated[str, typer.Option(help="Folder to write the HF model to (must not exist).")],
-    dtype: Annotated[
-        str,
-        typer.Option(
-            help="Weights' dtype: auto (the model's own, as the run started from: a bf16 model "
-            "exports in bf16), float32, bfloat16 or float16.",
-        ),
-    ] = "auto",
-) -> None:
-    """Copy a run's checkpoint out as a standalone HF model folder (serve it, share it).
-
-    Example: agentscope-rft export runs/quickstart:best --out models/calculator
-    """
-    from pathlib import Path
-
-    from agentscope_rft.runtime.best import CheckpointNotFoundError, resolve_checkpoint
-    from agentscope_rft.runtime.export import export_model_folder
-    from agentscope_rft.trainers.checkpoint import DTYPES
-
-    if dtype != "auto" and dtype not in DTYPES:
-        raise fail(f"--dtype {dtype}: use auto, {', '.join(DTYPES)}")
-    target = Path(out)
-    if target.exists():
-        raise fail(f"{target} already exists: pick a new folder")
-    try:
-        source = resolve_checkpoint(checkpoint)
-    except CheckpointNotFoundError as exc:
-        raise fail(_said(exc)) from exc
-    try:
-        written = export_model_folder(source, target, dtype)
-    except OSError as exc:  # a path under a file, no space left: no half-copied model is left
-        raise fail(f"cannot write {target}: {exc.strerror or exc}") from exc
-    except ValueError as exc:
-        raise fail(str(exc)) from exc
-    name = str(written).removeprefix("torch.")
-    console.print(f"[green]exported[/] {source} -> {target} ({name})")
-
-
-async def _serve(
-    engine: Engine, host: str, port: int, api_key: str | None, aliases: set[str]
-) -> None:
-    from agentscope_rft.gateway.server import Gateway
-
-    try:
-        await engine.start()
-    except Exception as exc:
-        await engine.close()
-        raise fail(f"the {type(engine).__name__} did not start: {_said(exc)}") from exc
-    gateway = Gateway(engine, host=host, port=port, api_key=api_key, model_aliases=aliases)
-    try:
-        await gateway.start()
-    except (OSError, SystemExit) as exc:
-        await engine.close()
-        raise fail(
-            f"cannot listen on {host}:{port}: {exc}; pick another --port (or stop what uses it)"
-        ) from exc
-    console.print(
-        f"[bold green]serving[/] {engine.model_name} at [bold]{gateway.base_url}[/]\n"
-        f"  recorded calls: {gateway.rollout_base_url('<rollout-id>')}  (GET "
-        f"http://{host}:{gateway.port}/rollouts/<rollout-id>)\n"
-        "  Ctrl+C to stop"
-    )
-    from agentscope_rft.runtime.signals import RunStop, stop_on_signals
-
-    stop = RunStop()
-    with stop_on_signals(stop, "the server"):
-        await stop.wait()
-        console.print("stopping...")
-        await gateway.stop()
-        await engine.close()
 
 
 ConfigOption = Annotated[str | None, typer.Option("--config", "-c", help="Run config (YAML).")]
@@ -424,7 +249,7 @@ def train(
     except RunStopped as exc:
         raise _stopped(exc) from exc
     except _user_errors() as exc:
-        raise fail(_said(exc)) from exc
+        raise fail(said(exc)) from exc
     finally:
         _end_leftovers(spared)
     if resume is not None and not last:
@@ -541,7 +366,7 @@ def _train_sweep(
     except SweepStopped as exc:
         raise _stopped(exc) from exc
     except _user_errors(SweepError) as exc:
-        raise fail(_said(exc)) from exc
+        raise fail(said(exc)) from exc
     finally:
         _end_leftovers(spared)
     console.print((sweep_dir / SUMMARY_MD).read_text(), markup=False, highlight=False)
@@ -569,7 +394,7 @@ def _export_artefacts(sweep_dir: Any, out: Any) -> None:
     try:
         written = export_artefacts(sweep_dir, out, command)
     except _user_errors(SweepError) as exc:
-        raise fail(_said(exc)) from exc
+        raise fail(said(exc)) from exc
     console.print(f"artefacts: {len(written)} files in {out} (index: {out / 'ARTEFACTS.md'})")
 
 
@@ -601,7 +426,7 @@ def sweep_summary(
     try:
         summary = summarize(folder, test=test)
     except _user_errors(SweepError) as exc:
-        raise fail(_said(exc)) from exc
+        raise fail(said(exc)) from exc
     console.print(markdown_table(summary, folder.name), markup=False, highlight=False)
     if artefacts is not None:
         _export_artefacts(folder, Path(artefacts))
@@ -658,7 +483,7 @@ def explore(
     except RunStopped as exc:
         raise _stopped(exc) from exc
     except _user_errors(ValueError) as exc:
-        raise fail(_said(exc)) from exc
+        raise fail(said(exc)) from exc
     finally:
         _end_leftovers(spared)
     table = Table(title=f"explore {split}: {out_dir}")
@@ -691,7 +516,7 @@ def install_vllm(
     try:
         python = install(target, gpu=gpu)
     except (RuntimeError, OSError) as exc:
-        raise fail(_said(exc)) from exc
+        raise fail(said(exc)) from exc
     console.print(f"[green]vLLM environment ready:[/] {python}")
 
 
@@ -759,8 +584,11 @@ def _doctor_config(config: str | None, overrides: list[str]) -> None:
 def _mount_subcommands() -> None:
     from agentscope_rft.buffer.cli import buffer_app
     from agentscope_rft.dashboard.server import dashboard_command
+    from agentscope_rft.model_commands import export_command, serve_command
     from agentscope_rft.monitor import plot_command
 
+    app.command("serve")(serve_command)
+    app.command("export")(export_command)
     app.command("plot")(plot_command)
     app.command("dashboard")(dashboard_command)
     app.add_typer(buffer_app, name="buffer")
