@@ -499,3 +499,33 @@ def check_endpoint(endpoint_url: str, api_key_env: str | None, where: str) -> No
             f"{where}: nothing answers at {endpoint_url} ({reason}); start the judge's server "
             "or fix endpoint.base_url"
         ) from None
+    _check_api_root(endpoint_url, judge_api_key(api_key_env, None, False), where)
+
+
+def _check_api_root(endpoint_url: str, api_key: str | None, where: str) -> None:
+    """Warn when the server at `endpoint_url` answers but not as an OpenAI API root: its
+    `GET /models` is 404 (a base URL without `/v1`, or with a path too many) or refuses the key.
+    A warning, not an error: a judge server may serve chat completions without listing models."""
+    models = endpoint_url.rstrip("/") + "/models"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        status = httpx.get(models, headers=headers, timeout=5.0).status_code
+    except httpx.HTTPError:
+        return  # it accepted a connection: a slow or odd server is judged by its first call
+    if status == 404:
+        logger.warning(
+            "%s: GET %s answered 404: endpoint.base_url should be the OpenAI API's root, where "
+            "/chat/completions is (usually ending in /v1); the judge's calls will fail if it is "
+            "not",
+            where,
+            models,
+        )
+    elif status in (401, 403):
+        logger.warning(
+            "%s: GET %s answered %d: the server refuses %s; set endpoint.api_key_env to the "
+            "variable holding the judge's key",
+            where,
+            models,
+            status,
+            "the key" if api_key else "calls without a key",
+        )

@@ -4,6 +4,7 @@ timeouts and errors; retries and failures counted; candidates delimited so they 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 import time
@@ -46,6 +47,14 @@ class JudgeServer:
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: Any) -> None:
                 pass
+
+            def do_GET(self) -> None:  # the API root's model list; any other path is 404
+                found = self.path == "/v1/models"
+                data = b'{"object": "list", "data": [{"id": "m"}]}' if found else b"{}"
+                self.send_response(200 if found else 404)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -353,6 +362,26 @@ def test_extract_json() -> None:
     assert extract_json('{bad} {"scores": [0.5]}') == {"scores": [0.5]}
     with pytest.raises(ValueError, match="no JSON object"):
         extract_json("no json here")
+
+
+def test_a_judge_url_that_is_not_the_api_root_is_warned_before_the_run(
+    server: JudgeServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    def config(url: str) -> DataConfig:
+        endpoint = {"base_url": url, "model": "m"}
+        return DataConfig.model_validate(
+            {"operators": [{"type": "group_judge", "endpoint": endpoint}]}
+        )
+
+    with caplog.at_level(logging.WARNING, logger="agentscope_rft.data.judges"):
+        check_judges(config(server.url))
+    assert caplog.records == []  # the API root: quiet
+    root = server.url.removesuffix("/v1")
+    with caplog.at_level(logging.WARNING, logger="agentscope_rft.data.judges"):
+        check_judges(config(root))  # `/v1` left out: every judge call would be a 404
+    [warning] = caplog.records
+    assert f"GET {root}/models answered 404" in warning.message and "/v1" in warning.message
+    assert server.requests == []  # no judge call was made
 
 
 def test_a_judge_that_cannot_be_asked_stops_the_run_before_it_starts(
