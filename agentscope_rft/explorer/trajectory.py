@@ -145,8 +145,12 @@ def _chains_for_agent(
             continue
         # A call with an earlier call's very prompt samples that state again (copies of an agent
         # asked the same question, a resent request): a sibling sample, not a broken chain.
-        resampled = any(c.prompt_ids == call.prompt_ids for ch in chains for c in ch.calls)
-        if last is not None and call.choice_index == 0 and not resampled:
+        # (The scan over earlier prompts runs only where a break would be counted.)
+        if (
+            last is not None
+            and call.choice_index == 0
+            and not any(c.prompt_ids == call.prompt_ids for ch in chains for c in ch.calls)
+        ):
             stats.breaks[_break_reason(last, call, max_length)] += 1
         chain = _Chain.start(call)
         chains.append(chain)
