@@ -37,9 +37,7 @@ class CheckReport:
 
     def agent_lines(self) -> list[str]:
         """One line per agent of the episode: its calls, and whether (or why not) it trains."""
-        calls: dict[str | None, int] = {}
-        for call in self.rollout.calls:
-            calls[call.agent_name] = calls.get(call.agent_name, 0) + 1
+        calls = Counter(call.agent_name for call in self.rollout.calls)  # in call order
         samples = Counter(s.agent_name for s in self.samples)
         lines = []
         for agent, count in calls.items():

@@ -83,7 +83,7 @@ class AgentsConfig(Section):
                 "give explorer.agents.train or explorer.agents.skip, not both: `train` names "
                 "the only agents that train, `skip` the agents that do not"
             )
-        for name in [*(self.train or []), *self.skip]:
+        for name in self.names:
             if not isinstance(name, str) or not name.strip():
                 raise ValueError(f"explorer.agents: {name!r} is not an agent name")
             if name.endswith(COMPRESS_SUFFIX):
