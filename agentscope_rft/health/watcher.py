@@ -199,16 +199,20 @@ def strongest(events: Sequence[HealthEvent]) -> HealthEvent | None:
 
 def read_events(run_dir: Path) -> list[HealthEvent]:
     """The events in `<run_dir>/health.jsonl` (a torn last line is skipped)."""
-    path = run_dir / HEALTH_FILE
+    return [event for _, event in _event_lines(run_dir / HEALTH_FILE)]
+
+
+def _event_lines(path: Path) -> list[tuple[str, HealthEvent]]:
+    """Each whole line of the events file `path` with its event (torn lines are skipped)."""
     if not path.is_file():
         return []
-    events = []
+    found = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
-            events.append(HealthEvent(**json.loads(line)))
+            found.append((line, HealthEvent(**json.loads(line))))
         except (json.JSONDecodeError, TypeError):
             continue
-    return events
+    return found
 
 
 def rewind_events(
@@ -227,11 +231,7 @@ def rewind_events(
     if not path.is_file():
         return []
     lines, kept, seen = [], [], 0
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            event = HealthEvent(**json.loads(line))
-        except (json.JSONDecodeError, TypeError):
-            continue
+    for line, event in _event_lines(path):
         if event.rolled_back_to is not None:
             seen += 1
             if seen > rollbacks:
