@@ -340,22 +340,29 @@ def _warn_overlap(
         content = repr(sorted((k, repr(v)) for k, v in task.data.items() if k not in id_fields))
         return {f"id:{task.id}", content}
 
+    if not vals and not tests:
+        return
+    train_keys, val_keys, test_keys = (
+        [keys(task) for task in split] for split in (train, vals, tests)
+    )
     flatter = "validation scores then flatter the policy"
     pairs = (
-        ("tasks.val", vals, "tasks.train", train, flatter),
-        ("tasks.val", vals, "tasks.eval (test)", tests, flatter),
+        ("tasks.val", val_keys, "tasks.train", train_keys, flatter),
+        ("tasks.val", val_keys, "tasks.eval (test)", test_keys, flatter),
         (
             "tasks.eval (test)",
-            tests,
+            test_keys,
             "tasks.train",
-            train,
+            train_keys,
             "test scores then count tasks the policy trained on; remove them from one file",
         ),
     )
-    for name, split, other_name, other, effect in pairs:
-        other_keys = {key for task in other for key in keys(task)}
-        shared = sum(bool(keys(task) & other_keys) for task in split)  # a task once, by either
-        if other and shared:
+    for name, split_keys, other_name, other, effect in pairs:
+        if not split_keys or not other:
+            continue
+        other_keys = set().union(*other)
+        shared = sum(bool(k & other_keys) for k in split_keys)  # a task once, by either key
+        if shared:
             logger.warning(
                 "%s shares %d task(s) (same id or content) with %s: %s",
                 name,
