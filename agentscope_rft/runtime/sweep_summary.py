@@ -241,7 +241,7 @@ def evaluate_best(run_dir: Path, best_model: str | None) -> dict[str, float]:
         from agentscope_rft.runtime.explore import tested_model  # (explore says a second look)
 
         tested = tested_model(out)
-        same_model = Path(tested).resolve() == Path(best_model).resolve() if tested else None
+        same_model = _same_model(tested, out, best_model) if tested else None
         if chosen.is_file():  # the best's folder is the same for every best: its time tells
             fresh = done.stat().st_mtime > chosen.stat().st_mtime and same_model is not False
         else:  # a step's checkpoint: the model recorded by the evaluation tells

@@ -79,8 +79,9 @@ def count_groups(samples: Sequence[Sample]) -> int:
 def _groups(samples: Sequence[Sample]) -> str:
     """What the trainer's groups are, as the step line says it: one per task, or, in a
     multi-agent app, one per task and agent (the run's diagnosis counts task groups)."""
-    tasks = len({s.group for s in samples if s.kind == "rl"})
-    if count_groups([s for s in samples if s.kind == "rl"]) == tasks:
+    rl = [s for s in samples if s.kind == "rl"]
+    tasks = len({s.group for s in rl})
+    if count_groups(rl) == tasks:
         return "groups"
     return f"advantage groups (one per task and agent, over {tasks} task group(s))"
 
