@@ -125,12 +125,9 @@ def rollback_targets(
     """The checkpoints pruning keeps for rollbacks: the newest healthy one before `before`, the
     healthy one before it, and the healthy one before `restored` (the step the last rollback went
     back to): a problem found again from a policy a rollback restores needs an older one."""
-    kept: set[int] = set()
     newest = healthy_checkpoint(run_dir, before, healthy)
-    for bound in (before, newest, restored):
-        found = None if bound is None else healthy_checkpoint(run_dir, bound, healthy)
-        kept |= set() if found is None else {found}
-    return kept
+    older = [healthy_checkpoint(run_dir, b, healthy) for b in (newest, restored) if b is not None]
+    return {step for step in (newest, *older) if step is not None}
 
 
 def _check_resume_checkpoint(run_dir: Path, step: int) -> None:
