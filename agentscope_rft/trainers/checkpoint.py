@@ -9,6 +9,7 @@ when `model/` holds them in a narrower dtype (a bf16 model's).
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -80,8 +81,6 @@ def model_dtype(folder: Path) -> torch.dtype:
         >>> model_dtype(Path("models/qwen2.5-0.5b-instruct"))  # doctest: +SKIP
         torch.bfloat16
     """
-    import json
-
     try:
         config = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError):
@@ -105,8 +104,6 @@ def in_dtype(state: dict[str, Tensor], dtype: torch.dtype) -> dict[str, Tensor]:
 def write_config_dtype(folder: Path, dtype: torch.dtype) -> None:
     """Make the config.json of the HF model folder `folder` name `dtype` as its weights' dtype
     (transformers writes the dtype of the module it saved: the trainer's fp32)."""
-    import json
-
     path = folder / "config.json"
     config = json.loads(path.read_text())
     config.pop("torch_dtype", None)
@@ -133,8 +130,6 @@ def write_chat_template(folder: Path, template: str) -> None:
     Example:
         >>> write_chat_template(run_dir / "checkpoints/step-000004/model", text)  # doctest: +SKIP
     """
-    import json
-
     (folder / "chat_template.jinja").write_text(template)
     tokenizer_config = folder / "tokenizer_config.json"
     if tokenizer_config.is_file():  # a template there too would be a second, conflicting one
