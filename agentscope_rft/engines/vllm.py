@@ -273,7 +273,7 @@ class VLLMEngine:
 
     def server_env(self, replica: int = 0) -> dict[str, str]:
         """Replica `replica`'s environment (its GPUs only, under a `gpus:` placement)."""
-        env = self.launch.environment()
+        env = self.launch.environment(ipc_dir=self._tmp / "ipc" if self._tmp else None)
         if self._replica_gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self._replica_gpus[replica])
         return env
@@ -347,9 +347,14 @@ class VLLMEngine:
     async def close(self) -> None:
         await self.pool.close()
         self.weights.drop_old(keep=None)
-        # Without log_dir the logs live in the temporary folder: keep them for post-mortems.
-        if self._tmp is not None and self.log_dir is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
+        if self._tmp is not None:
+            # The servers' socket files are no use once they have ended. Without log_dir the logs
+            # live in the temporary folder: keep it for post-mortems unless nothing is left in it.
+            shutil.rmtree(self._tmp / "ipc", ignore_errors=True)
+            if self.log_dir is not None:
+                shutil.rmtree(self._tmp, ignore_errors=True)
+            elif self._tmp.is_dir() and not any(self._tmp.iterdir()):
+                self._tmp.rmdir()
         self._tmp = None
 
     # ------------------------------------------------------------------ requests

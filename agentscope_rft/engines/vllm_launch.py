@@ -121,13 +121,22 @@ class VLLMLaunch:
             command.append("--enable-sleep-mode")
         return command + list(self.extra_args)
 
-    def environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
-        """The server's environment: `base` (default: this process's) plus what vLLM needs here."""
+    def environment(
+        self, base: Mapping[str, str] | None = None, ipc_dir: Path | None = None
+    ) -> dict[str, str]:
+        """The server's environment: `base` (default: this process's) plus what vLLM needs here.
+
+        `ipc_dir`: where vLLM puts its ZMQ socket files (`VLLM_RPC_BASE_PATH`; vLLM's default is
+        the system temp folder, where they stay after the server ends); created here.
+        """
         env = dict(os.environ if base is None else base)
         env.update(
             VLLM_SERVER_DEV_MODE="1",  # /pause, /resume, /collective_rpc, /reset_prefix_cache
             VLLM_CPU_KVCACHE_SPACE=f"{self.kv_cache_space_gib:g}",
         )
+        if ipc_dir is not None:
+            ipc_dir.mkdir(parents=True, exist_ok=True)
+            env["VLLM_RPC_BASE_PATH"] = str(ipc_dir)
         env.setdefault("VLLM_CACHE_ROOT", str(cache_root() / "vllm"))
         env.setdefault("HF_HUB_OFFLINE", "1")
         if self.enable_lora:

