@@ -18,6 +18,7 @@ Three patches, installed once and idempotent, make this work without edits to ag
   (`router`) and `RAGMiddleware`'s reranking (`rerank`).
 - Any other AgentScope chat model (`DeepSeekChatModel`, `DashScopeChatModel`, ...) called in an
   episode is logged once per class: its calls go to its own provider and are not trained.
+  An `OpenAIChatModel` marked with `own_provider` does the same (a fixed classifier or reranker).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ logger = logging.getLogger(__name__)
 
 _OWN_CLIENT = "_agentscope_rft_own_client"
 _BOUND_SCOPE = "_agentscope_rft_scope"
+_OWN_PROVIDER = "_agentscope_rft_own_provider"
 
 
 @dataclass(frozen=True)
@@ -189,7 +191,7 @@ class _RedirectedClient:
         # The model handed to a workflow belongs to its rollout even where the context does not
         # say so (a thread the app started without copying its context).
         scope = _SCOPE.get() or state.get(_BOUND_SCOPE)
-        if scope is not None:
+        if scope is not None and not state.get(_OWN_PROVIDER):
             return scope.client_for(_AGENT.get())
         return state[_OWN_CLIENT] if _OWN_CLIENT in state else state.get("client")
 
@@ -410,6 +412,29 @@ def _tagging_init_subclass(original: Any) -> Any:
 
     init_subclass.__agentscope_rft_wrapped__ = True  # type: ignore[attr-defined]
     return classmethod(init_subclass)
+
+
+def own_provider(model: OpenAIChatModel) -> OpenAIChatModel:
+    """Keep `model` talking to its own provider inside episodes: its calls are not redirected to
+    the policy, not recorded and not trained (a fixed judge, classifier or reranker that an
+    AgentScope component calls for an agent). Returns `model`.
+
+    Example:
+        >>> router = ModelRouterMiddleware(own_provider(gpt4o_mini), candidates)  # doctest: +SKIP
+    """
+    if not isinstance(model, OpenAIChatModel):
+        raise TypeError(
+            f"own_provider takes an AgentScope OpenAIChatModel, got {type(model).__name__}: "
+            "other chat models are never redirected, so they need no marking"
+        )
+    if _BOUND_SCOPE in model.__dict__:
+        raise ValueError(
+            "own_provider was given the episode's `model`, whose provider is the policy: build "
+            "an OpenAIChatModel of your own (its base URL, key and model name) for calls that "
+            "should not reach the policy"
+        )
+    model.__dict__[_OWN_PROVIDER] = True
+    return model
 
 
 def rollout_model(

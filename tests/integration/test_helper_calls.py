@@ -10,8 +10,10 @@ import json
 import re
 from pathlib import Path
 
+import httpx
 import pytest
 from agentscope.agent import Agent, InjectionConfig
+from agentscope.credential import OpenAICredential
 from agentscope.message import TextBlock, UserMsg
 from agentscope.middleware import (
     AgenticMemoryMiddleware,
@@ -20,11 +22,12 @@ from agentscope.middleware import (
     ModelRouterMiddleware,
     RAGMiddleware,
 )
-from agentscope.model import ChatModelBase
+from agentscope.model import ChatModelBase, OpenAIChatModel
 from agentscope.rag import Chunk, VectorSearchResult
 
 import agentscope_rft
 from agentscope_rft.explorer.agents import AgentsConfig
+from agentscope_rft.integration.agentscope import own_provider
 from agentscope_rft.testing import ScriptedEngine
 from tests.integration.test_multi_agent_shapes import _tools
 
@@ -201,3 +204,69 @@ async def test_mem0_write_backs_through_the_policy_are_memory_calls(with_agent):
 def test_a_bad_helper_selection_says_how_to_fix_it(selection, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         AgentsConfig.model_validate(selection)
+
+
+def _provider(requests: list[dict]) -> httpx.AsyncClient:
+    """Another provider's endpoint, in process: answers a routing question with `policy`."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        requests.append(json.loads(request.content))
+        call = {"name": "generate_structured_output", "arguments": '{"choice": "policy"}'}
+        message = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c0", "type": "function", "function": call}],
+        }
+        return httpx.Response(
+            200,
+            json={
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "gpt-4o-mini",
+                "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            },
+        )
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(answer))
+
+
+async def test_a_helper_model_marked_own_provider_stays_with_its_provider():
+    requests: list[dict] = []
+
+    async def app(task, model):
+        classifier = own_provider(
+            OpenAIChatModel(
+                credential=OpenAICredential(api_key="k", base_url="http://provider.invalid/v1"),
+                model="gpt-4o-mini",
+                stream=False,
+                client_kwargs={"http_client": _provider(requests)},
+            )
+        )
+        solver = Agent(
+            name="solver",
+            system_prompt="SOLVER: answer.",
+            model=model,
+            injection_config=InjectionConfig(inject_runtime_state=False),
+            middlewares=[
+                ModelRouterMiddleware(classifier, [ChatModelCandidate("policy", model, "any")])
+            ],
+        )
+        await solver.reply(UserMsg(name="user", content="what is 2+3?"))
+        return 1.0
+
+    report = await agentscope_rft.check_workflow(
+        app, {"id": "t"}, engine=ScriptedEngine(_reply), timeout=60, show=False
+    )
+    assert report.rollout.ok, report.rollout.error
+    assert [c.agent_name for c in report.rollout.calls] == ["solver"]  # no solver/router
+    assert len(requests) == 1 and requests[0]["model"] == "gpt-4o-mini"
+
+
+def test_own_provider_refuses_the_episodes_model():
+    from agentscope_rft.integration.agentscope import RolloutScope, rollout_model
+
+    model = rollout_model(RolloutScope("r", "http://gateway.invalid/v1", "k"), "policy")
+    with pytest.raises(ValueError, match="given the episode's `model`"):
+        own_provider(model)
