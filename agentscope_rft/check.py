@@ -12,7 +12,7 @@ from rich.console import Console
 
 from agentscope_rft.api import Workflow, WorkflowFn, load_workflow
 from agentscope_rft.engines.base import Engine
-from agentscope_rft.explorer.agents import COMPRESS_SUFFIX, AgentsConfig, display_name
+from agentscope_rft.explorer.agents import AgentsConfig, agent_of, display_name
 from agentscope_rft.explorer.diagnosis import TOOL_MARKUP, Finding, diagnose
 from agentscope_rft.explorer.explorer import (
     EpisodeSettings,
@@ -66,9 +66,7 @@ class CheckReport:
                 "no model call reached the trainable endpoint: use the `model` argument or an "
                 "AgentScope OpenAIChatModel (other clients are not redirected)"
             )
-        seen = {
-            display_name(c.agent_name).removesuffix(COMPRESS_SUFFIX) for c in self.rollout.calls
-        }
+        seen = {agent_of(c.agent_name) for c in self.rollout.calls}
         unseen = [n for n in self.agents.names if n not in seen]
         if self.rollout.calls and unseen:
             out.append(

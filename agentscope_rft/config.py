@@ -221,8 +221,8 @@ class ExplorerConfig(Section):
     `--seeds` unless set."""
     agents: AgentsConfig = Field(default_factory=AgentsConfig)
     """Which agents of a multi-agent app train, e.g. `{skip: [critic]}` or `{train: [solver]}`
-    (all agents' calls are served and recorded either way); their context-compression calls
-    only with `compression: true`."""
+    (all agents' calls are served and recorded either way); their helper calls (context
+    summaries, memory lookups, ...) only with their kind in `helpers`, e.g. `[compress]`."""
     dynamic_sampling: DynamicSamplingConfig | None = None
     """Refill each step with groups whose rewards differ (DAPO's dynamic sampling), e.g.
     `{max_batches: 3}`; null: off (one batch per step; its equal-reward groups are dropped by

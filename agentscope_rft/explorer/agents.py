@@ -6,9 +6,10 @@ out (a critic, an opponent, a user simulator sharing the policy) still talks to 
 in the rollout, the dashboard and `check_workflow`, and gives no sample, so it forms no advantage
 group and weighs nothing in the loss.
 
-An agent's context-compression calls (AgentScope's `Agent.compress_context`, which asks the model
-for a summary of the agent's older context) are recorded as `<agent>/compress`. They train only
-with `compression: true`, and then only for agents that train.
+Calls an AgentScope component makes for an agent but that are not the agent's own turns (helper
+calls: a context summary, a memory lookup, a router's choice of model, a reranking of retrieved
+chunks) are recorded as `<agent>/<kind>` (see `HELPER_KINDS`). They train only when their kind is
+listed in `helpers`, and then only for agents that train.
 """
 
 from __future__ import annotations
@@ -23,11 +24,53 @@ from agentscope_rft.config_base import Section, did_you_mean
 
 logger = logging.getLogger(__name__)
 
-COMPRESS_SUFFIX = "/compress"
-"""Appended to an agent's name for the calls its `compress_context` makes."""
+HELPER_KINDS: dict[str, str] = {
+    "compress": "context compression: `Agent.compress_context` summarises the agent's older "
+    "context",
+    "memory": "long-term memory: AgenticMemoryMiddleware choosing memory files to recall, "
+    "Mem0Middleware's and ReMeMiddleware's memory searches and write-backs",
+    "router": "ModelRouterMiddleware's classifier choosing the model of a reply",
+    "rerank": "RAGMiddleware reranking retrieved chunks",
+}
+"""The kinds of helper calls the integration tags, recorded as `<agent>/<kind>` (e.g.
+`solver/memory`), and what makes them."""
 UNNAMED = "-"
 """How a selection (and `check_workflow`) names calls made outside any agent's reply (the
 workflow calling its `model` directly)."""
+
+
+def helper_name(agent_name: str | None, kind: str) -> str:
+    """The name a helper call of `kind` made for `agent_name` is recorded under.
+
+    Example:
+        >>> helper_name("solver", "memory"), helper_name(None, "router")
+        ('solver/memory', '-/router')
+    """
+    return f"{display_name(agent_name)}/{kind}"
+
+
+def split_helper(agent_name: str | None) -> tuple[str | None, str | None]:
+    """`(agent, kind)` of a helper call's name; `(agent_name, None)` for an agent's own turns.
+
+    Example:
+        >>> split_helper("solver/memory"), split_helper("solver"), split_helper("-/router")
+        (('solver', 'memory'), ('solver', None), (None, 'router'))
+    """
+    if agent_name is not None:
+        agent, sep, kind = agent_name.rpartition("/")
+        if sep and agent and kind in HELPER_KINDS:
+            return (None if agent == UNNAMED else agent), kind
+    return agent_name, None
+
+
+def agent_of(agent_name: str | None) -> str:
+    """The display name of the agent a call belongs to (a helper call's agent for a helper).
+
+    Example:
+        >>> agent_of("solver/compress"), agent_of(None)
+        ('solver', '-')
+    """
+    return display_name(split_helper(agent_name)[0])
 
 
 def display_name(agent_name: str | None) -> str:
@@ -48,8 +91,10 @@ class AgentsConfig(Section):
     Example:
         >>> AgentsConfig(skip=["critic"]).trains("critic"), AgentsConfig().trains("solver")
         (False, True)
-        >>> AgentsConfig().trains("solver/compress")
-        False
+        >>> AgentsConfig().trains("solver/compress"), AgentsConfig(helpers=["memory"]).trains(
+        ...     "solver/memory"
+        ... )
+        (False, True)
     """
 
     key_label = "explorer.agents"
@@ -60,13 +105,29 @@ class AgentsConfig(Section):
     skip: list[str] = Field(default_factory=list)
     """Names of agents whose calls do not train (a critic, an opponent, a user simulator that
     replies with the policy). Give `train` or `skip`, not both."""
-    compression: bool = False
-    """Whether an agent's context-compression calls (AgentScope's `compress_context`, recorded as
-    `<agent>/compress`) train with the agent. Off by default: a summary is a different task
-    from the agent's turns, it happens only in the episodes that grew long, and the episode
-    reward says little about how good the summary was (see docs/workflows.md)."""
+    helpers: list[str] = Field(default_factory=list)
+    """Kinds of helper calls that train with their agent: `compress` (context summaries),
+    `memory` (long-term memory lookups and write-backs), `router` (a model router's choice),
+    `rerank` (reranking retrieved chunks). Such calls are recorded as `<agent>/<kind>` either
+    way; none trains by default: a helper call is a different task from the agent's turns and
+    the episode reward says little about how well it was done (see docs/workflows.md)."""
 
-    @field_validator("train", "skip", mode="before")
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "compression" in data:
+            fix = (
+                "replace `compression: true` with `helpers: [compress]`"
+                if data["compression"]
+                else "remove `compression: false` (no helper call trains by default)"
+            )
+            raise ValueError(
+                "explorer.agents.compression is now explorer.agents.helpers, the kinds of helper "
+                f"calls that train: {fix}"
+            )
+        return data
+
+    @field_validator("train", "skip", "helpers", mode="before")
     @classmethod
     def _one_name(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value  # `skip: critic` is one agent
@@ -86,11 +147,18 @@ class AgentsConfig(Section):
         for name in self.names:
             if not isinstance(name, str) or not name.strip():
                 raise ValueError(f"explorer.agents: {name!r} is not an agent name")
-            if name.endswith(COMPRESS_SUFFIX):
+            agent, kind = split_helper(name)
+            if kind is not None:
                 raise ValueError(
-                    f"explorer.agents names {name!r}: compression calls train with their agent "
-                    f"when `explorer.agents.compression` is true; name the agent "
-                    f"({name[: -len(COMPRESS_SUFFIX)]!r}) instead"
+                    f"explorer.agents names {name!r}: helper calls train with their agent when "
+                    f"their kind is in explorer.agents.helpers; name the agent "
+                    f"({display_name(agent)!r}) and add {kind!r} to helpers instead"
+                )
+        for kind in self.helpers:
+            if kind not in HELPER_KINDS:
+                raise ValueError(
+                    f"explorer.agents.helpers: unknown kind of helper call {kind!r}"
+                    f"{did_you_mean(kind, HELPER_KINDS)} (known: {', '.join(HELPER_KINDS)})"
                 )
         return self
 
@@ -101,20 +169,21 @@ class AgentsConfig(Section):
 
     def trains(self, agent_name: str | None) -> bool:
         """Whether calls recorded under `agent_name` become training samples."""
+        agent, kind = split_helper(agent_name)
+        if kind is not None:
+            return kind in self.helpers and self.trains(agent)
         name = display_name(agent_name)
-        if name.endswith(COMPRESS_SUFFIX) and agent_name is not None:
-            return self.compression and self.trains(name[: -len(COMPRESS_SUFFIX)])
         if self.train is not None:
             return name in self.train
         return name not in self.skip
 
     def why_not(self, agent_name: str | None) -> str:
         """Why `agent_name`'s calls do not train (for reports)."""
-        name = display_name(agent_name)
-        if name.endswith(COMPRESS_SUFFIX) and agent_name is not None:
-            if not self.compression:
-                return "a compression call (explorer.agents.compression is false)"
-            return self.why_not(name[: -len(COMPRESS_SUFFIX)])
+        agent, kind = split_helper(agent_name)
+        if kind is not None:
+            if kind not in self.helpers:
+                return f"a {kind} helper call ({kind!r} is not in explorer.agents.helpers)"
+            return self.why_not(agent)
         if self.train is not None:
             return "not in explorer.agents.train"
         return "in explorer.agents.skip"
@@ -131,7 +200,7 @@ class UnseenAgentWarning:
         """Warn (once) about configured names none of `seen` (a batch's agent names) has."""
         if self.warned or not self.selection.names:
             return
-        agents = {display_name(a).removesuffix(COMPRESS_SUFFIX) for a in seen}
+        agents = {agent_of(a) for a in seen}
         if not agents:
             return
         unknown = [n for n in self.selection.names if n not in agents]

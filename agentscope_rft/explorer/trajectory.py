@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from agentscope_rft.explorer.agents import COMPRESS_SUFFIX, AgentsConfig, display_name
+from agentscope_rft.explorer.agents import AgentsConfig, display_name, split_helper
 from agentscope_rft.types import Call, Rollout, Sample
 
 RewardSpread = Literal["outcome", "last_call", "each_call", "discounted"]
@@ -176,7 +176,7 @@ def build_samples(
     agents: AgentsConfig | None = None,
 ) -> tuple[list[Sample], TrajectoryStats]:
     """Samples of one finished episode, one or more per agent that trains (`agents`: which do;
-    default every agent, without their compression calls).
+    default every agent, without their helper calls).
 
     `reward_spread` says where the episode reward goes: `outcome` keeps it as each sample's
     `reward` (the advantage estimator handles it); `last_call`, `each_call` and `discounted`
@@ -192,7 +192,7 @@ def build_samples(
         by_agent[call.agent_name].append(call)
 
     agents = agents or AgentsConfig()
-    own_agents = [a for a in by_agent if not display_name(a).endswith(COMPRESS_SUFFIX)]
+    own_agents = [a for a in by_agent if split_helper(a)[1] is None]
     samples: list[Sample] = []
     for agent, calls in by_agent.items():
         if not agents.trains(agent):

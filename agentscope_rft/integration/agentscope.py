@@ -11,10 +11,14 @@ Three patches, installed once and idempotent, make this work without edits to ag
 - `Agent.reply` and `Agent.reply_stream` (and their overrides in an app's own `Agent` subclasses)
   set the current agent's name while they run, so every call is tagged with the AgentScope agent
   that made it (header `X-Agent-Name`); multi-agent episodes then yield one trajectory per agent.
-  `Agent.compress_context` (AgentScope's context compression: a summary call made inside a reply)
-  tags its calls `<name>/compress`, so they can be kept out of training (`explorer.agents`).
+- Calls an AgentScope component makes for an agent that are not its turns (helper calls) are
+  tagged `<name>/<kind>` (`explorer.agents.HELPER_KINDS`), so they train only when asked
+  (`explorer.agents.helpers`): `Agent.compress_context` (`compress`), the long-term memory
+  middlewares' lookups and write-backs (`memory`), `ModelRouterMiddleware`'s classifier
+  (`router`) and `RAGMiddleware`'s reranking (`rerank`).
 - Any other AgentScope chat model (`DeepSeekChatModel`, `DashScopeChatModel`, ...) called in an
   episode is logged once per class: its calls go to its own provider and are not trained.
+  An `OpenAIChatModel` marked with `own_provider` does the same (a fixed classifier or reranker).
 """
 
 from __future__ import annotations
@@ -34,10 +38,17 @@ import httpx
 import openai
 from agentscope.agent import Agent
 from agentscope.credential import OpenAICredential
+from agentscope.middleware import (
+    AgenticMemoryMiddleware,
+    Mem0Middleware,
+    ModelRouterMiddleware,
+    ReMeMiddleware,
+)
+from agentscope.middleware import _rag as rag_middleware
 from agentscope.model import ChatModelBase, OpenAIChatModel
 from pydantic import SecretStr
 
-from agentscope_rft.explorer.agents import COMPRESS_SUFFIX
+from agentscope_rft.explorer.agents import helper_name, split_helper
 from agentscope_rft.gateway.agent_name import AGENT_HEADER, encode_agent_name
 from agentscope_rft.types import StepReward, StepState
 
@@ -45,6 +56,7 @@ logger = logging.getLogger(__name__)
 
 _OWN_CLIENT = "_agentscope_rft_own_client"
 _BOUND_SCOPE = "_agentscope_rft_scope"
+_OWN_PROVIDER = "_agentscope_rft_own_provider"
 
 
 @dataclass(frozen=True)
@@ -135,7 +147,7 @@ class _CountingClient(openai.AsyncOpenAI):
         # Counted once answered: a failed attempt that the app retries is not a recorded call.
         counts = self._scope.calls_made
         counts[self._agent] = counts.get(self._agent, 0) + 1
-        if not (self._agent or "").endswith(COMPRESS_SUFFIX):  # a reward is for the agent's turns
+        if split_helper(self._agent)[1] is None:  # a reward is for the agent's turns
             self._scope.last_agent = self._agent
         return response
 
@@ -179,7 +191,7 @@ class _RedirectedClient:
         # The model handed to a workflow belongs to its rollout even where the context does not
         # say so (a thread the app started without copying its context).
         scope = _SCOPE.get() or state.get(_BOUND_SCOPE)
-        if scope is not None:
+        if scope is not None and not state.get(_OWN_PROVIDER):
             return scope.client_for(_AGENT.get())
         return state[_OWN_CLIENT] if _OWN_CLIENT in state else state.get("client")
 
@@ -226,7 +238,7 @@ def _wrap_reply(original: Any) -> Any:
     @functools.wraps(original)
     async def reply(self: Agent, *args: Any, **kwargs: Any) -> Any:
         _note_agent(self)
-        token = _AGENT.set(self.name)
+        token = _AGENT.set(_replying_as(self))
         try:
             return await original(self, *args, **kwargs)
         finally:
@@ -244,7 +256,7 @@ def _wrap_reply_stream(original: Any) -> Any:
         try:
             while True:
                 # Set around each step only, so the caller's context is never left changed.
-                token = _AGENT.set(self.name)
+                token = _AGENT.set(_replying_as(self))
                 try:
                     item = await anext(stream)
                 except StopAsyncIteration:
@@ -259,14 +271,40 @@ def _wrap_reply_stream(original: Any) -> Any:
     return reply_stream
 
 
+def _replying_as(agent: Agent) -> str:
+    """The name an agent's reply tags its calls with: its own, or, for an agent run inside a
+    helper call (a memory backend's own agent), that helper call's."""
+    current = _AGENT.get()
+    return current if current is not None and split_helper(current)[1] else agent.name
+
+
+def _wrap_helper(original: Any, kind: str) -> Any:
+    """Tag the calls `original` (an AgentScope component's coroutine function) makes as the
+    current agent's helper calls of `kind` (`<agent>/<kind>`): trained only when asked
+    (`explorer.agents.helpers`). A helper call inside another keeps the outer one's tag."""
+
+    @functools.wraps(original)
+    async def helper(*args: Any, **kwargs: Any) -> Any:
+        current = _AGENT.get()
+        if split_helper(current)[1] is not None:
+            return await original(*args, **kwargs)
+        token = _AGENT.set(helper_name(current, kind))
+        try:
+            return await original(*args, **kwargs)
+        finally:
+            _AGENT.reset(token)
+
+    helper.__agentscope_rft_wrapped__ = True  # type: ignore[attr-defined]
+    return helper
+
+
 def _wrap_compress(original: Any) -> Any:
-    """Tag the calls an agent's `compress_context` makes (its summary of older context) as
-    `<name>/compress`: a different task from the agent's turns, trained only when asked
-    (`explorer.agents.compression`)."""
+    """Tag an agent's `compress_context` calls (its summary of older context) `<name>/compress`
+    (set from the agent itself: it may be called outside its reply)."""
 
     @functools.wraps(original)
     async def compress_context(self: Agent, *args: Any, **kwargs: Any) -> Any:
-        token = _AGENT.set(f"{self.name}{COMPRESS_SUFFIX}")
+        token = _AGENT.set(helper_name(self.name, "compress"))
         try:
             return await original(self, *args, **kwargs)
         finally:
@@ -274,6 +312,27 @@ def _wrap_compress(original: Any) -> Any:
 
     compress_context.__agentscope_rft_wrapped__ = True  # type: ignore[attr-defined]
     return compress_context
+
+
+_HELPERS: list[tuple[Any, str, str]] = [
+    (AgenticMemoryMiddleware, "_retrieve_relevant_files", "memory"),
+    (Mem0Middleware, "_async_search", "memory"),
+    (Mem0Middleware, "_async_add", "memory"),
+    (ReMeMiddleware, "_run_job", "memory"),
+    (ModelRouterMiddleware, "_route", "router"),
+    (rag_middleware, "_rerank_results", "rerank"),
+]
+"""The AgentScope functions whose model calls are helper calls: (owner, attribute, kind)."""
+
+
+def _tag_helpers() -> None:
+    """Wrap the functions of `_HELPERS` (once); one AgentScope no longer has is skipped."""
+    for owner, attribute, kind in _HELPERS:
+        original = getattr(owner, attribute, None)
+        if inspect.iscoroutinefunction(original) and not getattr(
+            original, "__agentscope_rft_wrapped__", False
+        ):
+            setattr(owner, attribute, _wrap_helper(original, kind))
 
 
 _WARNED_MODELS: set[type] = set()
@@ -313,6 +372,7 @@ def install() -> None:
         original = getattr(ChatModelBase, name)
         if not getattr(original, "__agentscope_rft_wrapped__", False):
             setattr(ChatModelBase, name, _wrap_model_method(original))
+    _tag_helpers()
     hook = Agent.__dict__.get("__init_subclass__")
     # (a classmethod does not show its function's attributes before Python 3.12: look inside)
     if not getattr(getattr(hook, "__func__", hook), "__agentscope_rft_wrapped__", False):
@@ -352,6 +412,29 @@ def _tagging_init_subclass(original: Any) -> Any:
 
     init_subclass.__agentscope_rft_wrapped__ = True  # type: ignore[attr-defined]
     return classmethod(init_subclass)
+
+
+def own_provider(model: OpenAIChatModel) -> OpenAIChatModel:
+    """Keep `model` talking to its own provider inside episodes: its calls are not redirected to
+    the policy, not recorded and not trained (a fixed judge, classifier or reranker that an
+    AgentScope component calls for an agent). Returns `model`.
+
+    Example:
+        >>> router = ModelRouterMiddleware(own_provider(gpt4o_mini), candidates)  # doctest: +SKIP
+    """
+    if not isinstance(model, OpenAIChatModel):
+        raise TypeError(
+            f"own_provider takes an AgentScope OpenAIChatModel, got {type(model).__name__}: "
+            "other chat models are never redirected, so they need no marking"
+        )
+    if _BOUND_SCOPE in model.__dict__:
+        raise ValueError(
+            "own_provider was given the episode's `model`, whose provider is the policy: build "
+            "an OpenAIChatModel of your own (its base URL, key and model name) for calls that "
+            "should not reach the policy"
+        )
+    model.__dict__[_OWN_PROVIDER] = True
+    return model
 
 
 def rollout_model(

@@ -115,7 +115,7 @@ async def test_compression_calls_are_tagged_and_train_only_when_asked():
     # by default the summaries are recorded but not trained; the solver's own turns are
     assert {s.agent_name for s in report.samples} == {"solver"}
     assert "agent solver/compress: " in report.render()
-    assert "not trained: a compression call" in report.render()
+    assert "not trained: a compress helper call" in report.render()
     solver_calls = names.count("solver")
     assert sum(s.num_calls for s in report.samples) == solver_calls
     # the emitted reward went to the solver's last turn
@@ -128,7 +128,7 @@ async def test_compression_calls_are_tagged_and_train_only_when_asked():
         engine=engine,
         timeout=60,
         show=False,
-        agents=AgentsConfig(compression=True),
+        agents=AgentsConfig(helpers=["compress"]),
     )
     assert {s.agent_name for s in asked.samples} == {"solver", "solver/compress"}
     skipped = await agentscope_rft.check_workflow(
@@ -137,7 +137,7 @@ async def test_compression_calls_are_tagged_and_train_only_when_asked():
         engine=engine,
         timeout=60,
         show=False,
-        agents=AgentsConfig(compression=True, skip=["solver"]),
+        agents=AgentsConfig(helpers=["compress"], skip=["solver"]),
     )
     assert skipped.samples == []  # an agent that does not train gives no summary samples either
     assert any("no agent of this episode trains" in w for w in skipped.warnings)

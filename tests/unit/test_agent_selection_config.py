@@ -27,7 +27,9 @@ def test_the_selection_loads_from_yaml_overrides():
     [
         ("{train: []}", "explorer.agents.train is empty, so no agent would train"),
         ("{train: [a], skip: [b]}", "give explorer.agents.train or explorer.agents.skip"),
-        ("{skip: [solver/compress]}", "name the agent ('solver') instead"),
+        ("{skip: [solver/compress]}", "name the agent ('solver') and add 'compress' to helpers"),
+        ("{compression: false}", "remove `compression: false` (no helper call trains by default)"),
+        ("{helpers: [judge]}", "unknown kind of helper call 'judge' (known: compress, memory"),
         ("{trian: [a]}", "did you mean 'train'"),
     ],
 )
@@ -41,7 +43,7 @@ def test_a_bad_selection_says_what_is_wrong(value, message):
     [
         (AgentsConfig(), {"solver": True, "critic": True, "solver/compress": False, None: True}),
         (
-            AgentsConfig(train=["solver"], compression=True),
+            AgentsConfig(train=["solver"], helpers=["compress"]),
             {"solver": True, "critic": False, "solver/compress": True, "critic/compress": False},
         ),
         (AgentsConfig(train=["-"]), {None: True, "solver": False}),

@@ -17,3 +17,14 @@ def test_installing_again_and_again_adds_no_layer():
             return None
 
     assert getattr(Mine.__dict__["reply"], "__agentscope_rft_wrapped__", False)
+
+
+def test_the_helper_calls_are_wrapped_once():
+    from agentscope.middleware import ModelRouterMiddleware
+    from agentscope.middleware import _rag as rag
+
+    install()
+    route, rerank = ModelRouterMiddleware._route, rag._rerank_results
+    install()
+    assert ModelRouterMiddleware._route is route and rag._rerank_results is rerank
+    assert not hasattr(route.__wrapped__, "__wrapped__")  # one layer over AgentScope's own
