@@ -2,7 +2,7 @@
 
 Requests are validated strictly (unknown fields and wrong types are 400 errors that name the
 field) but accept every documented OpenAI parameter, ignoring the ones that do not change what is
-sampled (`user`, `metadata`, `parallel_tool_calls`, ...). Parameters that would change the sampling
+sampled (`user`, `metadata`, ...). Parameters that would change the sampling
 distribution in ways we do not implement (penalties, logit bias) are rejected rather than silently
 ignored, because training needs the exact distribution. `response_format` (structured outputs) is
 checked here, so a bad schema is a 400 whichever engine serves.
@@ -92,8 +92,9 @@ class ChatCompletionRequest(BaseModel):
     return_token_ids: bool = False
     ignore_eos: bool = False
     response_format: dict[str, Any] | None = None
-    # Accepted and ignored: they do not change what is sampled.
     parallel_tool_calls: bool | None = None
+    """False: a reply hands back its first tool call only (what is sampled is unchanged)."""
+    # Accepted and ignored: they do not change what is sampled.
     user: str | None = None
     metadata: dict[str, Any] | None = None
     store: bool | None = None

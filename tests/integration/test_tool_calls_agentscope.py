@@ -1,0 +1,69 @@
+"""Tool-call edge cases of a real AgentScope ReAct agent through the gateway (scripted replies)."""
+
+from __future__ import annotations
+
+from agentscope.message import UserMsg
+
+from agentscope_rft.gateway.server import Gateway
+from agentscope_rft.testing import ScriptedEngine
+
+from . import calc_app
+
+TWO_CALLS = (
+    "Both.\n"
+    '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "multiply", "arguments": {"a": 5, "b": 4}}\n</tool_call>'
+)
+
+
+def _script(*replies: str):
+    """Reply number k of the episode (by the assistant turns so far)."""
+
+    def reply(messages, tools) -> str:
+        done = sum(m["role"] == "assistant" for m in messages)
+        return replies[min(done, len(replies) - 1)]
+
+    return reply
+
+
+async def _episode(engine: ScriptedEngine, stream: bool, parallel: bool):
+    gateway = Gateway(engine)
+    await gateway.start()
+    try:
+        model = calc_app.build_model(gateway.rollout_base_url("ep"), stream)
+        model.parameters.max_tokens = 256
+        model.parameters.parallel_tool_calls = parallel
+        agent = calc_app.build_agent(model)
+        answer = await agent.reply(UserMsg(name="user", content=calc_app.QUESTION))
+        return answer.get_text_content(), gateway.recorder.calls("ep")
+    finally:
+        await gateway.stop()
+
+
+async def test_parallel_calls_run_and_the_next_prompt_reuses_the_sampled_tokens():
+    engine = ScriptedEngine(_script(TWO_CALLS, "5 and 20."))
+    answer, calls = await _episode(engine, stream=True, parallel=True)
+    assert answer == "5 and 20."
+    first, second = calls
+    assert [(t.name, t.arguments) for t in first.tool_calls] == [
+        ("add", '{"a": 2, "b": 3}'),
+        ("multiply", '{"a": 5, "b": 4}'),
+    ]
+    assert len({t.id for t in first.tool_calls}) == 2
+    results = [m for m in second.messages if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in results] == [t.id for t in first.tool_calls]
+    assert second.prompt_reused_tokens == len(first.prompt_ids) + len(first.completion_ids)
+
+
+async def test_parallel_tool_calls_false_hands_the_agent_one_call():
+    """As OpenAI and vLLM do: the first call only; the recorded tokens stay what was sampled and
+    the next prompt still continues them."""
+    engine = ScriptedEngine(_script(TWO_CALLS, "5."))
+    answer, calls = await _episode(engine, stream=False, parallel=False)
+    assert answer == "5."
+    first, second = calls
+    assert [t.name for t in first.tool_calls] == ["add"]
+    assert first.finish_reason == "tool_calls"
+    assert engine.tokenizer.decode(first.completion_ids[:-1]) == TWO_CALLS  # exact tokens kept
+    assert [m["content"] for m in second.messages if m["role"] == "tool"] == ["5"]
+    assert second.prompt_reused_tokens == len(first.prompt_ids) + len(first.completion_ids)
