@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from agentscope.message import UserMsg
 
+from agentscope_rft.explorer.explorer import ExploreResult
+from agentscope_rft.explorer.trajectory import TrajectoryStats
 from agentscope_rft.gateway.server import Gateway
 from agentscope_rft.testing import ScriptedEngine
+from agentscope_rft.types import Rollout
 
 from . import calc_app
 
@@ -67,3 +70,28 @@ async def test_parallel_tool_calls_false_hands_the_agent_one_call():
     assert engine.tokenizer.decode(first.completion_ids[:-1]) == TWO_CALLS  # exact tokens kept
     assert [m["content"] for m in second.messages if m["role"] == "tool"] == ["5"]
     assert second.prompt_reused_tokens == len(first.prompt_ids) + len(first.completion_ids)
+
+
+BAD_JSON = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": }\n</tool_call>'
+UNKNOWN = '<tool_call>\n{"name": "divide", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+GOOD = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+
+
+async def test_invalid_tool_calls_reach_the_agent_and_the_step_metrics():
+    """Markup that does not parse is the agent's answer (text); a call to an unknown tool gets
+    AgentScope's error as its result; the step's `explore/invalid_tool_call_rate` counts both."""
+    rollouts = []
+    for name, script in {
+        "bad": (BAD_JSON,),
+        "unknown": (UNKNOWN, "ok."),
+        "good": (GOOD, "5."),
+    }.items():
+        answer, calls = await _episode(ScriptedEngine(_script(*script)), stream=True, parallel=True)
+        rollouts.append(Rollout(name, name, {}, calls, 1.0))
+        if name == "bad":
+            assert answer == BAD_JSON and calls[0].tool_calls == []
+        if name == "unknown":
+            [result] = [m["content"] for m in calls[1].messages if m["role"] == "tool"]
+            assert "divide" in str(result)
+    result = ExploreResult(rollouts=rollouts, samples=[], trajectory=TrajectoryStats(), seconds=1)
+    assert result.metrics()["explore/invalid_tool_call_rate"] == 2 / 5  # of 5 replies to tools
