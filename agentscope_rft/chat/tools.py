@@ -24,6 +24,9 @@ from agentscope_rft.types import JSON, ToolCall
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 _BLOCK = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+"""Half a UTF-16 pair: JSON may escape one alone (`\\ud83d`); no UTF-8 text can hold it (a
+response or a recorded call carrying it cannot be written), so such a call is malformed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +51,10 @@ def _calls_from_json(payload: Any) -> list[tuple[str, str]] | None:
                 return None
         if not isinstance(arguments, dict):
             return None
-        calls.append((item["name"], json.dumps(arguments, ensure_ascii=False)))
+        dumped = json.dumps(arguments, ensure_ascii=False)
+        if _SURROGATE.search(item["name"]) or _SURROGATE.search(dumped):
+            return None
+        calls.append((item["name"], dumped))
     return calls
 
 

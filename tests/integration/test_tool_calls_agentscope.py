@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import httpx
+import openai
+import pytest
 from agentscope.message import UserMsg
 
 from agentscope_rft.explorer.explorer import ExploreResult
@@ -95,3 +98,26 @@ async def test_invalid_tool_calls_reach_the_agent_and_the_step_metrics():
             assert "divide" in str(result)
     result = ExploreResult(rollouts=rollouts, samples=[], trajectory=TrajectoryStats(), seconds=1)
     assert result.metrics()["explore/invalid_tool_call_rate"] == 2 / 5  # of 5 replies to tools
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["non-streaming", "streaming"])
+async def test_a_call_with_a_lone_surrogate_escape_is_served_as_text(stream):
+    """A model's `\\ud83d` (half an emoji's escape) in a call's arguments was a 500 (a broken
+    stream) and made the rollout's recorded calls unreadable."""
+    reply = '<tool_call>\n{"name": "add", "arguments": {"a": "\\ud83d"}}\n</tool_call>'
+    async with Gateway(ScriptedEngine(_script(reply))) as gateway:
+        client = openai.AsyncOpenAI(
+            base_url=gateway.rollout_base_url("r"), api_key="k", max_retries=0
+        )
+        kwargs = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        kwargs["tools"] = [{"type": "function", "function": {"name": "add"}}]
+        if stream:
+            chunks = [c async for c in await client.chat.completions.create(**kwargs, stream=True)]
+            content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        else:
+            content = (await client.chat.completions.create(**kwargs)).choices[0].message.content
+        assert content == reply
+        async with httpx.AsyncClient() as http:
+            recorded = await http.get(gateway.rollout_base_url("r").removesuffix("/v1"))
+        assert recorded.status_code == 200
+        assert recorded.json()["calls"][0]["content"] == reply

@@ -93,3 +93,14 @@ def test_invalid_tool_call_needs_offered_tools_and_names_them():
     assert not invalid_tool_call(bad.content, bad.tool_calls, None)  # no tools: plain text
     unknown = parse_tool_calls('<tool_call>{"name": "sub", "arguments": {}}</tool_call>')
     assert invalid_tool_call(unknown.content, unknown.tool_calls, tools)
+
+
+def test_a_lone_surrogate_escape_is_a_malformed_call():
+    """JSON may escape half of a UTF-16 pair (`\\ud83d`); no UTF-8 text holds it, so the call is
+    malformed (plain content, the text as generated) rather than a response that cannot be sent."""
+    text = '<tool_call>{"name": "f", "arguments": {"s": "\\ud83d oops"}}</tool_call>'
+    out = parse_tool_calls(text)
+    assert out.tool_calls == [] and out.content == text and out.malformed_tool_call
+    assert parse_tool_calls(text.replace('"f"', '"\\udc00"')).malformed_tool_call
+    pair = parse_tool_calls(text.replace("\\ud83d oops", "\\ud83d\\ude00"))
+    assert [json.loads(c.arguments) for c in pair.tool_calls] == [{"s": "\U0001f600"}]
