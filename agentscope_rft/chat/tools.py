@@ -92,8 +92,9 @@ def invalid_tool_call(
     content: str | None, tool_calls: Sequence[ToolCall], tools: Sequence[JSON] | None
 ) -> bool:
     """Whether a reply to a request that offered `tools` made a tool call its agent cannot run:
-    `<tool_call>` markup that did not parse (it stays in the content, and AgentScope takes it for
-    the final answer) or a call naming a function that is not among the tools.
+    `<tool_call>` markup that did not parse, or came where `tool_choice: none` allowed no call (it
+    stays in the content, and AgentScope takes it for the final answer), or a call naming a
+    function that is not among the tools.
 
     Example:
         >>> tools = [{"type": "function", "function": {"name": "add"}}]
