@@ -8,7 +8,7 @@ import pytest
 from agentscope.message import UserMsg
 
 from agentscope_rft.explorer.explorer import ExploreResult
-from agentscope_rft.explorer.trajectory import TrajectoryStats
+from agentscope_rft.explorer.trajectory import TrajectoryStats, build_samples
 from agentscope_rft.gateway.server import Gateway
 from agentscope_rft.testing import ScriptedEngine
 from agentscope_rft.types import Rollout
@@ -59,6 +59,8 @@ async def test_parallel_calls_run_and_the_next_prompt_reuses_the_sampled_tokens(
     results = [m for m in second.messages if m["role"] == "tool"]
     assert [m["tool_call_id"] for m in results] == [t.id for t in first.tool_calls]
     assert second.prompt_reused_tokens == len(first.prompt_ids) + len(first.completion_ids)
+    [sample], _ = build_samples(Rollout("ep", "t", {}, calls, 1.0))  # one merged sample
+    assert sample.num_trained_tokens == len(first.completion_ids) + len(second.completion_ids)
 
 
 async def test_parallel_tool_calls_false_hands_the_agent_one_call():
