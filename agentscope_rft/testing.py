@@ -232,6 +232,7 @@ class ScriptedEngine:
                 {self.tokenizer.eos_token_id},
                 parse,
                 id_prefix=f"call_{request.request_id[-8:]}",
+                parallel_tool_calls=request.parallel_tool_calls,
             )
             if request.stream and choice.content:
                 yield ContentDelta(index, choice.content)

@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentscope_rft.types import ToolCall
+from agentscope_rft.types import JSON, ToolCall
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 _BLOCK = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+"""Half a UTF-16 pair: JSON may escape one alone (`\\ud83d`); no UTF-8 text can hold it (a
+response or a recorded call carrying it cannot be written), so such a call is malformed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +51,10 @@ def _calls_from_json(payload: Any) -> list[tuple[str, str]] | None:
                 return None
         if not isinstance(arguments, dict):
             return None
-        calls.append((item["name"], json.dumps(arguments, ensure_ascii=False)))
+        dumped = json.dumps(arguments, ensure_ascii=False)
+        if _SURROGATE.search(item["name"]) or _SURROGATE.search(dumped):
+            return None
+        calls.append((item["name"], dumped))
     return calls
 
 
@@ -79,6 +86,29 @@ def parse_tool_calls(text: str, id_prefix: str = "call") -> ParsedOutput:
         for i, (name, args) in enumerate(parsed)
     ]
     return ParsedOutput(content=content, tool_calls=tool_calls)
+
+
+def invalid_tool_call(
+    content: str | None, tool_calls: Sequence[ToolCall], tools: Sequence[JSON] | None
+) -> bool:
+    """Whether a reply to a request that offered `tools` made a tool call its agent cannot run:
+    `<tool_call>` markup that did not parse, or came where `tool_choice: none` allowed no call (it
+    stays in the content, and AgentScope takes it for the final answer), or a call naming a
+    function that is not among the tools.
+
+    Example:
+        >>> tools = [{"type": "function", "function": {"name": "add"}}]
+        >>> invalid_tool_call('<tool_call>{"name": "add"', [], tools)
+        True
+        >>> invalid_tool_call(None, [ToolCall("c0", "divide", "{}")], tools)
+        True
+    """
+    if not tools:
+        return False
+    if content is not None and TOOL_CALL_OPEN in content:
+        return True
+    names = {tool.get("function", {}).get("name") for tool in tools if isinstance(tool, dict)}
+    return any(call.name not in names for call in tool_calls)
 
 
 class StreamingToolParser:

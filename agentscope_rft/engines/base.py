@@ -84,6 +84,9 @@ class ChatRequest:
     response_format: JSON | None = None
     """OpenAI `response_format` (`json_object` / `json_schema`), already checked with
     `engines.structured.grammar_for`; None: unconstrained."""
+    parallel_tool_calls: bool = True
+    """False: a reply hands back its first tool call only (as OpenAI and vLLM do); the sampled
+    tokens, all calls included, are what is recorded and what the next prompt continues."""
 
 
 @dataclass(slots=True)

@@ -251,8 +251,10 @@ def assemble_choice(
     stop_ids: set[int],
     parse_tools: bool,
     id_prefix: str,
+    parallel_tool_calls: bool = True,
 ) -> ChoiceResult:
-    """Decode a choice's tokens into text, content and tool calls."""
+    """Decode a choice's tokens into text, content and tool calls (only the first call when not
+    `parallel_tool_calls`)."""
     ids = output.completion_ids
     if ids and ids[-1] in stop_ids and output.stop_string is None:
         ids = ids[:-1]
@@ -265,6 +267,8 @@ def assemble_choice(
     if parse_tools:
         parsed = parse_tool_calls(text, id_prefix=f"{id_prefix}_{index}")
         content, tool_calls = parsed.content, parsed.tool_calls
+        if not parallel_tool_calls:
+            tool_calls = tool_calls[:1]
         if tool_calls and finish == "stop":
             finish = "tool_calls"
     return ChoiceResult(

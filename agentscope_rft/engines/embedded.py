@@ -394,6 +394,7 @@ class EmbeddedEngine:
                 batcher.stop_token_ids,
                 parse_tools,
                 id_prefix=f"call_{request.request_id or uuid.uuid4().hex[:8]}",
+                parallel_tool_calls=request.parallel_tool_calls,
             )
             choices.append(choice)
             if streams:

@@ -111,6 +111,7 @@ class VLLMCalls:
             assemble_choice(
                 index, output, self.tokenizer, self.stop_ids, parse_tools,
                 id_prefix=f"call_{request.request_id or uuid.uuid4().hex[:8]}",
+                parallel_tool_calls=request.parallel_tool_calls,
             )
             for index, output in enumerate(outputs)
         ]  # fmt: skip
@@ -149,6 +150,7 @@ class VLLMCalls:
                     request.tool_choice,
                     sampling,
                     max_tokens,
+                    request.parallel_tool_calls,
                 ),
                 sampling,
             )

@@ -77,8 +77,10 @@ def chat_body(
     tool_choice: str | JSON | None,
     sampling: SamplingParams,
     max_tokens: int,
+    parallel_tool_calls: bool = True,
 ) -> JSON:
-    """A `/v1/chat/completions` request (vLLM renders the prompt and parses tool calls)."""
+    """A `/v1/chat/completions` request (vLLM renders the prompt and parses tool calls; with
+    `parallel_tool_calls` False it hands back a reply's first tool call only)."""
     body = sampling_body(sampling, max_tokens)
     body.update(model=model, messages=messages, logprobs=True)
     if sampling.top_logprobs:
@@ -87,6 +89,8 @@ def chat_body(
         body["tools"] = tools
         if tool_choice is not None:
             body["tool_choice"] = tool_choice
+        if not parallel_tool_calls:
+            body["parallel_tool_calls"] = False
     return body
 
 

@@ -35,6 +35,7 @@ import httpx
 from agentscope.model import OpenAIChatModel
 
 from agentscope_rft.api import Workflow
+from agentscope_rft.chat.tools import invalid_tool_call
 from agentscope_rft.explorer.agents import AgentsConfig, UnseenAgentWarning
 from agentscope_rft.explorer.loop_monitor import LoopMonitor, LoopStats
 from agentscope_rft.explorer.runner import (
@@ -160,6 +161,8 @@ class ExploreResult:
         std = math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards)) if rewards else 0.0
         completion = [len(c.completion_ids) for r in ok for c in r.calls]
         clipped = sum(c.finish_reason == "length" for r in ok for c in r.calls)
+        offered = [c for r in ok for c in r.calls if c.tools]
+        invalid = sum(invalid_tool_call(c.content, c.tool_calls, c.tools) for c in offered)
         # Mean surprisal of the sampled tokens: an estimate of the sampling policy's entropy
         # that exists even for steps the trainer skips (every group's rewards equal).
         sampled = [-lp for r in ok for c in r.calls if c.temperature > 0 for lp in c.logprobs]
@@ -184,6 +187,7 @@ class ExploreResult:
             "response_length/mean": sum(completion) / len(completion) if completion else 0.0,
             "response_length/max": float(max(completion, default=0)),
             "response_length/clip_ratio": clipped / len(completion) if completion else 0.0,
+            "explore/invalid_tool_call_rate": invalid / len(offered) if offered else 0.0,
             "entropy/sampled": sum(sampled) / len(sampled) if sampled else 0.0,
             "time/explore": self.seconds,
         }

@@ -602,6 +602,7 @@ def create_app(state: GatewayState) -> FastAPI:
             request_id=f"chatcmpl-{uuid.uuid4().hex}",
             stream=body.stream,
             response_format=body.constraint,
+            parallel_tool_calls=body.parallel_tool_calls is not False,
         )
         exchange = _Exchange(state, body, chat)
         if not body.stream:

@@ -2,7 +2,7 @@
 
 Requests are validated strictly (unknown fields and wrong types are 400 errors that name the
 field) but accept every documented OpenAI parameter, ignoring the ones that do not change what is
-sampled (`user`, `metadata`, `parallel_tool_calls`, ...). Parameters that would change the sampling
+sampled (`user`, `metadata`, ...). Parameters that would change the sampling
 distribution in ways we do not implement (penalties, logit bias) are rejected rather than silently
 ignored, because training needs the exact distribution. `response_format` (structured outputs) is
 checked here, so a bad schema is a 400 whichever engine serves.
@@ -11,6 +11,7 @@ checked here, so a bad schema is a 400 whichever engine serves.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -92,8 +93,9 @@ class ChatCompletionRequest(BaseModel):
     return_token_ids: bool = False
     ignore_eos: bool = False
     response_format: dict[str, Any] | None = None
-    # Accepted and ignored: they do not change what is sampled.
     parallel_tool_calls: bool | None = None
+    """False: a reply hands back its first tool call only (what is sampled is unchanged)."""
+    # Accepted and ignored: they do not change what is sampled.
     user: str | None = None
     metadata: dict[str, Any] | None = None
     store: bool | None = None
@@ -239,6 +241,48 @@ _DEFAULTED = frozenset(
 """Parameters whose default is not None: a `null` for them means that default."""
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(value: Any, where: str) -> tuple[str, str] | None:
+    """The first string (key or value) in `value` that holds half a UTF-16 surrogate pair, as
+    (where, the half): JSON decodes a pair to one character, so any surrogate left is alone."""
+    if isinstance(value, str):
+        found = _SURROGATE.search(value)
+        return (where, found.group()) if found else None
+    items: Any = ()
+    if isinstance(value, dict):
+        for key in value:
+            if found := _SURROGATE.search(key):
+                return f"{where or 'the body'} (a key)", found.group()
+        items = ((f"{where}.{k}" if where else str(k), v) for k, v in value.items())
+    elif isinstance(value, list):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(value))
+    for path, item in items:
+        hit = _lone_surrogate(item, path)
+        if hit is not None:
+            return hit
+    return None
+
+
+def _check_unicode(body: bytes, data: dict[str, Any]) -> None:
+    """A 400 naming the string that holds a lone surrogate (`"\\ud83d"` escaped alone): no
+    tokenizer takes it (it was a 500)."""
+    if not _SURROGATE_ESCAPE.search(body):
+        return
+    hit = _lone_surrogate(data, "")
+    if hit is not None:
+        where, half = hit
+        escaped = half.encode("unicode_escape").decode()
+        raise RequestError(
+            f"{where} holds half a UTF-16 surrogate pair ({escaped}) without its other half, "
+            "which is not Unicode text (no tokenizer takes it): send the whole character (both "
+            "halves, or the character itself in UTF-8) or drop it",
+            param=None if where.startswith("the body") else re.split(r"[.\[ ]", where)[0],
+        )
+
+
 def parse_request(body: bytes) -> ChatCompletionRequest:
     """Parse and validate a request body; raises `RequestError` naming the problem.
 
@@ -254,6 +298,7 @@ def parse_request(body: bytes) -> ChatCompletionRequest:
         raise RequestError("the request body is not valid JSON: nested too deeply") from exc
     if not isinstance(data, dict):
         raise RequestError("the request body must be a JSON object")
+    _check_unicode(body, data)
     try:
         return ChatCompletionRequest.model_validate(data)
     except ValidationError as exc:

@@ -172,6 +172,14 @@ BAD_INPUTS = [
         400,
         "tools[0]",
     ),
+    (
+        # a tool result that kept half an emoji (JSON escapes it as \ud83d): not Unicode text
+        "lone surrogate",
+        "/v1/chat/completions",
+        _body(messages=[*HI, {"role": "user", "content": [{"type": "text", "text": "a\ud83d"}]}]),
+        400,
+        "messages[1].content[0].text holds half a UTF-16 surrogate pair (\\ud83d)",
+    ),
     ("bad rollout id", "/rollouts/bad%20id/v1/chat/completions", _body(), 400, "rollout id"),
     (
         "top_logprobs without logprobs",

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from agentscope_rft.chat.tools import StreamingToolParser, parse_tool_calls
+from agentscope_rft.chat.tools import StreamingToolParser, invalid_tool_call, parse_tool_calls
 
 
 def test_single_call_with_content():
@@ -81,3 +81,26 @@ def test_streaming_equals_batch_for_any_chunking(text):
         rest, result = parser.finish()
         assert streamed + rest == (expected.content or "")
         assert result == expected
+
+
+def test_invalid_tool_call_needs_offered_tools_and_names_them():
+    tools = [{"type": "function", "function": {"name": "add"}}]
+    good = parse_tool_calls('<tool_call>{"name": "add", "arguments": {}}</tool_call>')
+    assert not invalid_tool_call(good.content, good.tool_calls, tools)
+    assert not invalid_tool_call("The answer is 3.", [], tools)
+    bad = parse_tool_calls('<tool_call>{"name": "add", "arguments": [1]}</tool_call>')
+    assert invalid_tool_call(bad.content, bad.tool_calls, tools)
+    assert not invalid_tool_call(bad.content, bad.tool_calls, None)  # no tools: plain text
+    unknown = parse_tool_calls('<tool_call>{"name": "sub", "arguments": {}}</tool_call>')
+    assert invalid_tool_call(unknown.content, unknown.tool_calls, tools)
+
+
+def test_a_lone_surrogate_escape_is_a_malformed_call():
+    """JSON may escape half of a UTF-16 pair (`\\ud83d`); no UTF-8 text holds it, so the call is
+    malformed (plain content, the text as generated) rather than a response that cannot be sent."""
+    text = '<tool_call>{"name": "f", "arguments": {"s": "\\ud83d oops"}}</tool_call>'
+    out = parse_tool_calls(text)
+    assert out.tool_calls == [] and out.content == text and out.malformed_tool_call
+    assert parse_tool_calls(text.replace('"f"', '"\\udc00"')).malformed_tool_call
+    pair = parse_tool_calls(text.replace("\\ud83d oops", "\\ud83d\\ude00"))
+    assert [json.loads(c.arguments) for c in pair.tool_calls] == [{"s": "\U0001f600"}]

@@ -47,6 +47,15 @@ def test_chat_body_passes_tools_and_asks_for_logprobs() -> None:
     assert body["tools"] == tools
     assert body["tool_choice"] == "auto"
     assert "seed" not in body
+    assert "parallel_tool_calls" not in body  # vLLM's default: every call
+
+
+def test_chat_body_passes_parallel_tool_calls_false() -> None:
+    """vLLM then hands back a reply's first tool call, as the engine's own rendering does."""
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    body = wire.chat_body("m", [{"role": "user", "content": "hi"}], tools, None,
+                          SamplingParams(), max_tokens=5, parallel_tool_calls=False)  # fmt: skip
+    assert body["parallel_tool_calls"] is False
 
 
 def test_parse_completion_keeps_eos_and_sorts_top_logprobs() -> None:
