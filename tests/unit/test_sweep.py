@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -446,7 +447,9 @@ def test_a_sweep_json_without_its_keys_is_one_error(tmp_path):
         summarize(tmp_path)
 
 
-def test_without_a_validation_split_no_best_is_chosen_on_the_test_split(tmp_path, caplog):
+def test_without_a_validation_split_no_best_is_chosen_on_the_test_split(
+    tmp_path, caplog, monkeypatch
+):
     """A config with tasks.eval (test) and no tasks.val evaluates the test split during training
     for monitoring only; the summary took the best of those test records as the seed's `best val`
     and labelled the last checkpoint's test score `(best ckpt)`: a checkpoint chosen on test."""
@@ -464,6 +467,16 @@ def test_without_a_validation_split_no_best_is_chosen_on_the_test_split(tmp_path
     data["status"] = {"0": "done", "1": "done"}
     (sweep / "sweep.json").write_text(json.dumps(data))
 
+    from matplotlib.figure import Figure
+
+    labels: list[str] = []
+    savefig = Figure.savefig
+
+    def record_labels(figure, *args, **kwargs):
+        labels.extend([figure.axes[0].get_ylabel(), figure.axes[0].get_title()])
+        return savefig(figure, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", record_labels)
     with caplog.at_level("WARNING"):
         summary = summarize(sweep)
     seed = summary["seeds"]["0"]
@@ -476,6 +489,11 @@ def test_without_a_validation_split_no_best_is_chosen_on_the_test_split(tmp_path
     assert "| 0 | done | – | – | 4 | 0.4 | 0.3 |" in table
     assert "test reward/mean (last ckpt)" in table and "(best ckpt)" not in table
     assert "no validation split (tasks.val)" in table
+    # what is shown is named: the test split's in-training evaluation, not `val/`
+    shown = "eval/reward/mean (test split)"
+    assert f"| best {shown} | last step | last {shown} |" in table
+    assert not re.search(r"\bval/", table)
+    assert labels == [shown, f"{shown} by seed"]
     assert "tasks.val is not set: the in-training evaluation of seed(s) 0, 1 is of the test" in (
         caplog.text
     )
