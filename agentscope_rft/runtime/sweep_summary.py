@@ -182,6 +182,8 @@ def summarize(sweep_dir: Path, *, test: bool = False) -> dict[str, Any]:
             ", ".join(on_test),
         )
     summary: dict[str, Any] = {
+        # the sweep's name, not its folder's: an artefacts copy (`results/`) makes the same table
+        "name": run.get("name") or sweep_dir.name,
         "metric": metric,
         "mode": mode,
         "seeds": seeds,
@@ -203,7 +205,7 @@ def summarize(sweep_dir: Path, *, test: bool = False) -> dict[str, Any]:
     tmp = sweep_dir / (SUMMARY_JSON + ".tmp")
     tmp.write_text(json.dumps(summary, indent=1))
     tmp.replace(sweep_dir / SUMMARY_JSON)
-    (sweep_dir / SUMMARY_MD).write_text(markdown_table(summary, sweep_dir.name))
+    (sweep_dir / SUMMARY_MD).write_text(markdown_table(summary))
     plot_seeds(summary, sweep_dir / SEEDS_PLOT)
     return summary
 
@@ -327,8 +329,10 @@ def shown_metric(summary: dict[str, Any]) -> str:
     return re.sub(r"\bval/", "eval/", summary["metric"]) + " (test split)"
 
 
-def markdown_table(summary: dict[str, Any], name: str) -> str:
-    """The summary as a markdown table: one row per seed, then mean ± sample std (n)."""
+def markdown_table(summary: dict[str, Any], name: str | None = None) -> str:
+    """The summary as a markdown table: one row per seed, then mean ± sample std (n), headed by
+    `name` (default: the sweep's `run.name` the summary holds)."""
+    name = name or summary.get("name") or "sweep"
     metric = shown_metric(summary)
     test_names = [k for k in TEST_METRICS if k in summary.get("test", {})]
     head = ["seed", "status", "best step", f"best {metric}", "last step", f"last {metric}"]

@@ -52,12 +52,11 @@ def test_there_are_committed_sweeps_and_pasted_tables():
 
 @pytest.mark.parametrize("folder", SWEEPS, ids=relative)
 def test_a_committed_sweep_table_re_makes_from_its_artefacts(folder, tmp_path, monkeypatch):
-    """`agentscope-rft sweep-summary runs/<name>` over the committed files gives the committed
-    `summary.md`, cell for cell (its first line names the sweep, the folder it was made in)."""
+    """`agentscope-rft sweep-summary` over the committed files (a copy named as the folder it
+    is committed in, `results/`) gives the committed `summary.md`, cell for cell and named as
+    the sweep (`run.name`), not as the folder it was re-made in."""
     committed = (folder / SUMMARY_MD).read_text(encoding="utf-8")
-    name = re.match(r"Seeds of `([^`]+)`", committed)
-    assert name, f"{relative(folder / SUMMARY_MD)} is not a sweep-summary table"
-    copy = tmp_path / name.group(1)
+    copy = tmp_path / folder.name
     made = {SUMMARY_JSON, SUMMARY_MD, SEEDS_PLOT}  # the sweep's own; a seed's test summary stays
     shutil.copytree(
         folder, copy, ignore=lambda d, names: made & set(names) if d == str(folder) else []
@@ -66,8 +65,8 @@ def test_a_committed_sweep_table_re_makes_from_its_artefacts(folder, tmp_path, m
     summarize(copy)
     assert (copy / SUMMARY_MD).read_text(encoding="utf-8") == committed, (
         f"{relative(folder)}: the committed table is not what the current code makes of the "
-        f"committed artefacts; re-make it (sweep-summary on a copy named {name.group(1)}) "
-        "and commit summary.md with the table in ARTEFACTS.md and the README"
+        f"committed artefacts; re-make it (`agentscope-rft sweep-summary` on a copy) and "
+        "commit summary.md with the table in ARTEFACTS.md and the README"
     )
 
 
