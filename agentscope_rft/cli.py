@@ -427,7 +427,7 @@ def sweep_summary(
         summary = summarize(folder, test=test)
     except _user_errors(SweepError) as exc:
         raise fail(said(exc)) from exc
-    console.print(markdown_table(summary, folder.name), markup=False, highlight=False)
+    console.print(markdown_table(summary), markup=False, highlight=False)
     if artefacts is not None:
         _export_artefacts(folder, Path(artefacts))
 

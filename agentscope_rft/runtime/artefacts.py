@@ -8,9 +8,11 @@ stay behind): the resolved config, `sweep.json` (seeds, status, commit), the sum
 `results.jsonl`), and the untrained model's test evaluation (`test-untrained/`). It writes
 `ARTEFACTS.md`: where they came from, the commit, and the command that re-makes them.
 
-An export into the checkout that ran the sweep rewrites the resolved configs' file paths
-(workflow, tasks, demonstrations, chat template) relative to each config's folder, so the
-exported `config.yaml` re-makes the sweep on any clone: `train --config <out>/config.yaml`.
+An export into a checkout rewrites the resolved configs' file paths (workflow, tasks,
+demonstrations, chat template) relative to each config's folder, so the exported `config.yaml`
+re-makes the sweep on any clone: `train --config <out>/config.yaml`. The sweep may have run in
+another clone (a fresh clone that re-made the table, exported into the working checkout): its
+paths are taken at the same place in the checkout written into.
 
 Example:
     >>> out = Path("examples/quickstart/results")
@@ -68,23 +70,24 @@ def export_artefacts(sweep_dir: Path, out: Path, command: str | None = None) -> 
     if out.exists():
         shutil.rmtree(out)  # an earlier export of this or another sweep: replaced whole
     out.mkdir(parents=True)
-    root = _checkout(sweep_dir)
-    if root is not None and not out.resolve().is_relative_to(root):
-        root = None  # exported elsewhere: relative paths would climb out of the checkout
+    root = _checkout(out)  # None: exported outside a checkout, the absolute paths are kept
+    # the checkout whose absolute paths the configs recorded: the sweep's (maybe another clone)
+    roots = None if root is None else (_checkout(sweep_dir) or root, root)
     written: list[Path] = []
     skipped: list[str] = []
-    written += _copy(sweep_dir, out, SWEEP_FILES, skipped, root)
+    written += _copy(sweep_dir, out, SWEEP_FILES, skipped, roots)
     for seed in data["seeds"]:
         run_dir = sweep_dir / data["runs"][str(seed)]
         target = out / run_dir.name
-        written += _copy(run_dir, target, SEED_FILES, skipped, root)
+        written += _copy(run_dir, target, SEED_FILES, skipped, roots)
         for name in EVAL_DIRS:
-            written += _copy(run_dir / name, target / name, EVAL_FILES, skipped, root)
+            written += _copy(run_dir / name, target / name, EVAL_FILES, skipped, roots)
     for name in EVAL_DIRS:
-        written += _copy(sweep_dir / name, out / name, EVAL_FILES, skipped, root)
+        written += _copy(sweep_dir / name, out / name, EVAL_FILES, skipped, roots)
     index = out / INDEX
-    portable = root is not None and (out / "config.yaml").is_file()
-    index.write_text(_index(sweep_dir, data, written, skipped, out, command, portable))
+    if not (out / "config.yaml").is_file():
+        roots = None
+    index.write_text(_index(sweep_dir, data, written, skipped, out, command, roots))
     written.append(index)
     return written
 
@@ -98,9 +101,14 @@ def _checkout(path: Path) -> Path | None:
 
 
 def _copy(
-    source: Path, target: Path, names: tuple[str, ...], skipped: list[str], root: Path | None
+    source: Path,
+    target: Path,
+    names: tuple[str, ...],
+    skipped: list[str],
+    roots: tuple[Path, Path] | None,
 ) -> list[Path]:
-    """Copy `names` from `source`; a resolved config's paths inside `root` made relative."""
+    """Copy `names` from `source`; a resolved config's paths inside the checkout it recorded
+    (`roots`: that one, and the one written into) made relative."""
     copied = []
     for name in names:
         path = source / name
@@ -110,17 +118,22 @@ def _copy(
             skipped.append(f"{path} ({path.stat().st_size / 2**20:.1f} MiB)")
             continue
         target.mkdir(parents=True, exist_ok=True)
-        if name == "config.yaml" and root is not None:
-            _write_portable_config(path, target / name, root)
+        if name == "config.yaml" and roots is not None:
+            _write_portable_config(path, target / name, roots[1], roots[0])
         else:
             shutil.copy2(path, target / name)
         copied.append(target / name)
     return copied
 
 
-def _write_portable_config(source: Path, dest: Path, root: Path) -> None:
-    """`source` (a resolved config) written to `dest` with its file paths relative to `dest`, and
-    its first line naming the keys its user set (`config_effect`) kept."""
+def _write_portable_config(
+    source: Path, dest: Path, root: Path, recorded_root: Path | None = None
+) -> None:
+    """`source` (a resolved config) written to `dest` in the checkout `root` with its file paths
+    relative to `dest`, and its first line naming the keys its user set (`config_effect`) kept.
+
+    `recorded_root`: the checkout whose absolute paths `source` holds, when another clone (default
+    `root`); a path inside it is taken at the same place in `root`."""
     text = source.read_text()
     header = text.partition("\n")[0] + "\n" if text.startswith(USER_KEYS_HEADER) else ""
     try:
@@ -130,7 +143,8 @@ def _write_portable_config(source: Path, dest: Path, root: Path) -> None:
     if not isinstance(data, dict):  # not a config this export understands: kept as it is
         shutil.copy2(source, dest)
         return
-    data = relative_file_keys(data, dest.parent.resolve(), root)
+    recorded = recorded_root or root
+    data = relative_file_keys(data, recorded / dest.parent.resolve().relative_to(root), recorded)
     dest.write_text(header + yaml.safe_dump(data, sort_keys=False))
 
 
@@ -153,21 +167,23 @@ def _index(
     skipped: list[str],
     out: Path,
     command: str | None,
-    portable: bool,
+    roots: tuple[Path, Path] | None,
 ) -> str:
     summary = json.loads((sweep_dir / "summary.json").read_text())
     seeds = ",".join(str(s) for s in data["seeds"])
     config = data.get("config", {})
     test = " --test" if any("test" in r for r in summary.get("seeds", {}).values()) else ""
-    exported = os.path.relpath(out / "config.yaml")
-    the_config = exported if portable and not exported.startswith("..") else "<the config>"
+    # run from the checkout's root: the exported config, the fork's source in the sweep's clone
+    the_config = "<the config>"
+    if roots is not None:
+        the_config = str((out / "config.yaml").resolve().relative_to(roots[1]))
     remake = (
         f"agentscope-rft train --config {the_config} --seeds {seeds}{test} "
         f"--set run.name={config.get('run', {}).get('name', sweep_dir.name)}"
     )
     fork = data.get("fork")
     if fork:  # each seed forked from the same seed of another sweep
-        source = os.path.relpath(fork["from"])
+        source = os.path.relpath(fork["from"], roots[0] if roots else None)
         source = fork["from"] if source.startswith("..") else source
         remake += f" --fork-from {source} --fork-step {fork['step']}"
     default_export = f"agentscope-rft sweep-summary runs/<name> --artefacts {out}"

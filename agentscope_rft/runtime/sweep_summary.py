@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import re
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -181,6 +182,8 @@ def summarize(sweep_dir: Path, *, test: bool = False) -> dict[str, Any]:
             ", ".join(on_test),
         )
     summary: dict[str, Any] = {
+        # the sweep's name, not its folder's: an artefacts copy (`results/`) makes the same table
+        "name": run.get("name") or sweep_dir.name,
         "metric": metric,
         "mode": mode,
         "seeds": seeds,
@@ -202,7 +205,7 @@ def summarize(sweep_dir: Path, *, test: bool = False) -> dict[str, Any]:
     tmp = sweep_dir / (SUMMARY_JSON + ".tmp")
     tmp.write_text(json.dumps(summary, indent=1))
     tmp.replace(sweep_dir / SUMMARY_JSON)
-    (sweep_dir / SUMMARY_MD).write_text(markdown_table(summary, sweep_dir.name))
+    (sweep_dir / SUMMARY_MD).write_text(markdown_table(summary))
     plot_seeds(summary, sweep_dir / SEEDS_PLOT)
     return summary
 
@@ -313,9 +316,24 @@ def _mean_std(stats: dict[str, Any]) -> str:
     return f"{stats['mean']:.4g} ± {std} (n={stats['n']})"
 
 
-def markdown_table(summary: dict[str, Any], name: str) -> str:
-    """The summary as a markdown table: one row per seed, then mean ± sample std (n)."""
-    metric = summary["metric"]
+def shown_metric(summary: dict[str, Any]) -> str:
+    """The name of what the table's columns and `seeds.png` show: the sweep's metric, or, for
+    a sweep without a validation split, the in-training evaluation of the test split it read.
+
+    Example:
+        >>> shown_metric({"metric": "val/reward/mean", "no_validation": ["0"]})
+        'eval/reward/mean (test split)'
+    """
+    if not summary.get("no_validation"):
+        return str(summary["metric"])
+    return re.sub(r"\bval/", "eval/", summary["metric"]) + " (test split)"
+
+
+def markdown_table(summary: dict[str, Any], name: str | None = None) -> str:
+    """The summary as a markdown table: one row per seed, then mean ± sample std (n), headed by
+    `name` (default: the sweep's `run.name` the summary holds)."""
+    name = name or summary.get("name") or "sweep"
+    metric = shown_metric(summary)
     test_names = [k for k in TEST_METRICS if k in summary.get("test", {})]
     head = ["seed", "status", "best step", f"best {metric}", "last step", f"last {metric}"]
     tested = {r.get("checkpoint", "best") for r in summary["seeds"].values() if "test" in r}
@@ -353,7 +371,8 @@ def markdown_table(summary: dict[str, Any], name: str) -> str:
 
 
 def plot_seeds(summary: dict[str, Any], path: Path) -> Path | None:
-    """One plot: every seed's validation curve, and their mean at the steps all seeds share."""
+    """One plot: every seed's validation curve (without a validation split: its in-training
+    test evaluation, and so labelled), and their mean at the steps all seeds share."""
     curves = {seed: r["curve"] for seed, r in summary["seeds"].items() if r.get("curve")}
     if not curves:
         return None
@@ -377,8 +396,9 @@ def plot_seeds(summary: dict[str, Any], path: Path) -> Path | None:
         means = [statistics.fmean(by_step[s]) for s in shared]
         axes.plot(shared, means, color="black", linewidth=2.2, label=f"mean of {len(curves)}")
     axes.set_xlabel("step")
-    axes.set_ylabel(summary["metric"])
-    axes.set_title(f"{summary['metric']} by seed")
+    metric = shown_metric(summary)
+    axes.set_ylabel(metric)
+    axes.set_title(f"{metric} by seed")
     axes.grid(alpha=0.3)
     axes.legend(fontsize="small")
     partial = path.with_name(path.name + f".{os.getpid()}.partial")

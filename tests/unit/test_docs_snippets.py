@@ -1,6 +1,7 @@
 """What the docs tell a user to write or run exists: every YAML block loads as a run config (on
 top of the quickstart's, with the `# my_x.py` files the same page shows written beside it), and
-every `agentscope-rft` command names a subcommand and flags the CLI has."""
+every `agentscope-rft` command names a subcommand and flags the CLI has, and its `--set`s load on
+its `--config` (an artefacts index's re-make commands included)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ PAGES = sorted(
         ROOT / "environments" / "README.md",
         *(ROOT / "docs").glob("*.md"),
         *(ROOT / "examples").glob("*/README.md"),
+        *(ROOT / "examples").glob("**/ARTEFACTS.md"),
+        *(ROOT / "benchmarks").glob("**/ARTEFACTS.md"),
     ]
 )
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
@@ -117,9 +120,14 @@ def command_cases() -> list[Any]:
     return cases
 
 
+def command_words(command: str) -> list[str]:
+    """The words after `agentscope-rft`, optional `[...]` parts included."""
+    return shlex.split(re.sub(r"\[([^]]*)\]", r"\1", command).replace("|", " "))[1:]
+
+
 @pytest.mark.parametrize("command", command_cases())
 def test_command_names_existing_flags(command: str) -> None:
-    words = shlex.split(re.sub(r"\[([^]]*)\]", r"\1", command).replace("|", " "))[1:]
+    words = command_words(command)
     cli: Any = typer.main.get_command(app)  # a group has `commands`
     while hasattr(cli, "commands") and words and not words[0].startswith("-"):
         if words[0] == "...":
@@ -131,3 +139,18 @@ def test_command_names_existing_flags(command: str) -> None:
         flag = word.split("=")[0]
         if flag.startswith("-") and flag != "-":
             assert flag in options, f"{command!r}: {cli.name} has no option {flag}"
+
+
+@pytest.mark.parametrize("command", [c for c in command_cases() if " --set" in c.values[0]])
+def test_command_sets_load_on_its_config(command: str) -> None:
+    """A `--set` of a key since renamed, or a value the schema refuses, fails here: on the
+    command's own `--config` where the checkout has it, else on a minimal config."""
+    words = command_words(command)
+    sets = [words[i + 1] for i, word in enumerate(words[:-1]) if word == "--set"]
+    if any(mark in value for value in sets for mark in ("...", "<", "$")):
+        return  # a placeholder (`--set run.dir=...`), not a value
+    config = words[words.index("--config") + 1] if "--config" in words else None
+    if config is not None and (ROOT / config).is_file():
+        load_config(ROOT / config, sets)
+    else:
+        load_config(None, ["workflow=app.py:run", "tasks.train=t.jsonl", *sets])

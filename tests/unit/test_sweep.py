@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -403,6 +404,42 @@ def test_artefacts_exported_into_the_checkout_load_on_any_clone(tmp_path, monkey
     assert "--config <the config>" in (tmp_path / "elsewhere" / INDEX).read_text()
 
 
+def test_artefacts_of_a_sweep_in_a_fresh_clone_exported_into_the_checkout_load_there(
+    tmp_path, monkeypatch
+):
+    """A table re-made on a fresh clone, exported into the working checkout: the configs kept
+    the clone's absolute paths and ARTEFACTS.md said `--config <the config>` and forked from
+    the clone's absolute folder, so the committed config loaded on no other machine."""
+    import yaml
+
+    clone, work = tmp_path / "clone", tmp_path / "work"
+    for repo in (clone, work):
+        (repo / ".git").mkdir(parents=True)
+        (repo / "ex").mkdir()
+        (repo / "ex" / "app.py").write_text("async def run(task, model):\n    return 1.0\n")
+        (repo / "ex" / "t.jsonl").write_text('{"id": "a", "question": "q"}\n')
+    monkeypatch.chdir(clone)
+    sweep = clone / "runs" / "toy"
+    files = [f"workflow={clone / 'ex' / 'app.py'}:run", f"tasks.train={clone / 'ex' / 't.jsonl'}"]
+    open_sweep(load_config(None, [f"run.dir={sweep}", "run.name=toy", *files]), sweep, [0])
+    write_run(sweep / "seed-0", [val(0, 0.1), val(2, 0.5)], 2)
+    data = read_sweep(sweep)
+    data["status"] = {"0": "done"}
+    data["fork"] = {"from": str(clone / "runs" / "warm"), "step": 1, "runs": {}}
+    (sweep / "sweep.json").write_text(json.dumps(data))
+    summarize(sweep)
+
+    out = work / "ex" / "results"
+    export_artefacts(sweep, out)
+    assert yaml.safe_load((out / "config.yaml").read_text())["workflow"] == "../app.py:run"
+    loaded = load_config(out / "config.yaml")
+    assert loaded.workflow == f"{work / 'ex' / 'app.py'}:run"
+    assert loaded.tasks.train == str(work / "ex" / "t.jsonl")
+    index = (out / INDEX).read_text()
+    assert "train --config ex/results/config.yaml --seeds 0" in index
+    assert "--fork-from runs/warm --fork-step 1`" in index and str(clone) not in index
+
+
 def test_a_seed_without_validation_shows_dashes_not_none():
     from agentscope_rft.runtime.sweep_summary import markdown_table
 
@@ -446,7 +483,9 @@ def test_a_sweep_json_without_its_keys_is_one_error(tmp_path):
         summarize(tmp_path)
 
 
-def test_without_a_validation_split_no_best_is_chosen_on_the_test_split(tmp_path, caplog):
+def test_without_a_validation_split_no_best_is_chosen_on_the_test_split(
+    tmp_path, caplog, monkeypatch
+):
     """A config with tasks.eval (test) and no tasks.val evaluates the test split during training
     for monitoring only; the summary took the best of those test records as the seed's `best val`
     and labelled the last checkpoint's test score `(best ckpt)`: a checkpoint chosen on test."""
@@ -464,6 +503,16 @@ def test_without_a_validation_split_no_best_is_chosen_on_the_test_split(tmp_path
     data["status"] = {"0": "done", "1": "done"}
     (sweep / "sweep.json").write_text(json.dumps(data))
 
+    from matplotlib.figure import Figure
+
+    labels: list[str] = []
+    savefig = Figure.savefig
+
+    def record_labels(figure, *args, **kwargs):
+        labels.extend([figure.axes[0].get_ylabel(), figure.axes[0].get_title()])
+        return savefig(figure, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", record_labels)
     with caplog.at_level("WARNING"):
         summary = summarize(sweep)
     seed = summary["seeds"]["0"]
@@ -476,6 +525,11 @@ def test_without_a_validation_split_no_best_is_chosen_on_the_test_split(tmp_path
     assert "| 0 | done | – | – | 4 | 0.4 | 0.3 |" in table
     assert "test reward/mean (last ckpt)" in table and "(best ckpt)" not in table
     assert "no validation split (tasks.val)" in table
+    # what is shown is named: the test split's in-training evaluation, not `val/`
+    shown = "eval/reward/mean (test split)"
+    assert f"| best {shown} | last step | last {shown} |" in table
+    assert not re.search(r"\bval/", table)
+    assert labels == [shown, f"{shown} by seed"]
     assert "tasks.val is not set: the in-training evaluation of seed(s) 0, 1 is of the test" in (
         caplog.text
     )
