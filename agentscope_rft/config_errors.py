@@ -239,6 +239,10 @@ def validation_message(
             line = next((lines[at[:i]] for i in range(len(at), 0, -1) if at[:i] in lines), 0)
             if line:
                 notes.append(f"line {line}")
+            # A section's own check (several of its keys together): name the ones --set gave.
+            inside = sorted(o for o in overridden if full and o.startswith(full + "."))
+            if inside:
+                notes.append("--set " + ", ".join(inside))
         suffix = f" ({'; '.join(notes)})" if notes else ""
         out.append(f"{where or '(top level)'}: {message}{suffix}")
     if len(out) == 1:

@@ -124,6 +124,13 @@ def test_a_typo_from_set_is_not_blamed_on_the_file(tmp_path):
     assert message.endswith("(line 3)")
 
 
+def test_a_sections_own_check_names_the_keys_set_gave(tmp_path):
+    # The section's check reads several keys: it was blamed on the file's line alone.
+    text = GOOD + "explorer:\n  agents: {helpers: []}\n"
+    message = error_of(tmp_path, text, ("explorer.agents.skip=[solver/router]",))
+    assert message.endswith("(line 4; --set explorer.agents.skip)")
+
+
 def test_an_empty_file_with_sets_is_the_sets(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("")
