@@ -50,12 +50,20 @@ logger = logging.getLogger(__name__)
 
 
 def _task_result(task_id: str, rollouts: list[Rollout]) -> dict[str, Any]:
-    rewards = [r.reward for r in rollouts if r.ok]
+    """One line of `results.jsonl`: the task's rewards, and the mean of each metric its episodes
+    reported (`Reward(metrics=...)`, e.g. a search answer's F1 beside the reward built on it)."""
+    ok = [r for r in rollouts if r.ok]
+    rewards = [r.reward for r in ok]
+    metrics: dict[str, list[float]] = {}
+    for rollout in ok:
+        for key, value in rollout.metrics.items():
+            metrics.setdefault(key, []).append(value)
     return {
         "task_id": task_id,
         "rewards": [r.reward if r.ok else None for r in rollouts],
         "mean_reward": sum(rewards) / len(rewards) if rewards else None,
-        "success_rate": sum(r.success for r in rollouts) / len(rollouts),
+        "metrics": {key: sum(values) / len(values) for key, values in sorted(metrics.items())},
+        "success_rate": sum(r.success for r in rollouts) / len(rollouts) if rollouts else None,
         "failed": sum(not r.ok for r in rollouts),
         "errors": sorted(
             {
