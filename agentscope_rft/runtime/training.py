@@ -263,6 +263,7 @@ class TrainingRun:
             policy_from=config.run.steps if self.mode == "offline" else config.offline.warmup_steps,
             # the steps logged so far, and the events of those that stand
             resumed=(self.start, self.rollback.rollbacks) if self.resume else None,
+            marked=state.get("unhealthy_steps", []),
         )
         self.best = BestCheckpoint(run_dir, config.run.best_metric, config.run.best_mode)
         if config.health.rolls_back():
@@ -635,6 +636,7 @@ class TrainingRun:
         await in_own_thread(self.trainer.save, target)
         await in_own_thread(self._export_hf, target / "model")
         saved: dict[str, Any] = {"step": done, "health": self.rollback.to_dict()}
+        saved["unhealthy_steps"] = self.health.marks()  # (streaks not fired yet: no event)
         if self.offline is not None:  # resume trains on from the first unit not yet trained
             saved |= self.offline.state()
         if self.sampler is not None:  # resume re-explores from the first batch not yet trained
@@ -689,7 +691,8 @@ class TrainingRun:
         await in_own_thread(self._rewind_best, target)
         self.start = self.steps_done = self.policy_version = target
         self.saved_at = target
-        write_state(self.run_dir, {**saved, "health": self.rollback.to_dict()})
+        rewound = {"health": self.rollback.to_dict(), "unhealthy_steps": self.health.marks()}
+        write_state(self.run_dir, {**saved, **rewound})
         drop_checkpoints_after(self.run_dir, target)  # (after: a resume may need them)
         progress.reset("run", total=self.steps, completed=target)
         logger.warning(
