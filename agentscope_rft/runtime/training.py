@@ -674,7 +674,9 @@ class TrainingRun:
         await self._apply_rollback_changes()
         if self.mode == "train_only":  # the groups trained since go back (a durable buffer)
             await self.buffer.requeue_after(target - 1)
-        else:  # what was explored since is re-explored from the restored task position
+        else:  # what was explored since is re-explored from the restored task position, and
+            # the abandoned steps' groups are never replayed
+            await self.buffer.abandon_after(target - 1)
             await self.buffer.discard_pending()
         if self.sampler is not None and "sampler" in saved:
             self.sampler.load_state_dict(saved["sampler"])

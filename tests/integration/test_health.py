@@ -42,6 +42,9 @@ EXACT = (
     # cannot flip a sampled token either (this failed under load without it)
     "trainer.old_logprobs=recompute",
     "run.deterministic=true",
+    # replayed groups too: those of the abandoned steps must not be replayed (they were), nor
+    # their replays count against a group's reuse
+    'buffer.replay={"ratio": 0.5, "max_reuse": 1}',
 )
 
 
