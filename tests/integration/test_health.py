@@ -42,23 +42,24 @@ EXACT = (
     # cannot flip a sampled token either (this failed under load without it)
     "trainer.old_logprobs=recompute",
     "run.deterministic=true",
-    # replayed groups too: those of the abandoned steps must not be replayed (they were), nor
-    # their replays count against a group's reuse
-    'buffer.replay={"ratio": 0.5, "max_reuse": 1}',
 )
+REPLAY = 'buffer.replay={"ratio": 0.5, "max_reuse": 1}'
+"""Replayed groups too: the abandoned steps' groups must not be replayed after the rollback
+(they were), nor their replays count against a group's reuse."""
 
 
-@pytest.mark.parametrize(("fires_at", "target"), [(2, 1), (1, 0)])
+@pytest.mark.parametrize(("fires_at", "target", "replay"), [(2, 1, True), (1, 0, False)])
 async def test_a_rollback_restores_weights_optimizer_and_task_position_exactly(
-    tiny_model_path, toy_tasks, tmp_path, fires_at, target
+    tiny_model_path, toy_tasks, tmp_path, fires_at, target, replay
 ):
+    exact = [*EXACT, REPLAY] if replay else list(EXACT)
     straight, rolled = tmp_path / "straight", tmp_path / "rolled"
-    await train(toy_config(tiny_model_path, toy_tasks, straight, *EXACT), straight)
+    await train(toy_config(tiny_model_path, toy_tasks, straight, *exact), straight)
     # The rule fires once after step `fires_at`, its streak starting there: the run goes back to
     # the checkpoint before (its policy was watched and broke nothing; step 0: the starting
     # weights), with no change.
     rule = forced_rule("once_at", fires_at, fires_at, tmp_path / "f")
-    extra = [*EXACT, "health.rollback.lr_factor=1", *rule]
+    extra = [*exact, "health.rollback.lr_factor=1", *rule]
     await train(toy_config(tiny_model_path, toy_tasks, rolled, *extra), rolled)
 
     [event] = [e for e in read_events(rolled) if e.rule == "once_at"]
