@@ -80,6 +80,13 @@ class Buffer(Protocol):
         order; returns how many samples that gives back."""
         ...
 
+    async def abandon_after(self, step: int) -> int:
+        """Drop for good the groups consumed or dropped by steps after `step`, and undo those
+        steps' replays: a rollback abandons them, and what they trained (explored, as a rule, by
+        the policies it rolls back from) is never trained or replayed again. Returns how many
+        samples that drops."""
+        ...
+
     async def discard_pending(self) -> int:
         """Drop every group not yet trained on; returns how many samples that was."""
         ...

@@ -214,9 +214,7 @@ class MemoryBuffer:
                 f"{self._forgotten_through_step}; use buffer type 'sql' to resume runs"
             )
         async with self._condition():
-            for group in self._replayable:
-                group.replays = [s for s in group.replays if s <= step]
-            self._replayable = [g for g in self._replayable if g.step is None or g.step <= step]
+            self._unreplay_after(step)
             back = [g for g in self._taken if g.step is not None and g.step > step]
             if not back:
                 return 0
@@ -229,6 +227,27 @@ class MemoryBuffer:
             self._pending = deque(merged)
             self._condition().notify_all()
             return sum(len(g.samples) for g in back)
+
+    def _unreplay_after(self, step: int) -> None:
+        """Undo the replays of steps after `step`; their groups are no longer replayable."""
+        for group in self._replayable:
+            group.replays = [s for s in group.replays if s <= step]
+        self._replayable = [g for g in self._replayable if g.step is None or g.step <= step]
+
+    async def abandon_after(self, step: int) -> int:
+        """Drop for good the groups taken by steps after `step` (a rollback abandoned them) and
+        undo those steps' replays; returns the samples dropped (those still retained: the
+        replayable ones always are, so none is replayed)."""
+        self._check_open()
+        async with self._condition():
+            self._unreplay_after(step)
+            gone = [g for g in self._taken if g.step is not None and g.step > step]
+            self._taken = [g for g in self._taken if g.step is None or g.step <= step]
+            for group in gone:
+                self._count(group.state, -1, -len(group.samples))
+                self._count("dropped", 1, len(group.samples))
+                group.state, group.step = "dropped", None
+            return sum(len(g.samples) for g in gone)
 
     async def discard_pending(self) -> int:
         """Forget every pending group (a resumed run re-explores them); returns samples."""

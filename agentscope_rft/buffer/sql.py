@@ -413,6 +413,27 @@ class SQLBuffer:
             )
         return int(count)
 
+    async def abandon_after(self, step: int) -> int:
+        """Mark the groups consumed or dropped by steps after `step` dropped for good (a rollback
+        abandoned those steps) and delete those steps' replays; returns the samples dropped."""
+        self._check_open()
+        return await asyncio.to_thread(self._abandon_after, step)
+
+    def _abandon_after(self, step: int) -> int:
+        g = groups_table.c
+        taken = sa.and_(g.state.in_((CONSUMED, DROPPED)), g.step > step)
+        with self._engine.begin() as conn:
+            conn.execute(sa.delete(replays_table).where(replays_table.c.step > step))
+            count = conn.execute(
+                sa.select(sa.func.coalesce(sa.func.sum(g.num_samples), 0)).where(taken)
+            ).scalar_one()
+            conn.execute(
+                sa.update(groups_table)
+                .where(taken)
+                .values(state=DROPPED, step=None, updated_at=time.time())
+            )
+        return int(count)
+
     async def discard_pending(self) -> int:
         """Mark every pending group dropped (a resumed run re-explores them); returns samples."""
         self._check_open()

@@ -133,7 +133,8 @@ class ReplicaPool:
         try:
             response = await replica.http.post(path, json=body, params=params)
         except httpx.TransportError as exc:
-            raise await replica.server.request_failed(exc) from exc
+            timeout = replica.http.timeout.read
+            raise await replica.server.request_failed(exc, timeout) from exc
         if response.status_code >= 400:
             raise wire.api_error(response, replica.server.describe())
         if "json" not in response.headers.get("content-type", ""):

@@ -421,8 +421,11 @@ class VLLMServer:
         """The exit code when the managed process has exited, else None."""
         return self.process.exited() if self.process is not None else None
 
-    async def request_failed(self, exc: BaseException) -> VLLMServerError:
-        """The error to raise for a request that failed at the transport level."""
+    async def request_failed(
+        self, exc: BaseException, timeout: float | None = None
+    ) -> VLLMServerError:
+        """The error to raise for a request that failed at the transport level (`timeout`: the
+        call's, `engine.request_timeout`)."""
         code = self.exited()
         for _ in range(10):  # a dropped connection can come just before the exit is visible
             if code is not None or self._stopping or not self.managed:
@@ -438,7 +441,16 @@ class VLLMServer:
                     f"it is being restarted ({self.restarts}/{self.max_restarts} restarts used)"
                 )
             )
-        return VLLMServerError(f"{self.describe()} did not answer: {type(exc).__name__}: {exc}")
+        what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if isinstance(exc, httpx.TimeoutException) and timeout is not None:
+            what = f"no reply within engine.request_timeout={timeout:g} s ({what})"
+        if self.managed:
+            return VLLMServerError(f"{self.describe()} did not answer: {what}")
+        return VLLMServerError(
+            f"{self.describe()} did not answer: {what}; the run neither starts nor restarts "
+            "a server of engine.urls: check that it still runs and answers (its own log says "
+            "why it stopped), then continue with `agentscope-rft train --resume <run folder>`"
+        )
 
     # ------------------------------------------------------------------ internals
     async def _spawn_and_wait(self) -> None:

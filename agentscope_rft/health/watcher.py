@@ -60,6 +60,9 @@ class HealthWatcher:
             has none): the rules that judge the policy (every rule but `non_finite`, custom ones
             included) see only the steps from it on. SFT on demonstrations lowers the entropy by
             design; a warm start must not be taken for a collapse, nor set the entropy baseline.
+        resumed: `(step, rollbacks)` of the checkpoint a resume starts from: the history is read
+            from `metrics.jsonl` and the events from `health.jsonl`, cut to the steps that stand.
+        marked: On a resume, the unhealthy steps the run state saved (`marks()`).
 
     Example:
         >>> watcher = HealthWatcher(HealthConfig(), Path("runs/demo"))  # doctest: +SKIP
@@ -73,6 +76,7 @@ class HealthWatcher:
         history: Sequence[StepMetrics] = (),
         policy_from: int = 0,
         resumed: tuple[int, int] | None = None,
+        marked: Sequence[Sequence[int]] = (),
     ) -> None:
         self.config = config
         self.policy_from = policy_from
@@ -95,6 +99,8 @@ class HealthWatcher:
         self.last_observed = self.history[-1].step if self.history else -1
         if resumed is not None:  # (step, rollbacks) of the checkpoint a resume starts from
             self.history = history_from_metrics(run_dir)
+            # (the marks of streaks that had not fired yet: `marks()`, saved with the run state)
+            self.suspect_steps = {s for first, last in marked for s in range(first, last + 1)}
             self.rewind(*resumed)
 
     def observe(self, step: int, metrics: Mapping[str, float]) -> list[HealthEvent]:
@@ -176,6 +182,18 @@ class HealthWatcher:
                 self._firing[event.rule] = event.onset
             else:
                 self.suspect_steps.update(range(event.onset, event.step + 1))
+
+    def marks(self) -> list[list[int]]:
+        """`suspect_steps` as `[first, last]` runs, for the run state: a resumed run gets them
+        back (`marked`), those of a streak that had not lasted long enough to fire included
+        (`health.jsonl` has only the events that fired)."""
+        runs: list[list[int]] = []
+        for step in sorted(self.suspect_steps):
+            if runs and runs[-1][1] == step - 1:
+                runs[-1][1] = step
+            else:
+                runs.append([step, step])
+        return runs
 
     def healthy(self, step: int) -> bool:
         """Whether the policy of version `step` (the weights trained by `step` steps, which

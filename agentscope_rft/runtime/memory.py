@@ -30,9 +30,14 @@ import importlib.util
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentscope_rft.engines.base import Engine
+    from agentscope_rft.trainers.base import Trainer
 
 logger = logging.getLogger(__name__)
 
@@ -382,3 +387,16 @@ async def share_trainer_weights(config: Any, engine: object, trainer: object) ->
     release_freed_memory()
     logger.info("engine computes with the trainer's weights in place (%.2f GB freed)", shared / 1e9)
     return shared
+
+
+async def sync_weights(engine: Engine, trainer: Trainer, version: int) -> float:
+    """Send the trainer's weights to the engine as policy `version`; returns the seconds taken."""
+    from agentscope_rft.engines.threads import in_own_thread
+
+    started = time.perf_counter()
+    weights = await in_own_thread(trainer.state_dict_for_sync)
+    await engine.load_weights(weights, version)
+    del weights
+    # The step's activations and the weight copy are free now: give the pages back.
+    release_freed_memory()
+    return time.perf_counter() - started

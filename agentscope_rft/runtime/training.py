@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import shutil
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +33,6 @@ from agentscope_rft.explorer.trajectory import episode_reward_metrics
 from agentscope_rft.gateway.server import Gateway
 from agentscope_rft.health.rollback import RollbackState
 from agentscope_rft.health.watcher import (
-    HealthEvent,
     HealthWatcher,
     health_metrics,
     strongest,
@@ -44,15 +40,13 @@ from agentscope_rft.health.watcher import (
 from agentscope_rft.monitor import Monitor
 from agentscope_rft.monitor.records import logged_at
 from agentscope_rft.rss import PhasePeaks, phase_metric
-from agentscope_rft.runtime.best import RUN_STATE_FILE, BestCheckpoint, kept_curve, write_json
+from agentscope_rft.runtime.best import RUN_STATE_FILE, BestCheckpoint, write_json
 from agentscope_rft.runtime.components import (
     RolloutLog,
     RunFolderError,
     RunFolderLock,
     checkpoint_dir,
-    drop_checkpoints_after,
     episode_settings,
-    healthy_checkpoint,
     max_tokens_per_call,
     nominal_batch_size,
     prepare_run_dir,
@@ -67,12 +61,13 @@ from agentscope_rft.runtime.fork import rewind_step_logs
 from agentscope_rft.runtime.gpus import room_for_training
 from agentscope_rft.runtime.memory import (
     live_trainer_weights,
-    release_freed_memory,
     share_trainer_weights,
+    sync_weights,
 )
 from agentscope_rft.runtime.no_samples import why_no_samples
 from agentscope_rft.runtime.offline import OfflineBatches, offline_batches
 from agentscope_rft.runtime.preflight import Checked
+from agentscope_rft.runtime.rollbacks import RollBack, RunRollbacks
 from agentscope_rft.runtime.sample_log import SampleLog
 from agentscope_rft.runtime.signals import RunStop, RunStopped, Stopping
 from agentscope_rft.trainers.base import Trainer
@@ -90,25 +85,7 @@ class NoSamplesError(RuntimeError):
     """Several steps in a row left nothing to train; the message says what dropped it."""
 
 
-class RollBack(Exception):
-    """A health rule asks to roll back (raised out of the loops, handled by `run`)."""
-
-    def __init__(self, event: HealthEvent) -> None:
-        super().__init__(event.message)
-        self.event = event
-
-
-async def sync_weights(engine: Engine, trainer: Trainer, version: int) -> float:
-    started = time.perf_counter()
-    weights = await in_own_thread(trainer.state_dict_for_sync)
-    await engine.load_weights(weights, version)
-    del weights
-    # The step's activations and the weight copy are free now: give the pages back.
-    release_freed_memory()
-    return time.perf_counter() - started
-
-
-class TrainingRun:
+class TrainingRun(RunRollbacks):
     """A training run in this process (episodes here, or in runners on a Ray cluster).
 
     Example:
@@ -263,6 +240,7 @@ class TrainingRun:
             policy_from=config.run.steps if self.mode == "offline" else config.offline.warmup_steps,
             # the steps logged so far, and the events of those that stand
             resumed=(self.start, self.rollback.rollbacks) if self.resume else None,
+            marked=state.get("unhealthy_steps", []),
         )
         self.best = BestCheckpoint(run_dir, config.run.best_metric, config.run.best_mode)
         if config.health.rolls_back():
@@ -335,16 +313,6 @@ class TrainingRun:
             config, settings, self.ray_runtime, gateway, engine, self.run_dir
         )
         self.explorer = Explorer(self.checked.workflow, gateway, settings, runner=runner)
-
-    def _prepare_rollbacks(self) -> None:
-        """A run that may roll back keeps checkpoints to roll back to (the starting weights too)."""
-        if not self.checkpoint_every:
-            self.checkpoint_every = max(1, self.steps // 10)
-            logger.info(
-                "health rules roll back but run.checkpoint_every is 0: checkpointing every %d "
-                "steps",
-                self.checkpoint_every,
-            )
 
     async def _close(self) -> None:
         if self.explorer is not None:
@@ -635,6 +603,7 @@ class TrainingRun:
         await in_own_thread(self.trainer.save, target)
         await in_own_thread(self._export_hf, target / "model")
         saved: dict[str, Any] = {"step": done, "health": self.rollback.to_dict()}
+        saved["unhealthy_steps"] = self.health.marks()  # (streaks not fired yet: no event)
         if self.offline is not None:  # resume trains on from the first unit not yet trained
             saved |= self.offline.state()
         if self.sampler is not None:  # resume re-explores from the first batch not yet trained
@@ -650,95 +619,6 @@ class TrainingRun:
             restored, healthy = self.rollback.restored, self.health.healthy
             keep |= rollback_targets(self.run_dir, self.steps_done + 1, restored, healthy)
         prune_checkpoints(self.run_dir, self.config.run.keep_checkpoints, protect=keep)
-
-    def _healthy_checkpoint(self, before: int) -> int | None:
-        return healthy_checkpoint(self.run_dir, before, self.health.healthy)
-
-    # ------------------------------------------------------------------ rollback
-    async def _roll_back(self, event: HealthEvent, progress: Any) -> None:
-        """Restore the last healthy checkpoint before `event`'s onset (weights, optimizer, task
-        position, buffer) and apply `health.rollback`'s changes; or stop, saying why."""
-        settings = self.config.health.rollback
-        target = self._healthy_checkpoint(event.onset)
-        assert target is not None  # (`_rollback_refusal` said there is one)
-        self.health.record(replace(event, rolled_back_to=target))
-        folder = checkpoint_dir(self.run_dir, target)
-        saved = json.loads((folder / RUN_STATE_FILE).read_text())
-        # (the engine may share these weights, or free its own copy meanwhile)
-        weights = live_trainer_weights(self.config, self.trainer)
-        async with room_for_training(self.engine, self.config, weights):
-            await in_own_thread(self.trainer.load, folder)
-        self.rollback = self.rollback.after(settings, target)
-        await self._apply_rollback_changes()
-        if self.mode == "train_only":  # the groups trained since go back (a durable buffer)
-            await self.buffer.requeue_after(target - 1)
-        else:  # what was explored since is re-explored from the restored task position
-            await self.buffer.discard_pending()
-        if self.sampler is not None and "sampler" in saved:
-            self.sampler.load_state_dict(saved["sampler"])
-        if self.engine is not None:
-            await sync_weights(self.engine, self.trainer, version=target)
-        if self.gateway is not None:  # the redone steps sample as a run resumed here would
-            self.gateway.restart_call_numbers()
-        if self.config.uses_offline_data():
-            self.offline = offline_batches(
-                self.config, target, self.checked.offline_units, saved=saved
-            )
-        self.health.rewind(target, self.rollback.rollbacks)
-        self.monitor.supersede_from(target)
-        await in_own_thread(self._rewind_best, target)
-        self.start = self.steps_done = self.policy_version = target
-        self.saved_at = target
-        write_state(self.run_dir, {**saved, "health": self.rollback.to_dict()})
-        drop_checkpoints_after(self.run_dir, target)  # (after: a resume may need them)
-        progress.reset("run", total=self.steps, completed=target)
-        logger.warning(
-            "health: rolled back to step %d (rollback %d of %d): %s",
-            target,
-            self.rollback.rollbacks,
-            settings.max_rollbacks,
-            self.rollback.describe(),
-        )
-
-    def _rewind_best(self, target: int) -> None:
-        """A best checkpoint chosen after `target` was abandoned with its steps: the best kept
-        validation up to `target` takes its place (its policy: the restored one, or a kept
-        checkpoint's)."""
-        restored = self.run_dir / "checkpoints" / "best.restored"
-        shutil.rmtree(restored, ignore_errors=True)
-
-        def policy(step: int) -> Path | None:
-            if step == target:
-                if not restored.is_dir():
-                    self.trainer.export_hf(restored)
-                return restored
-            model = checkpoint_dir(self.run_dir, step) / "model"
-            return model if (model / "config.json").is_file() else None
-
-        try:
-            self.best.rewind(target, kept_curve(self.run_dir, self.best.names), policy)
-        finally:
-            shutil.rmtree(restored, ignore_errors=True)
-
-    def _rollback_refusal(self, event: HealthEvent) -> str | None:
-        """Why the run cannot roll back for `event` (then it stops), or None."""
-        if self.rollback.rollbacks >= self.config.health.rollback.max_rollbacks:
-            return (
-                f"{event.rule} fired after {self.rollback.rollbacks} rollback(s), the most "
-                "health.rollback.max_rollbacks allows"
-            )
-        if self._healthy_checkpoint(event.onset) is None:
-            return (
-                f"no healthy checkpoint before step {event.onset} is left to roll back to "
-                "(raise run.keep_checkpoints or lower run.checkpoint_every)"
-            )
-        return None
-
-    async def _apply_rollback_changes(self) -> None:
-        if self.rollback.rollbacks == 0:
-            return
-        algorithm = self.rollback.algorithm(self.config.algorithm)
-        await in_own_thread(self.trainer.adjust, self.rollback.lr_scale, algorithm)
 
 
 async def _until_stopped(job: Any) -> None:

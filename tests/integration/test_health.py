@@ -43,19 +43,23 @@ EXACT = (
     "trainer.old_logprobs=recompute",
     "run.deterministic=true",
 )
+REPLAY = 'buffer.replay={"ratio": 0.5, "max_reuse": 1}'
+"""Replayed groups too: the abandoned steps' groups must not be replayed after the rollback
+(they were), nor their replays count against a group's reuse."""
 
 
-@pytest.mark.parametrize(("fires_at", "target"), [(2, 1), (1, 0)])
+@pytest.mark.parametrize(("fires_at", "target", "replay"), [(2, 1, True), (1, 0, False)])
 async def test_a_rollback_restores_weights_optimizer_and_task_position_exactly(
-    tiny_model_path, toy_tasks, tmp_path, fires_at, target
+    tiny_model_path, toy_tasks, tmp_path, fires_at, target, replay
 ):
+    exact = [*EXACT, REPLAY] if replay else list(EXACT)
     straight, rolled = tmp_path / "straight", tmp_path / "rolled"
-    await train(toy_config(tiny_model_path, toy_tasks, straight, *EXACT), straight)
+    await train(toy_config(tiny_model_path, toy_tasks, straight, *exact), straight)
     # The rule fires once after step `fires_at`, its streak starting there: the run goes back to
     # the checkpoint before (its policy was watched and broke nothing; step 0: the starting
     # weights), with no change.
     rule = forced_rule("once_at", fires_at, fires_at, tmp_path / "f")
-    extra = [*EXACT, "health.rollback.lr_factor=1", *rule]
+    extra = [*exact, "health.rollback.lr_factor=1", *rule]
     await train(toy_config(tiny_model_path, toy_tasks, rolled, *extra), rolled)
 
     [event] = [e for e in read_events(rolled) if e.rule == "once_at"]
@@ -262,7 +266,10 @@ async def test_a_step_redone_after_a_kill_records_its_health_event_once(
     tiny_model_path, toy_tasks, tmp_path
 ):
     """Killed after step 1's warning but before step 1's checkpoint was committed: the resumed
-    run redid step 1 and health.jsonl held its warning twice (two marks on the curves)."""
+    run redid step 1 and health.jsonl held its warning twice (two marks on the curves). And a
+    streak that had not fired yet (truncation, patience 3: replies of 8 tokens from the tiny
+    model all stop at the limit) lost its marks at the resume: step 0's policy, unhealthy
+    before the kill, was a healthy checkpoint after it (a rollback could go back to it)."""
     from agentscope_rft.runtime.components import load_resumed_config, write_state
 
     run_dir = tmp_path / "run"
@@ -273,14 +280,20 @@ async def test_a_step_redone_after_a_kill_records_its_health_event_once(
         "run.steps=2",
         "run.checkpoint_every=1",
         f"health.custom={json.dumps(custom)}",
+        "health.rules.truncation.action=rollback",
+        "health.rules.truncation.max_rate=0.01",
     ]
     await train(toy_config(tiny_model_path, toy_tasks, run_dir, *extra), run_dir)
-    write_state(
-        run_dir, json.loads((run_dir / "checkpoints/step-000001/run_state.json").read_text())
-    )
-    await train(load_resumed_config(run_dir, []), run_dir, resume=True)
+    saved = json.loads((run_dir / "checkpoints/step-000001/run_state.json").read_text())
+    assert saved["unhealthy_steps"] == [[0, 0]]
+    write_state(run_dir, saved)
+    # resumed with a bound step 1 does not break: step 0's mark stands (as in a run not killed)
+    config = load_resumed_config(run_dir, ["health.rules.truncation.max_rate=1"])
+    await train(config, run_dir, resume=True)
     events = [e for e in read_events(run_dir) if e.rule == "always_at"]
     assert [(e.step, e.action) for e in events] == [(1, "warn")]
+    final = json.loads((run_dir / "checkpoints/step-000002/run_state.json").read_text())
+    assert final["unhealthy_steps"] == [[0, 0]]
 
 
 async def test_a_learning_rate_far_too_high_is_caught_as_a_dead_policy(

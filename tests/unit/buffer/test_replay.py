@@ -155,6 +155,26 @@ async def test_requeue_forgets_the_replays_of_lost_steps(make, tmp_path) -> None
     await buffer.close()
 
 
+async def test_the_groups_of_steps_a_rollback_abandons_are_never_replayed(make, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A rollback to step 1 left the groups of the abandoned steps 1 and 2 replayable (their
+    policies the ones rolled back from), and step 2's replay of a counted against its reuse."""
+    buffer = make(ReplayConfig(ratio=1.0, max_reuse=1, max_staleness=5), tmp_path)
+    await buffer.put(grp("a", [1.0, 0.0], 0))
+    await buffer.get(1, step=0, timeout=1)
+    await buffer.put(grp("b", [1.0, 0.0, 0.0, 0.0], 1))
+    assert groups_of(await buffer.get(1, step=1, timeout=1)) == [("b", 0.0), ("a", 1.0)]
+    await buffer.put(grp("c", [1.0, 0.0], 2))
+    await buffer.get(1, step=2, timeout=1)
+    assert await buffer.abandon_after(0) == 6  # b and c
+    stats = await buffer.stats()
+    assert (stats["consumed_groups"], stats["dropped_groups"]) == (1.0, 2.0)
+    await buffer.put(grp("b2", [0.0, 0.0], 1))  # step 1 redone, its task explored again
+    assert groups_of(await buffer.get(1, step=1, timeout=1)) == [("b2", 0.0), ("a", 1.0)]
+    await buffer.put(grp("c2", [0.0, 0.0], 2))
+    assert groups_of(await buffer.get(1, step=2, timeout=1)) == [("c2", 0.0)]  # not b nor c
+    await buffer.close()
+
+
 async def test_sql_reuse_counts_survive_reopening(tmp_path) -> None:
     config = ReplayConfig(ratio=1.0, max_reuse=1, max_staleness=5)
     buffer = sqlite(config, tmp_path)

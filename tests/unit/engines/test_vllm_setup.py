@@ -407,3 +407,50 @@ def test_preflight_refuses_a_url_no_wait_can_reach() -> None:
     assert said.startswith("engine.urls: the host name 'no-such-host.invalid' does not resolve (")
     assert said.endswith("); fix engine.urls")
     _check_engine(VLLMEngineConfig(urls=["http://127.0.0.1:1"]), on_ray=False)  # may be starting
+
+
+@pytest.mark.parametrize("kind", ["drops", "is silent"])
+async def test_a_url_server_that_stops_answering_mid_run_is_named_with_the_fix(kind: str) -> None:
+    """A server of `engine.urls` that dropped each connection, or held it without a word,
+    failed a call with `did not answer: ReadError: ` (an empty reason, no timeout named, no
+    fix): the run starts no such server and restarts none."""
+    import socket
+    import threading
+
+    from agentscope_rft.engines.vllm_replicas import ReplicaPool
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            if kind == "drops":
+                conn.close()
+            else:
+                held.append(conn)
+
+    threading.Thread(target=accept, daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    server = VLLMServer("replica-0", url=url)
+    server._ready.set()  # (it served until now)
+    replica = Replica(server, request_timeout=0.5)
+    try:
+        with pytest.raises(VLLMServerError) as error:
+            await ReplicaPool().post(replica, "/v1/completions", {"prompt": [1]})
+    finally:
+        await replica.http.aclose()
+        listener.close()
+        for conn in held:
+            conn.close()
+    message = str(error.value)
+    assert message.startswith(f"vLLM server replica-0 at {url} did not answer: ")
+    if kind == "is silent":
+        assert "no reply within engine.request_timeout=0.5 s (ReadTimeout)" in message
+    assert "check that it still runs" in message and "--resume" in message
+    assert ": ;" not in message and not message.endswith(": ")

@@ -418,3 +418,30 @@ def test_a_dead_policy_is_caught_and_a_moving_or_signal_free_one_is_not():
     other |= {"explore/groups_equal_reward": 1.0}
     assert dead_policy([StepMetrics(s, other) for s in range(3)], DeadPolicyRule()) is not None
     assert HealthConfig().rules.dead_policy.action == "stop"
+
+
+def test_a_resume_keeps_the_marks_of_a_streak_that_had_not_fired(tmp_path):
+    """A rule (patience 3) broken at steps 1 and 2, then a kill and a resume after step 3 whose
+    step 3 is fine: the resumed run took steps 1 and 2 for healthy checkpoints (a rollback
+    could go back to them), as only the events of `health.jsonl` were rebuilt."""
+    config = HealthConfig.model_validate(
+        {"rules": {"truncation": {"max_rate": 0.5, "patience": 3, "action": "rollback"}}}
+    )
+    clips = [0.1, 0.9, 0.9, 0.1]
+    watcher = HealthWatcher(config, tmp_path)
+    for step, clip in enumerate(clips):
+        assert watcher.observe(step, {"response_length/clip_ratio": clip}) == []
+    assert [watcher.healthy(s) for s in range(4)] == [True, False, False, True]
+    saved = json.loads(json.dumps(watcher.marks()))  # (as the run state holds them)
+    assert saved == [[1, 2]]
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps({"step": s, "phase": "train", "response_length/clip_ratio": c}) + "\n"
+            for s, c in enumerate(clips)
+        )
+    )
+    resumed = HealthWatcher(config, tmp_path, resumed=(4, 0), marked=saved)
+    assert [resumed.healthy(s) for s in range(4)] == [True, False, False, True]
+    # a resume from an earlier checkpoint keeps the marks of the steps before it only
+    earlier = HealthWatcher(config, tmp_path, resumed=(2, 0), marked=saved)
+    assert [earlier.healthy(s) for s in range(2)] == [True, False] and earlier.marks() == [[1, 1]]
