@@ -93,6 +93,44 @@ def load_review_samples(
     return found
 
 
+def check_rated_groups(run_dir: str | Path, samples: list[Sample], advantage: Any) -> None:
+    """Refuse rated groups that a group-baseline estimator cannot learn from.
+
+    An estimator such as GRPO or RLOO compares each episode with the others of its group; a
+    group of one episode (live traffic answers each prompt once; a run with group_size 1) gets
+    advantage 0, so rating such episodes alone would train nothing. Some singletons among
+    larger groups are named in a warning.
+
+    Raises:
+        ReviewDataError: every rated group holds one episode (the message gives the fixes).
+    """
+    if not advantage.uses_group_baseline():
+        return
+    episodes: dict[str, set[str]] = defaultdict(set)
+    for sample in samples:
+        episodes[sample.group].add(sample.rollout_id)
+    single = [group for group, ids in episodes.items() if len(ids) == 1]
+    if not single:
+        return
+    why = (
+        f"advantage {advantage.type!r} compares an episode with the others of its group (same "
+        "task), so an episode alone in its group gets advantage 0"
+    )
+    if len(single) == len(episodes):
+        raise ReviewDataError(
+            f"{run_dir}: each of the {len(single)} rated group(s) holds one episode (live "
+            f"traffic answers each prompt once), and {why}: nothing would train. Set "
+            "algorithm.advantage: reinforce_plus_plus (its baseline is the batch: rewards are "
+            "whitened over all the rated episodes), rate several answers to one task, or train "
+            "corrections (algorithm.objective: sft) or preferences (algorithm.objective: dpo)"
+        )
+    logger.warning(
+        "%s: %d of %d rated groups hold one episode and train nothing: %s (algorithm.advantage: "
+        "reinforce_plus_plus uses the batch as baseline instead)",
+        run_dir, len(single), len(episodes), why,
+    )  # fmt: skip
+
+
 def _say_untrained(
     run_dir: Path, reviews: list[Review], use: ReviewUse, records: list[dict[str, Any]]
 ) -> None:
