@@ -158,10 +158,10 @@ class LiveRecording:
         )
         samples, _ = build_samples(rollout, group_id=f"live:{task_id}")
         breaks = break_reasons(samples)
-        sample_text = "".join(
-            json.dumps(sample_line(0, PHASE, s, None, breaks.get(s.sample_id))) + "\n"
-            for s in samples
-        )
+        sample_lines = [sample_line(0, PHASE, s, None, breaks.get(s.sample_id)) for s in samples]
+        for record in sample_lines:
+            record["reward"] = reward  # null without one: review training leaves it out
+        sample_text = "".join(json.dumps(record) + "\n" for record in sample_lines)
         line = rollout_line(0, PHASE, rollout)
         line.update(reward=reward, task=task, ended=ended)
         _append(self.folder / SAMPLES_FILE, sample_text)

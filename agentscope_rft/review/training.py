@@ -11,7 +11,8 @@ What a run takes from the reviewed run folder depends on its `algorithm.objectiv
 - an RL objective (`rl`): every advantage group holding a rated episode is trained again with
   the reviewer's scores as rewards: an episode rating replaces the episode's whole reward (its
   outcome and any token rewards the run gave it), a call rating adds a reward at the end of that
-  call; the group's unrated episodes keep theirs.
+  call; the group's unrated episodes keep theirs (one recorded without a reward, by `serve
+  --record`, is left out: its reward is unknown, not 0).
 """
 
 from __future__ import annotations
@@ -163,6 +164,8 @@ def _say_untrained(
 
 def _sample(record: dict[str, Any], **changes: Any) -> Sample:
     fields = {k: v for k, v in record.items() if k in SAMPLE_FIELDS}
+    if fields.get("reward") is None:  # an episode recorded without a reward (`serve --record`)
+        fields["reward"] = 0.0
     return Sample(**{**fields, **changes})
 
 
@@ -279,6 +282,9 @@ def _rated_groups(
         if record.get("phase") != "train" or key not in groups:
             continue
         rated_episode = record["rollout_id"] in episode_score
+        unknown = record.get("reward") is None and record["sample_id"] not in call_scores
+        if unknown and not rated_episode:
+            continue  # recorded without a reward (live traffic) and not rated: no reward known
         reward = episode_score[record["rollout_id"]] if rated_episode else record["reward"]
         # The reviewer's score is the rated episode's whole reward: the run's token rewards
         # (its reward spread over calls, emitted step rewards) would be counted on top of it.

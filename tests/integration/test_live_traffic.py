@@ -65,22 +65,27 @@ def lines(path):
 
 async def test_recorded_episodes_are_reviewed_and_trained_on(live, tmp_path, tiny_model_path):
     from agentscope_rft.config import load_config
-    from agentscope_rft.review.training import ReviewDataError
+    from agentscope_rft.models import load_tokenizer
+    from agentscope_rft.review.training import ReviewDataError, load_review_samples
     from agentscope_rft.runtime.local import train
 
     gateway = live
     await chat(gateway, "u1", "Say hi")
     await chat(gateway, "u2", "Say bye")
-    calls = {rid: gateway.recorder.calls(rid) for rid in ("u1", "u2")}
-    ended = await post(gateway, "/rollouts/u1/end", {"reward": 1.0, "task": {"topic": "hi"}})
+    await chat(gateway, "u3", "Say hi")
+    calls = {rid: gateway.recorder.calls(rid) for rid in ("u1", "u2", "u3")}
+    task = {"id": "greet", "topic": "hi"}
+    ended = await post(gateway, "/rollouts/u1/end", {"reward": 1.0, "task": task})
     assert ended.status_code == 200 and ended.json()["samples"] == 1
     assert (await post(gateway, "/rollouts/u2/end", {})).json()["reward"] is None
+    # u3 answers u1's task but gets no reward: it is left out of u1's group, not counted as 0
+    assert (await post(gateway, "/rollouts/u3/end", {"task": task})).json()["task_id"] == "greet"
     # feedback arrives late: a reward for u2 after its end
     assert (await post(gateway, "/rollouts/u2/reward", {"reward": -1.0})).status_code == 200
 
     folder = tmp_path / "traffic"
     episodes = {e["rollout_id"]: e for e in lines(folder / "rollouts.jsonl")}
-    assert episodes["u1"]["reward"] == 1.0 and episodes["u1"]["task"] == {"topic": "hi"}
+    assert episodes["u1"]["reward"] == 1.0 and episodes["u1"]["task"] == task
     assert episodes["u1"]["task_id"] != episodes["u2"]["task_id"]  # two prompts: two tasks
     for sample in lines(folder / "samples.jsonl"):
         [call] = calls[sample["rollout_id"]]
@@ -93,12 +98,15 @@ async def test_recorded_episodes_are_reviewed_and_trained_on(live, tmp_path, tin
     )
     # the dashboard lists the folder as a run and accepts reviews of its episodes
     [ref] = discover_runs(tmp_path)
-    assert list_episodes(ref)["total"] == 2
+    assert list_episodes(ref)["total"] == 3
     detail = episode_detail(ref, "u1")  # decoded with the served model's tokenizer
     assert "".join(detail["samples"][0]["tokens"]).count("Say hi") == 1
     assert [r["reviewer"] for r in detail["reviews"]] == ["app"]
     check_review_targets(ref, parse_review({"kind": "rating", "rollout_id": "u2", "score": 0}))
     assert {r.rollout_id: r.score for r in ReviewStore(folder).current()} == {"u1": 1.0, "u2": -1.0}
+
+    rated = load_review_samples(folder, "rewards", load_tokenizer(tiny_model_path))
+    assert sorted((s.rollout_id, s.reward) for s in rated) == [("u1", 1.0), ("u2", -1.0)]
 
     def config(*extra):
         return load_config(
