@@ -172,3 +172,24 @@ async def test_bad_calls_get_openai_errors_and_an_idle_rollout_is_written(
     assert again.episodes == {"a", "idle"}
     with pytest.raises(ValueError, match="record to a new folder"):
         LiveRecording(tmp_path / "traffic", "another-model")
+
+
+async def test_an_agentscope_tool_episode_is_one_sample_with_a_span_per_call(tmp_path):
+    """A multi-turn AgentScope agent (tool calls, tool results) served live: its calls continue
+    each other, so the episode is one training sample, tool results masked, as in a run."""
+    from agentscope_rft.testing import ScriptedEngine
+
+    from . import calc_app
+
+    script = iter(calc_app.SCRIPT)
+    recording = LiveRecording(tmp_path / "traffic", "tiny-random")
+    gateway = Gateway(ScriptedEngine(lambda messages, tools: next(script)))
+    add_live_routes(gateway.app, gateway.state, recording)
+    async with gateway:
+        await calc_app.run_episode(gateway.rollout_base_url("conversation-7"))
+        assert (await post(gateway, "/rollouts/conversation-7/end", {"reward": 1})).json()[
+            "calls"
+        ] == 3
+    [sample] = lines(tmp_path / "traffic" / "samples.jsonl")
+    assert sample["num_calls"] == 3 and len(sample["call_spans"]) == 3
+    assert sample["break_reason"] is None and sample["reward"] == 1.0
