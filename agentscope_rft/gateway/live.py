@@ -56,6 +56,8 @@ logger = logging.getLogger(__name__)
 ROLLOUTS_FILE = "rollouts.jsonl"
 APP_REVIEWER = "app"
 """The reviewer name of the ratings that rewards posted by the app become."""
+RECORDED_BY = "agentscope-rft serve --record"
+"""`config.yaml`'s mark of a recording folder (a run's config has none)."""
 PHASE = "train"
 """The phase of recorded episodes (review training reads the `train` phase)."""
 
@@ -84,11 +86,17 @@ class LiveRecording:
         config = folder / "config.yaml"
         if config.is_file():
             try:
-                earlier = (yaml.safe_load(config.read_text()) or {}).get("model", {})
+                written = yaml.safe_load(config.read_text()) or {}
+                earlier = written.get("model", {})
             except (yaml.YAMLError, AttributeError) as exc:
                 raise ValueError(
                     f"--record {folder}: its config.yaml does not parse: {exc}"
                 ) from exc
+            if written.get("recorded_by") != RECORDED_BY:
+                raise ValueError(
+                    f"--record {folder} is a run folder (its config.yaml is a run's), not a "
+                    "recording: its episodes and live ones would mix; record to a new folder"
+                )
             if earlier.get("name_or_path") != model:
                 raise ValueError(
                     f"--record {folder} holds episodes of model {earlier.get('name_or_path')!r}, "
@@ -97,7 +105,7 @@ class LiveRecording:
         else:
             data = {
                 "model": {"name_or_path": model, "chat_template": chat_template},
-                "recorded_by": "agentscope-rft serve --record",
+                "recorded_by": RECORDED_BY,
             }
             config.write_text(yaml.safe_dump(data, sort_keys=False))
         for name in (ROLLOUTS_FILE, SAMPLES_FILE):

@@ -148,8 +148,17 @@ def test_serve_record_into_a_file_or_another_models_recording_fails_before_the_m
     (tmp_path / "file").write_text("")
     other = tmp_path / "other"
     other.mkdir()
-    (other / "config.yaml").write_text("model: {name_or_path: some-other-model}\n")
-    for record, said in ((tmp_path / "file", "that is a file"), (other, "some-other-model")):
+    (other / "config.yaml").write_text(
+        "model: {name_or_path: some-other-model}\nrecorded_by: agentscope-rft serve --record\n"
+    )
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("model: {name_or_path: tiny-random}\nrun: {steps: 2}\n")
+    for record, said in (
+        (tmp_path / "file", "that is a file"),
+        (other, "some-other-model"),
+        (run, "is a run folder"),
+    ):
         args = ["serve", "--model", "tiny-random", "--port", "0", "--record", str(record)]
         result = CliRunner().invoke(app, args, env={"COLUMNS": "1000"})
         assert result.exit_code == 2 and said in result.output, result.output
