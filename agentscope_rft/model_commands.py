@@ -200,10 +200,12 @@ async def _serve(
     gateway = Gateway(
         engine, host=host, port=port, api_key=api_key, model_aliases=aliases, recorder=recorder
     )
-    if recording is not None:
-        from agentscope_rft.gateway.live import add_live_routes
+    from agentscope_rft.gateway.live import add_live_routes, add_unrecording_routes
 
+    if recording is not None:
         add_live_routes(gateway.app, gateway.state, recording)
+    else:
+        add_unrecording_routes(gateway.app, gateway.state)
     try:
         await gateway.start()
     except (OSError, SystemExit) as exc:

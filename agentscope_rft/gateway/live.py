@@ -310,3 +310,20 @@ def add_live_routes(app: FastAPI, state: GatewayState, recording: LiveRecording)
             raise _not_found(rollout_id, f"in {recording.folder}: no episode was recorded under it")
         review = recording.rate(rollout_id, reward)
         return JSONResponse({"rollout_id": rollout_id, "reward": reward, "review_id": review.id})
+
+
+def add_unrecording_routes(app: FastAPI, state: GatewayState) -> None:
+    """`/end` and `/reward` on a `serve` without `--record`: a 404 that says how to record."""
+
+    async def refuse(rollout_id: str, request: Request) -> JSONResponse:
+        _check_auth(state, request)
+        raise RequestError(
+            f"{request.url.path}: this server records no episodes; start `agentscope-rft serve` "
+            "with --record <folder> to write finished rollouts there",
+            status=404,
+            kind="not_found_error",
+            code="not_recording",
+        )
+
+    app.post("/rollouts/{rollout_id}/end")(refuse)
+    app.post("/rollouts/{rollout_id}/reward")(refuse)

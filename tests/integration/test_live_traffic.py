@@ -193,3 +193,15 @@ async def test_an_agentscope_tool_episode_is_one_sample_with_a_span_per_call(tmp
     [sample] = lines(tmp_path / "traffic" / "samples.jsonl")
     assert sample["num_calls"] == 3 and len(sample["call_spans"]) == 3
     assert sample["break_reason"] is None and sample["reward"] == 1.0
+
+
+async def test_ending_a_rollout_on_a_server_that_does_not_record_says_how_to():
+    from agentscope_rft.gateway.live import add_unrecording_routes
+    from agentscope_rft.testing import ScriptedEngine
+
+    gateway = Gateway(ScriptedEngine(lambda messages, tools: "hi"))
+    add_unrecording_routes(gateway.app, gateway.state)
+    async with gateway:
+        for path in ("/rollouts/r/end", "/rollouts/r/reward"):
+            refused = await post(gateway, path, {"reward": 1})
+            assert refused.status_code == 404 and "--record" in refused.json()["error"]["message"]
