@@ -12,6 +12,8 @@ import typer
 
 if TYPE_CHECKING:
     from agentscope_rft.engines.base import Engine
+    from agentscope_rft.gateway.live import LiveRecording
+    from agentscope_rft.gateway.recorder import CallRecorder
 
 
 def serve_command(
@@ -51,11 +53,28 @@ def serve_command(
     vllm_arg: Annotated[
         list[str] | None, typer.Option(help="vLLM: extra server argument (repeatable).")
     ] = None,
+    record: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write each finished rollout of /rollouts/<id>/v1 as an episode in this folder "
+            "(a run folder's layout: review it in the dashboard, train on it with "
+            "offline.format: review). End one with POST /rollouts/<id>/end.",
+        ),
+    ] = None,
+    record_idle: Annotated[
+        float,
+        typer.Option(
+            help="--record: seconds a rollout may stay idle before it is written (unrewarded) "
+            "and its id closed.",
+            min=1,
+        ),
+    ] = 600.0,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
     """Serve the policy as an OpenAI-compatible endpoint (try your app against it).
 
-    Calls to /rollouts/<id>/v1 are recorded under <id> (GET /rollouts/<id> returns them).
+    Calls to /rollouts/<id>/v1 are recorded under <id> (GET /rollouts/<id> returns them);
+    with --record, finished rollouts are written to a folder as episodes to review and train on.
     """
     from agentscope_rft.cli import fail, said, setup_logging
 
@@ -86,8 +105,13 @@ def serve_command(
             extra_args=vllm_arg or [],
         )
     )
+    recording = None
     try:
         resolved = _checkpoint_or_model(model)
+        if record is not None:
+            from agentscope_rft.gateway.live import LiveRecording
+
+            recording = LiveRecording(record, resolved, chat_template)
         check_model_folder(resolve_model(resolved))  # before an engine loads it
         built = build_engine(
             ModelConfig(name_or_path=resolved, chat_template=chat_template), engine_config
@@ -95,7 +119,8 @@ def serve_command(
     except (ValueError, RuntimeError) as exc:
         raise fail(said(exc)) from exc
     # Clients may name the model as the user did (`runs/x:best`), not only as resolved.
-    asyncio.run(_serve(built, host, port, api_key, aliases={model} - {resolved}))
+    aliases = {model} - {resolved}
+    asyncio.run(_serve(built, host, port, api_key, aliases, recording, record_idle))
 
 
 def _checkpoint_or_model(model: str) -> str:
@@ -154,9 +179,16 @@ def export_command(
 
 
 async def _serve(
-    engine: Engine, host: str, port: int, api_key: str | None, aliases: set[str]
+    engine: Engine,
+    host: str,
+    port: int,
+    api_key: str | None,
+    aliases: set[str],
+    recording: LiveRecording | None = None,
+    record_idle: float = 600.0,
 ) -> None:
     from agentscope_rft.cli import console, fail, said
+    from agentscope_rft.gateway.recorder import CallRecorder
     from agentscope_rft.gateway.server import Gateway
 
     try:
@@ -164,7 +196,16 @@ async def _serve(
     except Exception as exc:
         await engine.close()
         raise fail(f"the {type(engine).__name__} did not start: {said(exc)}") from exc
-    gateway = Gateway(engine, host=host, port=port, api_key=api_key, model_aliases=aliases)
+    recorder = CallRecorder(max_age=record_idle) if recording is not None else None
+    gateway = Gateway(
+        engine, host=host, port=port, api_key=api_key, model_aliases=aliases, recorder=recorder
+    )
+    from agentscope_rft.gateway.live import add_live_routes, add_unrecording_routes
+
+    if recording is not None:
+        add_live_routes(gateway.app, gateway.state, recording)
+    else:
+        add_unrecording_routes(gateway.app, gateway.state)
     try:
         await gateway.start()
     except (OSError, SystemExit) as exc:
@@ -178,11 +219,29 @@ async def _serve(
         f"http://{host}:{gateway.port}/rollouts/<rollout-id>)\n"
         "  Ctrl+C to stop"
     )
+    if recording is not None:
+        console.print(
+            f"  recording finished rollouts to [bold]{recording.folder}[/] (end one: POST "
+            f"http://{host}:{gateway.port}/rollouts/<rollout-id>/end)"
+        )
     from agentscope_rft.runtime.signals import RunStop, stop_on_signals
 
     stop = RunStop()
+    sweeper = None
+    if recorder is not None:  # idle rollouts are written without waiting for new traffic
+        sweeper = asyncio.create_task(_sweep(recorder, min(30.0, record_idle / 4)))
     with stop_on_signals(stop, "the server"):
         await stop.wait()
+        if sweeper is not None:
+            sweeper.cancel()
         console.print("stopping...")
         await gateway.stop()
+        if recording is not None and (written := recording.flush()):
+            console.print(f"wrote the {written} rollout(s) still open to {recording.folder}")
         await engine.close()
+
+
+async def _sweep(recorder: CallRecorder, every: float) -> None:
+    while True:
+        await asyncio.sleep(every)
+        recorder.sweep()

@@ -85,6 +85,9 @@ class CallRecorder:
         self.evictions: collections.Counter[str] = collections.Counter()
         """Rollouts evicted, by reason (`age`, `count`, `bytes`)."""
         self.evicted_calls = 0
+        self.on_evict: Callable[[str, list[Call], str], None] | None = None
+        """Called with an evicted rollout's calls and the reason (`serve --record` writes them
+        as an episode instead of dropping them)."""
 
     def _touch(self, rollout_id: str) -> None:
         self._active[rollout_id] = self._clock()
@@ -139,7 +142,12 @@ class CallRecorder:
             del self._active[rollout_id]
             if not calls:
                 continue  # nothing recorded (taken already, or its requests failed)
-            if not self.evictions:
+            if self.on_evict is not None:
+                try:
+                    self.on_evict(rollout_id, calls, reason)
+                except Exception:  # the request path must not fail for it
+                    logger.exception("gateway recorder: on_evict failed for %s", rollout_id)
+            if not self.evictions and self.on_evict is None:
                 logger.warning(
                     "gateway recorder: evicting rollout %s (%s limit); calls of rollouts nobody "
                     "takes are dropped after max_age=%gs, or beyond %d rollouts / %d MiB",
@@ -147,6 +155,10 @@ class CallRecorder:
                 )  # fmt: skip
             self.evictions[reason] += 1
             self.evicted_calls += len(calls)
+
+    def sweep(self) -> None:
+        """Evict what is over the bounds now (idle rollouts age out without new traffic)."""
+        self._evict()
 
     def _drop_calls(self, rollout_id: str) -> list[Call]:
         self.held_bytes -= self._bytes.pop(rollout_id, 0)

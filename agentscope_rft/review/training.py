@@ -11,7 +11,8 @@ What a run takes from the reviewed run folder depends on its `algorithm.objectiv
 - an RL objective (`rl`): every advantage group holding a rated episode is trained again with
   the reviewer's scores as rewards: an episode rating replaces the episode's whole reward (its
   outcome and any token rewards the run gave it), a call rating adds a reward at the end of that
-  call; the group's unrated episodes keep theirs.
+  call; the group's unrated episodes keep theirs (one recorded without a reward, by `serve
+  --record`, is left out: its reward is unknown, not 0).
 """
 
 from __future__ import annotations
@@ -93,6 +94,44 @@ def load_review_samples(
     return found
 
 
+def check_rated_groups(run_dir: str | Path, samples: list[Sample], advantage: Any) -> None:
+    """Refuse rated groups that a group-baseline estimator cannot learn from.
+
+    An estimator such as GRPO or RLOO compares each episode with the others of its group; a
+    group of one episode (live traffic answers each prompt once; a run with group_size 1) gets
+    advantage 0, so rating such episodes alone would train nothing. Some singletons among
+    larger groups are named in a warning.
+
+    Raises:
+        ReviewDataError: every rated group holds one episode (the message gives the fixes).
+    """
+    if not advantage.uses_group_baseline():
+        return
+    episodes: dict[str, set[str]] = defaultdict(set)
+    for sample in samples:
+        episodes[sample.group].add(sample.rollout_id)
+    single = [group for group, ids in episodes.items() if len(ids) == 1]
+    if not single:
+        return
+    why = (
+        f"advantage {advantage.type!r} compares an episode with the others of its group (same "
+        "task), so an episode alone in its group gets advantage 0"
+    )
+    if len(single) == len(episodes):
+        raise ReviewDataError(
+            f"{run_dir}: each of the {len(single)} rated group(s) holds one episode (live "
+            f"traffic answers each prompt once), and {why}: nothing would train. Set "
+            "algorithm.advantage: reinforce_plus_plus (its baseline is the batch: rewards are "
+            "whitened over all the rated episodes), rate several answers to one task, or train "
+            "corrections (algorithm.objective: sft) or preferences (algorithm.objective: dpo)"
+        )
+    logger.warning(
+        "%s: %d of %d rated groups hold one episode and train nothing: %s (algorithm.advantage: "
+        "reinforce_plus_plus uses the batch as baseline instead)",
+        run_dir, len(single), len(episodes), why,
+    )  # fmt: skip
+
+
 def _say_untrained(
     run_dir: Path, reviews: list[Review], use: ReviewUse, records: list[dict[str, Any]]
 ) -> None:
@@ -125,6 +164,8 @@ def _say_untrained(
 
 def _sample(record: dict[str, Any], **changes: Any) -> Sample:
     fields = {k: v for k, v in record.items() if k in SAMPLE_FIELDS}
+    if fields.get("reward") is None:  # an episode recorded without a reward (`serve --record`)
+        fields["reward"] = 0.0
     return Sample(**{**fields, **changes})
 
 
@@ -241,6 +282,9 @@ def _rated_groups(
         if record.get("phase") != "train" or key not in groups:
             continue
         rated_episode = record["rollout_id"] in episode_score
+        unknown = record.get("reward") is None and record["sample_id"] not in call_scores
+        if unknown and not rated_episode:
+            continue  # recorded without a reward (live traffic) and not rated: no reward known
         reward = episode_score[record["rollout_id"]] if rated_episode else record["reward"]
         # The reviewer's score is the rated episode's whole reward: the run's token rewards
         # (its reward spread over calls, emitted step rewards) would be counted on top of it.

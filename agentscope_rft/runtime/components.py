@@ -233,12 +233,13 @@ class RolloutLog:
             drop_partial_last_line(self.path)
 
     def write(self, step: int, phase: str, result: ExploreResult) -> None:
-        text = "".join(json.dumps(_rollout_line(step, phase, r)) + "\n" for r in result.rollouts)
+        text = "".join(json.dumps(rollout_line(step, phase, r)) + "\n" for r in result.rollouts)
         with open(self.path, "ab", buffering=0) as handle:
             handle.write(text.encode("utf-8"))
 
 
-def _rollout_line(step: int, phase: str, rollout: Rollout) -> dict[str, Any]:
+def rollout_line(step: int, phase: str, rollout: Rollout) -> dict[str, Any]:
+    """The `rollouts.jsonl` record of one episode (also written by `serve --record`)."""
     return {
         "step": step,
         "phase": phase,

@@ -104,7 +104,11 @@ def load_offline_units(config: RunConfig) -> dict[str, list[Sample]]:
     """
     from agentscope_rft.buffer.offline import load_dpo_samples, load_sft_samples
     from agentscope_rft.engines.factory import read_chat_template
-    from agentscope_rft.review.training import load_review_samples, review_use
+    from agentscope_rft.review.training import (
+        check_rated_groups,
+        load_review_samples,
+        review_use,
+    )
 
     assert config.offline.path is not None
     # The engine's template (`model.chat_template`), so demonstrations are trained in the token
@@ -119,6 +123,8 @@ def load_offline_units(config: RunConfig) -> dict[str, list[Sample]]:
         samples = load_review_samples(
             config.offline.path, use, renderer.tokenizer, renderer.end_of_turn_id
         )
+        if use == "rewards":
+            check_rated_groups(config.offline.path, samples, config.algorithm.advantage)
         what = {"sft": "reviewed corrections", "dpo": "reviewed pairs", "rewards": "groups"}[use]
     else:
         load = load_dpo_samples if config.offline.format == "dpo" else load_sft_samples

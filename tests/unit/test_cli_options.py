@@ -134,3 +134,31 @@ def test_serve_takes_the_chat_template_a_model_folder_lacks(monkeypatch, tmp_pat
     result = CliRunner().invoke(app, args, env={"COLUMNS": "1000"})
     assert result.exit_code == 2 and "stop here" in result.output, result.output
     assert [m.chat_template for m in built] == [str(template)]
+
+
+def test_serve_record_into_a_file_or_another_models_recording_fails_before_the_model_loads(
+    monkeypatch, tmp_path
+):
+    from agentscope_rft.engines import factory
+
+    def loads(*args, **kwargs):
+        raise AssertionError("the engine was built before --record was checked")
+
+    monkeypatch.setattr(factory, "build_engine", loads)
+    (tmp_path / "file").write_text("")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.yaml").write_text(
+        "model: {name_or_path: some-other-model}\nrecorded_by: agentscope-rft serve --record\n"
+    )
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("model: {name_or_path: tiny-random}\nrun: {steps: 2}\n")
+    for record, said in (
+        (tmp_path / "file", "that is a file"),
+        (other, "some-other-model"),
+        (run, "is a run folder"),
+    ):
+        args = ["serve", "--model", "tiny-random", "--port", "0", "--record", str(record)]
+        result = CliRunner().invoke(app, args, env={"COLUMNS": "1000"})
+        assert result.exit_code == 2 and said in result.output, result.output

@@ -275,3 +275,27 @@ def test_a_correction_ends_with_the_templates_end_of_turn_not_the_tokenizers_eos
     chosen, rejected = load_review_samples(run, "dpo", CharTokenizer(), end_of_turn_id=3)
     assert list(chosen.token_ids) == [5, 6, 7, ord("Z"), 3]
     assert list(rejected.token_ids) == [5, 6, 7, 8, 9, 2]  # the policy's own answer as sampled
+
+
+def test_rated_groups_of_one_episode_are_refused_for_a_group_baseline(run, caplog):
+    """Live traffic answers each prompt once: GRPO's group of one has advantage 0, so the run
+    says so and names the fixes instead of training on nothing; a batch baseline is fine."""
+    from agentscope_rft.algorithms.advantages import GRPOConfig, ReinforcePlusPlusConfig
+    from agentscope_rft.review.training import check_rated_groups
+
+    store = ReviewStore(run)
+    store.add({"kind": "rating", "rollout_id": "s1.1", "score": 5.0})
+    samples = load_review_samples(run, "rewards", CharTokenizer())
+    check_rated_groups(run, samples, GRPOConfig())  # a group of two episodes: fine
+    alone = [s for s in samples if s.rollout_id == "s1.1"]
+    with pytest.raises(ReviewDataError, match=r"one episode.*reinforce_plus_plus"):
+        check_rated_groups(run, alone, GRPOConfig())
+    check_rated_groups(run, alone, ReinforcePlusPlusConfig())
+    with caplog.at_level("WARNING"):
+        other = alone[0].__class__(**{**_fields(alone[0]), "group_id": "g2", "rollout_id": "x"})
+        check_rated_groups(run, [*samples, other], GRPOConfig())
+    assert "1 of 2 rated groups hold one episode" in caplog.text
+
+
+def _fields(sample):
+    return {name: getattr(sample, name) for name in sample.__dataclass_fields__}
