@@ -97,6 +97,8 @@ class ChoiceResult:
     text: str
     """The generated text (without the end-of-sequence token and stop string)."""
     content: str | None
+    reasoning: str | None = None
+    """The thinking split off the text (`engine.reasoning_parser`); None: none."""
     tool_calls: list[ToolCall] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] | None = None
 
@@ -118,11 +120,19 @@ class ContentDelta:
 
 
 @dataclass(slots=True)
+class ReasoningDelta:
+    """Thinking text (`engine.reasoning_parser`) that is final and may be streamed now."""
+
+    index: int
+    text: str
+
+
+@dataclass(slots=True)
 class ChoiceDone:
     choice: ChoiceResult
 
 
-ChatEvent = PromptReady | ContentDelta | ChoiceDone
+ChatEvent = PromptReady | ContentDelta | ReasoningDelta | ChoiceDone
 
 
 @runtime_checkable

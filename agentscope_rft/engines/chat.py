@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
+from agentscope_rft.chat.reasoning import ReasoningStream, split_reasoning
 from agentscope_rft.chat.template import (
     ChatRenderer,
     decode_text,
@@ -200,9 +201,21 @@ class IncrementalDecoder:
 
 
 class TextStream:
-    """Turns one choice's tokens into content deltas that never need taking back."""
+    """Turns one choice's tokens into content deltas that never need taking back.
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: Sequence[str], parse_tools: bool):
+    With `split_thinking` (see `chat.reasoning`), the thinking goes apart: `push` and `finish`
+    return the answer's deltas and `take_reasoning` the thinking's since its last call.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        stops: Sequence[str],
+        parse_tools: bool,
+        *,
+        split_thinking: bool = False,
+        thinking_opened: bool = False,
+    ):
         self._decoder = IncrementalDecoder(tokenizer)
         self._text = ""  # the choice's text so far, cut at the first stop string
         self._stopped = False
@@ -210,11 +223,21 @@ class TextStream:
         self._hold = max((len(s) for s in stops), default=1) - 1
         self._stops = stops
         self._parser = StreamingToolParser() if parse_tools else None
+        self._thinking = ReasoningStream(thinking_opened) if split_thinking else None
+        self._reasoning = ""  # thinking not yet taken
 
     def _feed_text(self, text: str) -> str:
+        if self._thinking is not None:
+            reasoning, text = self._thinking.feed(text)
+            self._reasoning += reasoning
         if self._parser is None:
             return text
         return self._parser.feed(text)
+
+    def take_reasoning(self) -> str:
+        """The thinking given since the last call ('' without `split_thinking`)."""
+        out, self._reasoning = self._reasoning, ""
+        return out
 
     def push(self, token_id: int) -> str:
         added = self._decoder.push(token_id)
@@ -238,6 +261,10 @@ class TextStream:
         fed = self._text[: self._fed]
         rest = final_text[len(fed) :] if final_text.startswith(fed) else ""
         out = self._feed_text(rest)
+        if self._thinking is not None:
+            reasoning, answer = self._thinking.finish()
+            self._reasoning += reasoning
+            out += self._parser.feed(answer) if self._parser is not None else answer
         if self._parser is not None:
             tail, _ = self._parser.finish()
             out += tail
@@ -251,19 +278,30 @@ def assemble_choice(
     stop_ids: set[int],
     parse_tools: bool,
     id_prefix: str,
+    *,
+    split_thinking: bool = False,
+    thinking_opened: bool = False,
 ) -> ChoiceResult:
-    """Decode a choice's tokens into text, content and tool calls."""
+    """Decode a choice's tokens into text, reasoning, content and tool calls.
+
+    `split_thinking`: a `<think>...</think>` block becomes `reasoning` and content and tool calls
+    come from the answer after it (`thinking_opened`: the prompt opened the block).
+    """
     ids = output.completion_ids
     if ids and ids[-1] in stop_ids and output.stop_string is None:
         ids = ids[:-1]
     text = decode_text(tokenizer, ids)
     if output.stop_string is not None:
         text = text[: text.find(output.stop_string)] if output.stop_string in text else text
-    content: str | None = text
+    reasoning, answer = None, text
+    if split_thinking:
+        split = split_reasoning(text, thinking_opened)
+        reasoning, answer = split.reasoning, split.answer
+    content: str | None = answer
     tool_calls: list[ToolCall] = []
     finish = output.finish_reason
     if parse_tools:
-        parsed = parse_tool_calls(text, id_prefix=f"{id_prefix}_{index}")
+        parsed = parse_tool_calls(answer, id_prefix=f"{id_prefix}_{index}")
         content, tool_calls = parsed.content, parsed.tool_calls
         if tool_calls and finish == "stop":
             finish = "tool_calls"
@@ -275,6 +313,7 @@ def assemble_choice(
         policy_version=output.policy_version,
         text=text,
         content=content,
+        reasoning=reasoning,
         tool_calls=tool_calls,
         top_logprobs=output.top_logprobs,
     )

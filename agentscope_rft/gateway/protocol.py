@@ -273,6 +273,8 @@ def parse_request(body: bytes) -> ChatCompletionRequest:
 
 def _message(choice: ChoiceResult) -> JSON:
     message: JSON = {"role": "assistant", "content": choice.content}
+    if choice.reasoning is not None:
+        message["reasoning_content"] = choice.reasoning  # DeepSeek's and vLLM's field
     if choice.tool_calls:
         message["tool_calls"] = [
             {
@@ -379,6 +381,9 @@ class ChunkWriter:
 
     def content(self, index: int, text: str) -> str:
         return self.event(index, {"content": text})
+
+    def reasoning(self, index: int, text: str) -> str:
+        return self.event(index, {"reasoning_content": text})
 
     def finish(self, choice: ChoiceResult, logprobs: JSON | None, return_token_ids: bool) -> str:
         delta: JSON = {}

@@ -1,0 +1,71 @@
+"""A reasoning model (Qwen3-like template that drops earlier thinking) behind the gateway: the
+AgentScope agent gets ThinkingBlocks and clean answers, tool calls after (and mentioned inside)
+the thinking parse."""
+
+from __future__ import annotations
+
+import pytest
+from agentscope.message import UserMsg
+
+from agentscope_rft.chat.template import decode_text
+from agentscope_rft.engines.base import ChatRequest, ChoiceDone, ContentDelta, ReasoningDelta
+from agentscope_rft.engines.embedded import EmbeddedEngine
+from agentscope_rft.gateway.server import Gateway
+from agentscope_rft.testing import ScriptedEngine
+from agentscope_rft.types import SamplingParams
+from tests.thinking_template import QWEN3_LIKE, R1_LIKE
+
+from . import calc_app
+
+SCRIPT = [
+    "<think>\nFirst 2+3. I will write <tool_call> with add.\n</think>\n\n"
+    '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>',
+    "<think>\nNow 5*4.\n</think>\n\n"
+    '<tool_call>\n{"name": "multiply", "arguments": {"a": 5, "b": 4}}\n</tool_call>',
+    "<think>\n5*4 is 20.\n</think>\n\nThe answer is 20.",
+]
+
+
+def _reply(messages, tools):
+    return SCRIPT[sum(m["role"] == "tool" for m in messages)]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["non-streaming", "streaming"])
+async def test_a_thinking_agent_answers_cleanly_and_trains_on_its_sampled_tokens(stream):
+    engine = ScriptedEngine(_reply, chat_template=QWEN3_LIKE)  # reasoning_parser: auto
+    async with Gateway(engine) as gateway:
+        agent = calc_app.build_agent(calc_app.build_model(gateway.rollout_base_url("ep"), stream))
+        reply = await agent.reply(UserMsg(name="user", content=calc_app.QUESTION))
+        calls = gateway.recorder.calls("ep")
+
+    assert reply.get_text_content() == "The answer is 20."
+    thoughts = [b.thinking for b in reply.content if getattr(b, "type", None) == "thinking"]
+    assert thoughts == ["5*4 is 20."]
+    assert [c.reasoning for c in calls] == [
+        "First 2+3. I will write <tool_call> with add.",
+        "Now 5*4.",
+        "5*4 is 20.",
+    ]
+    assert [[t.name for t in c.tool_calls] for c in calls] == [["add"], ["multiply"], []]
+    assert [c.content for c in calls] == [None, None, "The answer is 20."]
+
+
+async def test_the_embedded_engine_streams_thinking_a_prompt_opened(tiny_model_path):
+    """DeepSeek-R1's template opens `<think>` in the prompt: the tiny random model's whole reply
+    (it never writes `</think>`) is thinking, streamed as reasoning deltas, the content empty."""
+    engine = EmbeddedEngine(tiny_model_path, dtype="float32", device="cpu", chat_template=R1_LIKE)
+    await engine.start()
+    try:
+        request = ChatRequest(
+            messages=[{"role": "user", "content": "hi"}],
+            sampling=SamplingParams(max_tokens=12, temperature=1.0, seed=1),
+            stream=True,
+        )
+        events = [event async for event in engine.chat(request)]
+    finally:
+        await engine.close()
+    [done] = [e.choice for e in events if isinstance(e, ChoiceDone)]
+    streamed = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+    assert not [e for e in events if isinstance(e, ContentDelta)]
+    assert done.content == "" and done.reasoning == streamed
+    assert streamed and streamed == decode_text(engine.tokenizer, done.completion_ids).strip("\n")
