@@ -108,14 +108,18 @@ class PromptBuilder:
         full_ids = turn.full_ids.get(_assistant_key(reply["content"], reply.get("tool_calls", [])))
         if full_ids is None:
             return None
-        rendered_upto = self.renderer.render_text(messages[: k + 1], tools, False)
-        cut = rendered_upto.rfind(self._eos_text)
+        # The sampled tokens stand for the reply however the template renders it now (reasoning
+        # models' templates render a reply's thinking only while it is the last turn), so only
+        # the history before it must render as it did; the reply's turn ends at its first end
+        # of turn (a sampled reply holds none: its special tokens are not in its text).
+        before = self.renderer.render_text(messages[:k], tools, False)
+        rendered = self.renderer.render_text(messages, tools, True)
+        if not rendered.startswith(before):
+            return None  # the template is not append-only here
+        cut = rendered.find(self._eos_text, len(before))
         if cut < 0:
             return None
         cut += len(self._eos_text)
-        rendered = self.renderer.render_text(messages, tools, True)
-        if not rendered.startswith(rendered_upto[:cut]):
-            return None  # the template is not append-only here
         return full_ids + self.renderer.encode(rendered[cut:]), len(full_ids)
 
     def remember(

@@ -1,8 +1,10 @@
 """A reasoning model (Qwen3-like template that drops earlier thinking) behind the gateway: the
 AgentScope agent gets ThinkingBlocks and clean answers, tool calls after (and mentioned inside)
-the thinking parse."""
+the thinking parse, and the episode trains as one sample of the exact sampled tokens."""
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 from agentscope.message import UserMsg
@@ -10,9 +12,10 @@ from agentscope.message import UserMsg
 from agentscope_rft.chat.template import decode_text
 from agentscope_rft.engines.base import ChatRequest, ChoiceDone, ContentDelta, ReasoningDelta
 from agentscope_rft.engines.embedded import EmbeddedEngine
+from agentscope_rft.explorer.trajectory import build_samples
 from agentscope_rft.gateway.server import Gateway
 from agentscope_rft.testing import ScriptedEngine
-from agentscope_rft.types import SamplingParams
+from agentscope_rft.types import Rollout, SamplingParams
 from tests.thinking_template import QWEN3_LIKE, R1_LIKE
 
 from . import calc_app
@@ -48,6 +51,20 @@ async def test_a_thinking_agent_answers_cleanly_and_trains_on_its_sampled_tokens
     ]
     assert [[t.name for t in c.tool_calls] for c in calls] == [["add"], ["multiply"], []]
     assert [c.content for c in calls] == [None, None, "The answer is 20."]
+    # The history AgentScope sends back has no thinking, and the template would drop it anyway:
+    # the engine puts the sampled tokens (thinking included) back in the next prompt instead.
+    assert all("<think>" not in str(m.get("content")) for c in calls for m in c.messages)
+    for earlier, later in itertools.pairwise(calls):
+        full = earlier.prompt_ids + earlier.completion_ids
+        assert later.prompt_reused_tokens == len(full)
+        assert later.prompt_ids[: len(full)] == full
+
+    rollout = Rollout(rollout_id="ep", task_id="t", task={}, calls=calls, reward=1.0)
+    [sample], stats = build_samples(rollout)
+    assert stats.merges == 2 and not stats.breaks
+    trained = [t for t, m in zip(sample.token_ids, sample.loss_mask, strict=True) if m]
+    assert trained == [t for c in calls for t in c.completion_ids]
+    assert engine.tokenizer.decode(trained).count("<think>") == 3
 
 
 async def test_the_embedded_engine_streams_thinking_a_prompt_opened(tiny_model_path):
@@ -69,3 +86,24 @@ async def test_the_embedded_engine_streams_thinking_a_prompt_opened(tiny_model_p
     assert not [e for e in events if isinstance(e, ContentDelta)]
     assert done.content == "" and done.reasoning == streamed
     assert streamed and streamed == decode_text(engine.tokenizer, done.completion_ids).strip("\n")
+
+
+async def test_without_prompt_reuse_each_turn_breaks_and_check_says_why():
+    """`engine.reuse_prompt_tokens: false`: the template's rendering drops the earlier thinking,
+    so every turn is a sample of its own; `check_workflow` says once that this is expected."""
+    from agentscope_rft.check import check_workflow
+
+    async def run(task, model):
+        agent = calc_app.build_agent(model)
+        reply = await agent.reply(UserMsg(name="user", content=calc_app.QUESTION))
+        return float(reply.get_text_content() == "The answer is 20.")
+
+    engine = ScriptedEngine(_reply, chat_template=QWEN3_LIKE)
+    engine.prompts.reuse = False
+    report = await check_workflow(run, {"id": "t"}, engine=engine, show=False)
+    assert report.rollout.reward == 1.0 and len(report.samples) == 3
+    [warning] = [w for w in report.warnings if "did not continue" in w]
+    assert warning.startswith(
+        "2 call(s) did not continue the previous one (completion_retokenized)"
+    )
+    assert "expected for a reasoning model" in warning
