@@ -225,13 +225,17 @@ class ChatRenderer:
         messages: Sequence[JSON],
         tools: Sequence[JSON] | None = None,
         add_generation_prompt: bool = True,
+        template_kwargs: JSON | None = None,
     ) -> str:
+        """`template_kwargs`: more variables for the template (a request's
+        `chat_template_kwargs`, e.g. Qwen3's `enable_thinking`)."""
         text = self.tokenizer.apply_chat_template(
             normalize_messages(messages),
             tools=normalize_tools(tools),  # type: ignore[arg-type]
             chat_template=self.chat_template,
             add_generation_prompt=add_generation_prompt,
             tokenize=False,
+            **(template_kwargs or {}),
         )
         assert isinstance(text, str)
         return text
@@ -281,5 +285,8 @@ class ChatRenderer:
         messages: Sequence[JSON],
         tools: Sequence[JSON] | None = None,
         add_generation_prompt: bool = True,
+        template_kwargs: JSON | None = None,
     ) -> list[int]:
-        return self.encode(self.render_text(messages, tools, add_generation_prompt))
+        return self.encode(
+            self.render_text(messages, tools, add_generation_prompt, template_kwargs)
+        )

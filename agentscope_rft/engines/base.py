@@ -84,6 +84,8 @@ class ChatRequest:
     response_format: JSON | None = None
     """OpenAI `response_format` (`json_object` / `json_schema`), already checked with
     `engines.structured.grammar_for`; None: unconstrained."""
+    chat_template_kwargs: JSON | None = None
+    """More variables for the chat template (vLLM's extension; Qwen3: `enable_thinking`)."""
 
 
 @dataclass(slots=True)

@@ -59,6 +59,7 @@ def _continued(turn: _Turn, later: Sequence[_Turn]) -> set[tuple]:
 class _Turn:
     messages: list[JSON]
     tools: list[JSON] | None
+    template_kwargs: JSON | None
     full_ids: dict[tuple, list[int]]
     """assistant-message key -> prompt ids + completion ids of the choice that produced it"""
 
@@ -88,20 +89,23 @@ class PromptBuilder:
         """Return (prompt ids, number of leading ids reused from an earlier call)."""
         messages = normalize_messages(request.messages)
         tools = normalize_tools(request.tools)
+        kwargs = request.chat_template_kwargs
         if self.reuse and request.rollout_id is not None:
             key = (request.rollout_id, request.agent_name)
             for turn in reversed(self._turns.get(key, [])):
-                ids = self._continue(turn, messages, tools)
+                ids = self._continue(turn, messages, tools, kwargs)
                 if ids is not None:
                     return ids
-        return self.renderer.render_ids(messages, tools), 0
+        return self.renderer.render_ids(messages, tools, True, kwargs), 0
 
     def _continue(
-        self, turn: _Turn, messages: list[JSON], tools: list[JSON] | None
+        self, turn: _Turn, messages: list[JSON], tools: list[JSON] | None, kwargs: JSON | None
     ) -> tuple[list[int], int] | None:
         k = len(turn.messages)
         if len(messages) <= k or tools != turn.tools or messages[:k] != turn.messages:
             return None
+        if (kwargs or {}) != (turn.template_kwargs or {}):
+            return None  # the earlier prompt was rendered otherwise (a system turn, a switch)
         reply = messages[k]
         if reply["role"] != "assistant":
             return None
@@ -112,8 +116,8 @@ class PromptBuilder:
         # models' templates render a reply's thinking only while it is the last turn), so only
         # the history before it must render as it did; the reply's turn ends at its first end
         # of turn (a sampled reply holds none: its special tokens are not in its text).
-        before = self.renderer.render_text(messages[:k], tools, False)
-        rendered = self.renderer.render_text(messages, tools, True)
+        before = self.renderer.render_text(messages[:k], tools, False, kwargs)
+        rendered = self.renderer.render_text(messages, tools, True, kwargs)
         if not rendered.startswith(before):
             return None  # the template is not append-only here
         cut = rendered.find(self._eos_text, len(before))
@@ -149,7 +153,12 @@ class PromptBuilder:
         turns = self._turns.setdefault(key, [])
         self._turns.move_to_end(key)
         turns.append(
-            _Turn(normalize_messages(request.messages), normalize_tools(request.tools), full_ids)
+            _Turn(
+                normalize_messages(request.messages),
+                normalize_tools(request.tools),
+                request.chat_template_kwargs,
+                full_ids,
+            )
         )
         # The newest turns stay (an app may go back a turn or two), and so does the latest turn of
         # every other conversation under this key: copies of one agent running side by side (a

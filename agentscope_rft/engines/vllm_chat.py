@@ -163,6 +163,8 @@ class VLLMCalls:
             )
             if request.response_format is not None:
                 body["response_format"] = request.response_format
+            if request.chat_template_kwargs:
+                body["chat_template_kwargs"] = request.chat_template_kwargs
             try:
                 data = await pool.post(replica, "/v1/chat/completions", body)
             except ContextWindowError as exc:

@@ -606,6 +606,7 @@ def create_app(state: GatewayState) -> FastAPI:
             request_id=f"chatcmpl-{uuid.uuid4().hex}",
             stream=body.stream,
             response_format=body.constraint,
+            chat_template_kwargs=body.chat_template_kwargs,
         )
         exchange = _Exchange(state, body, chat)
         if not body.stream:

@@ -92,6 +92,8 @@ class ChatCompletionRequest(BaseModel):
     return_token_ids: bool = False
     ignore_eos: bool = False
     response_format: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    """vLLM's extension: more variables for the chat template (Qwen3: `enable_thinking`)."""
     # Accepted and ignored: they do not change what is sampled.
     parallel_tool_calls: bool | None = None
     user: str | None = None
@@ -151,6 +153,18 @@ class ChatCompletionRequest(BaseModel):
             raise ValueError("forces a tool call, but the request has no tools")
         if name is not None and name not in names:
             raise ValueError(f"names the function {name!r}, which is not among the tools {names}")
+        return value
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        taken = sorted(set(value or {}) & _RENDER_ARGUMENTS)
+        if taken:
+            raise ValueError(
+                f"{', '.join(taken)} cannot be set here: the gateway sets them when it renders "
+                'the prompt; send only the template\'s own variables, e.g. {"enable_thinking": '
+                "false}"
+            )
         return value
 
     @field_validator("stop")
@@ -230,6 +244,27 @@ class ChatCompletionRequest(BaseModel):
         except ValueError as exc:
             raise RequestError(str(exc)) from exc
 
+
+_RENDER_ARGUMENTS = frozenset(
+    {
+        "messages",
+        "conversation",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+"""`apply_chat_template`'s own arguments: not variables a request may pass to the template."""
 
 _DEFAULTED = frozenset(
     name

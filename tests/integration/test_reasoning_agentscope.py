@@ -107,3 +107,32 @@ async def test_without_prompt_reuse_each_turn_breaks_and_check_says_why():
         "2 call(s) did not continue the previous one (completion_retokenized)"
     )
     assert "expected for a reasoning model" in warning
+
+
+async def test_chat_template_kwargs_turn_qwen3_thinking_off_and_bad_ones_are_named():
+    """`extra_body={"chat_template_kwargs": {"enable_thinking": False}}`, as with vLLM: the prompt
+    closes an empty think block, the reply is all answer, and the next turn still reuses it."""
+    import httpx
+
+    engine = ScriptedEngine(lambda m, t: "Quick answer.", chat_template=QWEN3_LIKE)
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    first = [{"role": "user", "content": "hi"}]
+    async with Gateway(engine) as gateway, httpx.AsyncClient() as http:
+        url = gateway.rollout_base_url("ep") + "/chat/completions"
+        r = await http.post(url, json={"model": "m", "messages": first, **off})
+        message = r.json()["choices"][0]["message"]
+        second = [*first, message, {"role": "user", "content": "and?"}]
+        await http.post(url, json={"model": "m", "messages": second, **off})
+        bad = await http.post(
+            url, json={"model": "m", "messages": first, "chat_template_kwargs": {"tools": []}}
+        )
+        calls = gateway.recorder.calls("ep")
+    assert message == {"role": "assistant", "content": "Quick answer."}
+    prompt = engine.tokenizer.decode(calls[0].prompt_ids)
+    assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert calls[1].prompt_reused_tokens == len(calls[0].prompt_ids) + len(calls[0].completion_ids)
+    assert bad.status_code == 400
+    assert (
+        "chat_template_kwargs: Value error, tools cannot be set here"
+        in bad.json()["error"]["message"]
+    )
