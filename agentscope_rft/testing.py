@@ -21,12 +21,13 @@ from agentscope_rft.chat.reasoning import (
     prompt_opens_thinking,
     resolve_reasoning_parser,
 )
-from agentscope_rft.chat.template import ChatRenderer, token_text
+from agentscope_rft.chat.template import ChatFormatError, ChatRenderer, token_text
 from agentscope_rft.engines.base import (
     ChatEvent,
     ChatRequest,
     ChoiceDone,
     ContentDelta,
+    EngineError,
     GenerationOutput,
     PromptReady,
     ReasoningDelta,
@@ -232,7 +233,10 @@ class ScriptedEngine:
         from agentscope_rft.engines.chat import assemble_choice
 
         self.requests.append(request)
-        prompt_ids, reused = self.prompts.build(request)
+        try:
+            prompt_ids, reused = self.prompts.build(request)
+        except ChatFormatError as exc:
+            raise EngineError(str(exc), param=exc.param) from exc
         yield PromptReady(prompt_ids, reused)
         choices = []
         parse = bool(request.tools) and request.tool_choice != "none"
