@@ -134,3 +134,21 @@ def test_serve_takes_the_chat_template_a_model_folder_lacks(monkeypatch, tmp_pat
     result = CliRunner().invoke(app, args, env={"COLUMNS": "1000"})
     assert result.exit_code == 2 and "stop here" in result.output, result.output
     assert [m.chat_template for m in built] == [str(template)]
+
+
+@pytest.mark.parametrize("engine", ["embedded", "vllm"])
+def test_serve_takes_the_reasoning_parser(monkeypatch, engine):
+    """`engine.reasoning_parser` of a run config, for `serve` (it has no config file)."""
+    from agentscope_rft.engines import factory
+
+    built = []
+
+    def build(model, engine_config):
+        built.append(engine_config)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(factory, "build_engine", build)
+    args = ["serve", "--model", "tiny-random", "--engine", engine, "--reasoning-parser", "none"]
+    result = CliRunner().invoke(app, [*args, "--port", "0"], env={"COLUMNS": "1000"})
+    assert result.exit_code == 2 and "stop here" in result.output, result.output
+    assert [(c.type, c.reasoning_parser) for c in built] == [(engine, "none")]
