@@ -75,10 +75,17 @@ class CheckReport:
             )
         if self.rollout.ok and self.rollout.calls and not self.samples:
             out.append("no agent of this episode trains (explorer.agents): it gives no sample")
+        thought = any(c.reasoning for c in self.rollout.calls)
         for reason, count in self.stats.breaks.items():
+            why = ""
+            if reason == "completion_retokenized" and thought:
+                why = (
+                    " (expected for a reasoning model whose history drops its earlier thinking: "
+                    "engine.reuse_prompt_tokens keeps the sampled thinking in later prompts)"
+                )
             out.append(
                 f"{count} call(s) did not continue the previous one ({reason}); they train as "
-                "separate samples"
+                f"separate samples{why}"
             )
         findings = self.findings
         malformed = [c for c in self.rollout.calls if c.content and TOOL_MARKUP.search(c.content)]

@@ -69,6 +69,13 @@ def serve_command(
             min=1,
         ),
     ] = 600.0,
+    reasoning_parser: Annotated[
+        Literal["auto", "none", "think"],
+        typer.Option(
+            help="Reasoning models: `think` returns <think>...</think> as reasoning_content; "
+            "auto: when the chat template writes </think>."
+        ),
+    ] = "auto",
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
     """Serve the policy as an OpenAI-compatible endpoint (try your app against it).
@@ -96,13 +103,19 @@ def serve_command(
             "it) and a --host of this machine"
         )
     engine_config: EngineConfig = (
-        EmbeddedEngineConfig(dtype=dtype, device=device, max_batch_size=max_batch_size)
+        EmbeddedEngineConfig(
+            dtype=dtype,
+            device=device,
+            max_batch_size=max_batch_size,
+            reasoning_parser=reasoning_parser,
+        )
         if engine == "embedded"
         else VLLMEngineConfig(
             python=vllm_python,
             dtype=dtype,
             enforce_eager=enforce_eager,
             extra_args=vllm_arg or [],
+            reasoning_parser=reasoning_parser,
         )
     )
     recording = None

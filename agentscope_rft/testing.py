@@ -16,14 +16,21 @@ from pathlib import Path
 
 import torch
 
-from agentscope_rft.chat.template import ChatRenderer, token_text
+from agentscope_rft.chat.reasoning import (
+    ReasoningParser,
+    prompt_opens_thinking,
+    resolve_reasoning_parser,
+)
+from agentscope_rft.chat.template import ChatFormatError, ChatRenderer, token_text
 from agentscope_rft.engines.base import (
     ChatEvent,
     ChatRequest,
     ChoiceDone,
     ContentDelta,
+    EngineError,
     GenerationOutput,
     PromptReady,
+    ReasoningDelta,
 )
 from agentscope_rft.models import (
     build_once,
@@ -156,8 +163,10 @@ def train_scripted_model(
 class ScriptedEngine:
     """A fast engine stub for tests and gateway benchmarks: replies come from a function.
 
-    Prompts are rendered with the real chat template and replies tokenized with the real
-    tokenizer, so recorded calls look like a real engine's; log-probs are a constant.
+    Prompts are rendered with the real chat template (or `chat_template`) and replies tokenized
+    with the real tokenizer, so recorded calls look like a real engine's; log-probs are a
+    constant. Replies that think (`<think>...</think>`) are split as `reasoning_parser` says,
+    as the real engines do.
 
     Example:
         >>> engine = ScriptedEngine(lambda messages, tools: "hello")  # doctest: +SKIP
@@ -170,12 +179,17 @@ class ScriptedEngine:
         model: str = "tiny-random",
         served_model_name: str = "scripted",
         logprob: float = -0.5,
+        chat_template: str | None = None,
+        reasoning_parser: ReasoningParser = "auto",
     ) -> None:
         from agentscope_rft.engines.chat import PromptBuilder
 
         self.tokenizer = load_tokenizer(resolve_model(model))
-        self.renderer = ChatRenderer(self.tokenizer)
+        self.renderer = ChatRenderer(self.tokenizer, chat_template)
         self.prompts = PromptBuilder(self.renderer)
+        self.split_thinking = resolve_reasoning_parser(
+            reasoning_parser, self.renderer.chat_template, self.tokenizer
+        )
         self._reply = reply
         self._name = served_model_name
         self._version = 0
@@ -204,7 +218,7 @@ class ScriptedEngine:
         return [token_text(self.tokenizer, t) for t in token_ids]
 
     def _complete(self, text: str, sampling: SamplingParams) -> GenerationOutput:
-        ids = [*self.renderer.encode(text), self.tokenizer.eos_token_id]
+        ids = [*self.renderer.encode(text), self.renderer.end_of_turn_id]
         finish = "stop"
         if sampling.max_tokens is not None and len(ids) > sampling.max_tokens:
             ids, finish = ids[: sampling.max_tokens], "length"
@@ -219,21 +233,29 @@ class ScriptedEngine:
         from agentscope_rft.engines.chat import assemble_choice
 
         self.requests.append(request)
-        prompt_ids, reused = self.prompts.build(request)
+        try:
+            prompt_ids, reused = self.prompts.build(request)
+        except ChatFormatError as exc:
+            raise EngineError(str(exc), param=exc.param) from exc
         yield PromptReady(prompt_ids, reused)
         choices = []
         parse = bool(request.tools) and request.tool_choice != "none"
+        opened = self.split_thinking and prompt_opens_thinking(self.tokenizer, prompt_ids)
         for index in range(request.sampling.n):
             output = self._complete(self._reply(request.messages, request.tools), request.sampling)
             choice = assemble_choice(
                 index,
                 output,
                 self.tokenizer,
-                {self.tokenizer.eos_token_id},
+                {self.renderer.end_of_turn_id},
                 parse,
                 id_prefix=f"call_{request.request_id[-8:]}",
                 parallel_tool_calls=request.parallel_tool_calls,
+                split_thinking=self.split_thinking,
+                thinking_opened=opened,
             )
+            if request.stream and choice.reasoning:
+                yield ReasoningDelta(index, choice.reasoning)
             if request.stream and choice.content:
                 yield ContentDelta(index, choice.content)
             choices.append(choice)

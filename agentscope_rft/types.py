@@ -97,6 +97,9 @@ class Call:
     finish_reason: str
     policy_version: int
     content: str | None = None
+    reasoning: str | None = None
+    """The thinking split off the reply (`engine.reasoning_parser`); its tokens are in
+    `completion_ids` like the rest."""
     tool_calls: list[ToolCall] = field(default_factory=list)
     choice_index: int = 0
     temperature: float = 1.0

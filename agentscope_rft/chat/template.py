@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import jinja2
 from transformers import PreTrainedTokenizerBase
 
 from agentscope_rft.types import JSON
@@ -225,14 +226,30 @@ class ChatRenderer:
         messages: Sequence[JSON],
         tools: Sequence[JSON] | None = None,
         add_generation_prompt: bool = True,
+        template_kwargs: JSON | None = None,
     ) -> str:
-        text = self.tokenizer.apply_chat_template(
-            normalize_messages(messages),
-            tools=normalize_tools(tools),  # type: ignore[arg-type]
-            chat_template=self.chat_template,
-            add_generation_prompt=add_generation_prompt,
-            tokenize=False,
-        )
+        """`template_kwargs`: more variables for the template (a request's
+        `chat_template_kwargs`, e.g. Qwen3's `enable_thinking`).
+
+        Raises:
+            ChatFormatError: the template refused the conversation (its `raise_exception`, e.g.
+                Qwen3's "No user query found in messages.") or failed on it.
+        """
+        normalized = normalize_messages(messages)
+        try:
+            text = self.tokenizer.apply_chat_template(
+                normalized,
+                tools=normalize_tools(tools),  # type: ignore[arg-type]
+                chat_template=self.chat_template,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+                **(template_kwargs or {}),
+            )
+        except jinja2.TemplateError as exc:
+            raise ChatFormatError(
+                f"the chat template cannot render these messages: {exc} (the template is "
+                "model.chat_template, else the model folder's)"
+            ) from exc
         assert isinstance(text, str)
         return text
 
@@ -281,5 +298,8 @@ class ChatRenderer:
         messages: Sequence[JSON],
         tools: Sequence[JSON] | None = None,
         add_generation_prompt: bool = True,
+        template_kwargs: JSON | None = None,
     ) -> list[int]:
-        return self.encode(self.render_text(messages, tools, add_generation_prompt))
+        return self.encode(
+            self.render_text(messages, tools, add_generation_prompt, template_kwargs)
+        )

@@ -87,6 +87,8 @@ class ChatRequest:
     parallel_tool_calls: bool = True
     """False: a reply hands back its first tool call only (as OpenAI and vLLM do); the sampled
     tokens, all calls included, are what is recorded and what the next prompt continues."""
+    chat_template_kwargs: JSON | None = None
+    """More variables for the chat template (vLLM's extension; Qwen3: `enable_thinking`)."""
 
 
 @dataclass(slots=True)
@@ -100,6 +102,8 @@ class ChoiceResult:
     text: str
     """The generated text (without the end-of-sequence token and stop string)."""
     content: str | None
+    reasoning: str | None = None
+    """The thinking split off the text (`engine.reasoning_parser`); None: none."""
     tool_calls: list[ToolCall] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] | None = None
 
@@ -121,11 +125,19 @@ class ContentDelta:
 
 
 @dataclass(slots=True)
+class ReasoningDelta:
+    """Thinking text (`engine.reasoning_parser`) that is final and may be streamed now."""
+
+    index: int
+    text: str
+
+
+@dataclass(slots=True)
 class ChoiceDone:
     choice: ChoiceResult
 
 
-ChatEvent = PromptReady | ContentDelta | ChoiceDone
+ChatEvent = PromptReady | ContentDelta | ReasoningDelta | ChoiceDone
 
 
 @runtime_checkable

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
+from agentscope_rft.chat.reasoning import ReasoningStream, split_reasoning
 from agentscope_rft.chat.template import (
     ChatRenderer,
     decode_text,
@@ -58,6 +59,7 @@ def _continued(turn: _Turn, later: Sequence[_Turn]) -> set[tuple]:
 class _Turn:
     messages: list[JSON]
     tools: list[JSON] | None
+    template_kwargs: JSON | None
     full_ids: dict[tuple, list[int]]
     """assistant-message key -> prompt ids + completion ids of the choice that produced it"""
 
@@ -87,34 +89,41 @@ class PromptBuilder:
         """Return (prompt ids, number of leading ids reused from an earlier call)."""
         messages = normalize_messages(request.messages)
         tools = normalize_tools(request.tools)
+        kwargs = request.chat_template_kwargs
         if self.reuse and request.rollout_id is not None:
             key = (request.rollout_id, request.agent_name)
             for turn in reversed(self._turns.get(key, [])):
-                ids = self._continue(turn, messages, tools)
+                ids = self._continue(turn, messages, tools, kwargs)
                 if ids is not None:
                     return ids
-        return self.renderer.render_ids(messages, tools), 0
+        return self.renderer.render_ids(messages, tools, True, kwargs), 0
 
     def _continue(
-        self, turn: _Turn, messages: list[JSON], tools: list[JSON] | None
+        self, turn: _Turn, messages: list[JSON], tools: list[JSON] | None, kwargs: JSON | None
     ) -> tuple[list[int], int] | None:
         k = len(turn.messages)
         if len(messages) <= k or tools != turn.tools or messages[:k] != turn.messages:
             return None
+        if (kwargs or {}) != (turn.template_kwargs or {}):
+            return None  # the earlier prompt was rendered otherwise (a system turn, a switch)
         reply = messages[k]
         if reply["role"] != "assistant":
             return None
         full_ids = turn.full_ids.get(_assistant_key(reply["content"], reply.get("tool_calls", [])))
         if full_ids is None:
             return None
-        rendered_upto = self.renderer.render_text(messages[: k + 1], tools, False)
-        cut = rendered_upto.rfind(self._eos_text)
+        # The sampled tokens stand for the reply however the template renders it now (reasoning
+        # models' templates render a reply's thinking only while it is the last turn), so only
+        # the history before it must render as it did; the reply's turn ends at its first end
+        # of turn (a sampled reply holds none: its special tokens are not in its text).
+        before = self.renderer.render_text(messages[:k], tools, False, kwargs)
+        rendered = self.renderer.render_text(messages, tools, True, kwargs)
+        if not rendered.startswith(before):
+            return None  # the template is not append-only here
+        cut = rendered.find(self._eos_text, len(before))
         if cut < 0:
             return None
         cut += len(self._eos_text)
-        rendered = self.renderer.render_text(messages, tools, True)
-        if not rendered.startswith(rendered_upto[:cut]):
-            return None  # the template is not append-only here
         return full_ids + self.renderer.encode(rendered[cut:]), len(full_ids)
 
     def remember(
@@ -144,7 +153,12 @@ class PromptBuilder:
         turns = self._turns.setdefault(key, [])
         self._turns.move_to_end(key)
         turns.append(
-            _Turn(normalize_messages(request.messages), normalize_tools(request.tools), full_ids)
+            _Turn(
+                normalize_messages(request.messages),
+                normalize_tools(request.tools),
+                request.chat_template_kwargs,
+                full_ids,
+            )
         )
         # The newest turns stay (an app may go back a turn or two), and so does the latest turn of
         # every other conversation under this key: copies of one agent running side by side (a
@@ -200,9 +214,21 @@ class IncrementalDecoder:
 
 
 class TextStream:
-    """Turns one choice's tokens into content deltas that never need taking back."""
+    """Turns one choice's tokens into content deltas that never need taking back.
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: Sequence[str], parse_tools: bool):
+    With `split_thinking` (see `chat.reasoning`), the thinking goes apart: `push` and `finish`
+    return the answer's deltas and `take_reasoning` the thinking's since its last call.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        stops: Sequence[str],
+        parse_tools: bool,
+        *,
+        split_thinking: bool = False,
+        thinking_opened: bool = False,
+    ):
         self._decoder = IncrementalDecoder(tokenizer)
         self._text = ""  # the choice's text so far, cut at the first stop string
         self._stopped = False
@@ -210,11 +236,21 @@ class TextStream:
         self._hold = max((len(s) for s in stops), default=1) - 1
         self._stops = stops
         self._parser = StreamingToolParser() if parse_tools else None
+        self._thinking = ReasoningStream(thinking_opened) if split_thinking else None
+        self._reasoning = ""  # thinking not yet taken
 
     def _feed_text(self, text: str) -> str:
+        if self._thinking is not None:
+            reasoning, text = self._thinking.feed(text)
+            self._reasoning += reasoning
         if self._parser is None:
             return text
         return self._parser.feed(text)
+
+    def take_reasoning(self) -> str:
+        """The thinking given since the last call ('' without `split_thinking`)."""
+        out, self._reasoning = self._reasoning, ""
+        return out
 
     def push(self, token_id: int) -> str:
         added = self._decoder.push(token_id)
@@ -238,6 +274,10 @@ class TextStream:
         fed = self._text[: self._fed]
         rest = final_text[len(fed) :] if final_text.startswith(fed) else ""
         out = self._feed_text(rest)
+        if self._thinking is not None:
+            reasoning, answer = self._thinking.finish()
+            self._reasoning += reasoning
+            out += self._parser.feed(answer) if self._parser is not None else answer
         if self._parser is not None:
             tail, _ = self._parser.finish()
             out += tail
@@ -252,20 +292,31 @@ def assemble_choice(
     parse_tools: bool,
     id_prefix: str,
     parallel_tool_calls: bool = True,
+    *,
+    split_thinking: bool = False,
+    thinking_opened: bool = False,
 ) -> ChoiceResult:
-    """Decode a choice's tokens into text, content and tool calls (only the first call when not
-    `parallel_tool_calls`)."""
+    """Decode a choice's tokens into text, reasoning, content and tool calls (only the first call
+    when not `parallel_tool_calls`).
+
+    `split_thinking`: a `<think>...</think>` block becomes `reasoning` and content and tool calls
+    come from the answer after it (`thinking_opened`: the prompt opened the block).
+    """
     ids = output.completion_ids
     if ids and ids[-1] in stop_ids and output.stop_string is None:
         ids = ids[:-1]
     text = decode_text(tokenizer, ids)
     if output.stop_string is not None:
         text = text[: text.find(output.stop_string)] if output.stop_string in text else text
-    content: str | None = text
+    reasoning, answer = None, text
+    if split_thinking:
+        split = split_reasoning(text, thinking_opened)
+        reasoning, answer = split.reasoning, split.answer
+    content: str | None = answer
     tool_calls: list[ToolCall] = []
     finish = output.finish_reason
     if parse_tools:
-        parsed = parse_tool_calls(text, id_prefix=f"{id_prefix}_{index}")
+        parsed = parse_tool_calls(answer, id_prefix=f"{id_prefix}_{index}")
         content, tool_calls = parsed.content, parsed.tool_calls
         if not parallel_tool_calls:
             tool_calls = tool_calls[:1]
@@ -279,6 +330,7 @@ def assemble_choice(
         policy_version=output.policy_version,
         text=text,
         content=content,
+        reasoning=reasoning,
         tool_calls=tool_calls,
         top_logprobs=output.top_logprobs,
     )

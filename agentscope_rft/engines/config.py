@@ -27,6 +27,12 @@ class EmbeddedEngineConfig(Section):
     reuse_prompt_tokens: bool = True
     """Reuse the exact sampled tokens of a rollout's earlier calls in later prompts (no
     re-tokenization drift; consecutive calls then merge into one training sample)."""
+    reasoning_parser: Literal["auto", "none", "think"] = "auto"
+    """Reasoning models (Qwen3, QwQ, DeepSeek-R1): `think` splits a reply's `<think>...</think>`
+    off its content and returns it as `reasoning_content` (AgentScope: a `ThinkingBlock`), so the
+    answer and its tool calls parse without the thinking; the training sample keeps every
+    sampled token, thinking included. `auto`: `think` when the chat template writes `</think>`
+    (logged); `none`: replies stay as generated. See docs/workflows.md "Reasoning models"."""
     seed: int = 0
     """Seed for requests that do not set one (follows the sweep seed of `--seeds` unless set)."""
     prefix_caching: bool = True
@@ -114,6 +120,14 @@ class VLLMEngineConfig(Section):
     reuse_prompt_tokens: bool = True
     """Reuse the sampled tokens of a rollout's earlier calls in later prompts (`chat_rendering:
     engine`)."""
+    reasoning_parser: Literal["auto", "none", "think"] = "auto"
+    """Reasoning models (Qwen3, QwQ, DeepSeek-R1): `think` splits a reply's `<think>...</think>`
+    off its content and returns it as `reasoning_content` (AgentScope: a `ThinkingBlock`), so the
+    answer and its tool calls parse without the thinking; the training sample keeps every
+    sampled token, thinking included. `auto`: `think` when the chat template writes `</think>`
+    (logged); `none`: replies stay as generated. With `chat_rendering: vllm`, vLLM's own split
+    is taken when `extra_args` has `--reasoning-parser`, else ours of its content. See
+    docs/workflows.md "Reasoning models"."""
     enable_lora: bool = False
     """Serve LoRA adapters (weight sync loads one adapter per policy version)."""
     max_lora_rank: int = Field(default=16, ge=1)

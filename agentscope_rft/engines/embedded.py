@@ -21,6 +21,11 @@ import torch
 from llguidance import LLMatcher
 from transformers import PreTrainedModel
 
+from agentscope_rft.chat.reasoning import (
+    ReasoningParser,
+    prompt_opens_thinking,
+    resolve_reasoning_parser,
+)
 from agentscope_rft.chat.template import ChatFormatError, ChatRenderer, token_text
 from agentscope_rft.engines.attention import use_decode_attention
 from agentscope_rft.engines.base import (
@@ -32,6 +37,7 @@ from agentscope_rft.engines.base import (
     EngineError,
     GenerationOutput,
     PromptReady,
+    ReasoningDelta,
     completion_room,
 )
 from agentscope_rft.engines.batcher import ContinuousBatcher
@@ -163,6 +169,7 @@ class EmbeddedEngine:
         max_model_len: int | None = None,
         chat_template: str | None = None,
         reuse_prompt_tokens: bool = True,
+        reasoning_parser: ReasoningParser = "auto",
         seed: int = 0,
         prefix_caching: bool = True,
         prefix_cache_gib: float | None = None,
@@ -193,6 +200,9 @@ class EmbeddedEngine:
         self.tokenizer = load_tokenizer(self.model_path)
         self.renderer = ChatRenderer(self.tokenizer, chat_template)
         self.prompts = PromptBuilder(self.renderer, reuse=reuse_prompt_tokens)
+        self.split_thinking = resolve_reasoning_parser(
+            reasoning_parser, self.renderer.chat_template, self.tokenizer
+        )
         self._batcher: ContinuousBatcher | None = None
         self.dtype: torch.dtype | None = None
         self.packed_layers = 0  # linear layers with oneDNN-packed weights (see packed.py)
@@ -364,12 +374,20 @@ class EmbeddedEngine:
         yield PromptReady(prompt_ids=prompt_ids, reused_tokens=reused)
 
         parse_tools = bool(request.tools) and request.tool_choice != "none"
+        split = self.split_thinking
+        opened = split and prompt_opens_thinking(self.tokenizer, prompt_ids)
         batcher = self._running()
         streams: list[TextStream] = []
         deltas: asyncio.Queue[tuple[int, int] | None] = asyncio.Queue()
         if request.stream:
             streams = [
-                TextStream(self.tokenizer, request.sampling.stop, parse_tools)
+                TextStream(
+                    self.tokenizer,
+                    request.sampling.stop,
+                    parse_tools,
+                    split_thinking=split,
+                    thinking_opened=opened,
+                )
                 for _ in range(request.sampling.n)
             ]
             job.on_token = lambda index, token: deltas.put_nowait((index, token))
@@ -380,6 +398,8 @@ class EmbeddedEngine:
             while request.stream and (item := await deltas.get()) is not None:
                 index, token = item
                 text = streams[index].push(token)
+                if reasoning := streams[index].take_reasoning():
+                    yield ReasoningDelta(index=index, text=reasoning)
                 if text:
                     yield ContentDelta(index=index, text=text)
             outputs = await job.done
@@ -395,10 +415,14 @@ class EmbeddedEngine:
                 parse_tools,
                 id_prefix=f"call_{request.request_id or uuid.uuid4().hex[:8]}",
                 parallel_tool_calls=request.parallel_tool_calls,
+                split_thinking=split,
+                thinking_opened=opened,
             )
             choices.append(choice)
             if streams:
                 rest = streams[index].finish(choice.text)
+                if reasoning := streams[index].take_reasoning():
+                    yield ReasoningDelta(index=index, text=reasoning)
                 if rest:
                     yield ContentDelta(index=index, text=rest)
             yield ChoiceDone(choice)

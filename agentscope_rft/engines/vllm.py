@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
+from agentscope_rft.chat.reasoning import ReasoningParser, resolve_reasoning_parser
 from agentscope_rft.chat.template import ChatRenderer
 from agentscope_rft.engines.base import ChatEvent, ChatRequest, EngineError, GenerationOutput
 from agentscope_rft.engines.chat import PromptBuilder
@@ -106,6 +107,7 @@ class VLLMEngine:
         tool_call_parser: str = "hermes",
         chat_template: str | None = None,
         reuse_prompt_tokens: bool = True,
+        reasoning_parser: ReasoningParser = "auto",
         enable_lora: bool = False,
         max_lora_rank: int = 16,
         max_loras: int = 2,
@@ -157,7 +159,16 @@ class VLLMEngine:
 
         self.pool = ReplicaPool()
         self.weights = ServedWeights(self.pool, self._model_name, max_loras=max_loras)
-        self.calls = VLLMCalls(self.pool, self.weights, self.tokenizer, self.renderer, self.prompts)
+        self.calls = VLLMCalls(
+            self.pool,
+            self.weights,
+            self.tokenizer,
+            self.renderer,
+            self.prompts,
+            split_thinking=resolve_reasoning_parser(
+                reasoning_parser, self.renderer.chat_template, self.tokenizer
+            ),
+        )
         self.replica_hosts: ReplicaHosts | None = None
         """Where managed replicas start: None: child processes of this one; set by the Ray runtime
         to start them under host actors on the cluster's nodes."""

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from transformers import PreTrainedTokenizerBase
 
+from agentscope_rft.chat.reasoning import prompt_opens_thinking, split_reasoning
 from agentscope_rft.chat.template import (
     ChatFormatError,
     ChatRenderer,
@@ -33,6 +34,7 @@ from agentscope_rft.engines.base import (
     EngineError,
     GenerationOutput,
     PromptReady,
+    ReasoningDelta,
     completion_room,
 )
 from agentscope_rft.engines.chat import PromptBuilder, assemble_choice
@@ -56,12 +58,15 @@ class VLLMCalls:
         tokenizer: PreTrainedTokenizerBase,
         renderer: ChatRenderer,
         prompts: PromptBuilder,
+        split_thinking: bool = False,
     ) -> None:
         self.pool = pool
         self.weights = weights
         self.tokenizer = tokenizer
         self.renderer = renderer
         self.prompts = prompts
+        self.split_thinking = split_thinking
+        """Split `<think>...</think>` off replies (`engine.reasoning_parser`)."""
         self.stop_ids = {int(tokenizer.eos_token_id), renderer.end_of_turn_id}
 
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
@@ -107,15 +112,19 @@ class VLLMCalls:
             prompt_ids, request.sampling, request.rollout_id, request.response_format
         )
         parse_tools = bool(request.tools) and request.tool_choice != "none"
+        opened = self.split_thinking and prompt_opens_thinking(self.tokenizer, prompt_ids)
         choices = [
             assemble_choice(
                 index, output, self.tokenizer, self.stop_ids, parse_tools,
                 id_prefix=f"call_{request.request_id or uuid.uuid4().hex[:8]}",
                 parallel_tool_calls=request.parallel_tool_calls,
+                split_thinking=self.split_thinking, thinking_opened=opened,
             )
             for index, output in enumerate(outputs)
         ]  # fmt: skip
         for choice in choices:
+            if request.stream and choice.reasoning:
+                yield ReasoningDelta(index=choice.index, text=choice.reasoning)
             if request.stream and choice.content:
                 yield ContentDelta(index=choice.index, text=choice.content)
             yield ChoiceDone(choice)
@@ -156,6 +165,8 @@ class VLLMCalls:
             )
             if request.response_format is not None:
                 body["response_format"] = request.response_format
+            if request.chat_template_kwargs:
+                body["chat_template_kwargs"] = request.chat_template_kwargs
             try:
                 data = await pool.post(replica, "/v1/chat/completions", body)
             except ContextWindowError as exc:
@@ -166,11 +177,13 @@ class VLLMCalls:
                     raise
                 body["max_tokens"] = room
                 data = await pool.post(replica, "/v1/chat/completions", body)
-        yield PromptReady(prompt_ids=[int(t) for t in data.get("prompt_token_ids") or []])
+        prompt_ids = [int(t) for t in data.get("prompt_token_ids") or []]
+        yield PromptReady(prompt_ids=prompt_ids)
         for raw in sorted(data["choices"], key=lambda c: c.get("index", 0)):
             ids, logprobs, top, content, tool_calls = wire.parse_chat_choice(
                 raw, sampling.top_logprobs
             )
+            reasoning, content = self._vllm_reasoning(raw, content, prompt_ids)
             text_ids = ids[:-1] if ids and ids[-1] in self.stop_ids else ids
             text = self.decode(text_ids)
             stop = wire.stop_string(raw)
@@ -184,9 +197,26 @@ class VLLMCalls:
                 policy_version=version,
                 text=text,
                 content=content if content or not tool_calls else None,
+                reasoning=reasoning,
                 tool_calls=tool_calls,
                 top_logprobs=top,
             )
+            if request.stream and choice.reasoning:
+                yield ReasoningDelta(index=choice.index, text=choice.reasoning)
             if request.stream and choice.content:
                 yield ContentDelta(index=choice.index, text=choice.content)
             yield ChoiceDone(choice)
+
+    def _vllm_reasoning(
+        self, raw: JSON, content: str | None, prompt_ids: list[int]
+    ) -> tuple[str | None, str | None]:
+        """(reasoning, content) of a choice of vLLM's chat: vLLM's own split when it ran with
+        `--reasoning-parser` (`engine.extra_args`), else ours of its content."""
+        message = raw.get("message") or {}
+        for key in ("reasoning_content", "reasoning"):
+            if isinstance(message.get(key), str):
+                return message[key], content
+        if not self.split_thinking or content is None:
+            return None, content
+        split = split_reasoning(content, prompt_opens_thinking(self.tokenizer, prompt_ids))
+        return split.reasoning, split.answer

@@ -48,6 +48,7 @@ from agentscope_rft.engines.base import (
     Engine,
     EngineError,
     PromptReady,
+    ReasoningDelta,
 )
 from agentscope_rft.gateway.agent_name import AGENT_HEADER, decode_agent_name
 from agentscope_rft.gateway.metrics import (
@@ -350,6 +351,7 @@ def _calls(
             finish_reason=choice.finish_reason,
             policy_version=choice.policy_version,
             content=choice.content,
+            reasoning=choice.reasoning,
             tool_calls=choice.tool_calls,
             choice_index=choice.index,
             temperature=chat.sampling.temperature,
@@ -511,6 +513,8 @@ async def _stream(exchange: _Exchange, first: ChatEvent | None) -> AsyncIterator
         while event is not None:
             if isinstance(event, ContentDelta):
                 yield writer.content(event.index, event.text)
+            elif isinstance(event, ReasoningDelta):
+                yield writer.reasoning(event.index, event.text)
             elif isinstance(event, ChoiceDone):
                 choice = event.choice
                 logprobs = _client_logprobs(engine, choice, body.logprobs)
@@ -603,6 +607,7 @@ def create_app(state: GatewayState) -> FastAPI:
             stream=body.stream,
             response_format=body.constraint,
             parallel_tool_calls=body.parallel_tool_calls is not False,
+            chat_template_kwargs=body.chat_template_kwargs,
         )
         exchange = _Exchange(state, body, chat)
         if not body.stream:

@@ -93,6 +93,8 @@ class ChatCompletionRequest(BaseModel):
     return_token_ids: bool = False
     ignore_eos: bool = False
     response_format: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    """vLLM's extension: more variables for the chat template (Qwen3: `enable_thinking`)."""
     parallel_tool_calls: bool | None = None
     """False: a reply hands back its first tool call only (what is sampled is unchanged)."""
     # Accepted and ignored: they do not change what is sampled.
@@ -153,6 +155,18 @@ class ChatCompletionRequest(BaseModel):
             raise ValueError("forces a tool call, but the request has no tools")
         if name is not None and name not in names:
             raise ValueError(f"names the function {name!r}, which is not among the tools {names}")
+        return value
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        taken = sorted(set(value or {}) & _RENDER_ARGUMENTS)
+        if taken:
+            raise ValueError(
+                f"{', '.join(taken)} cannot be set here: the gateway sets them when it renders "
+                'the prompt; send only the template\'s own variables, e.g. {"enable_thinking": '
+                "false}"
+            )
         return value
 
     @field_validator("stop")
@@ -232,6 +246,27 @@ class ChatCompletionRequest(BaseModel):
         except ValueError as exc:
             raise RequestError(str(exc)) from exc
 
+
+_RENDER_ARGUMENTS = frozenset(
+    {
+        "messages",
+        "conversation",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+"""`apply_chat_template`'s own arguments: not variables a request may pass to the template."""
 
 _DEFAULTED = frozenset(
     name
@@ -318,6 +353,8 @@ def parse_request(body: bytes) -> ChatCompletionRequest:
 
 def _message(choice: ChoiceResult) -> JSON:
     message: JSON = {"role": "assistant", "content": choice.content}
+    if choice.reasoning is not None:
+        message["reasoning_content"] = choice.reasoning  # DeepSeek's and vLLM's field
     if choice.tool_calls:
         message["tool_calls"] = [
             {
@@ -424,6 +461,9 @@ class ChunkWriter:
 
     def content(self, index: int, text: str) -> str:
         return self.event(index, {"content": text})
+
+    def reasoning(self, index: int, text: str) -> str:
+        return self.event(index, {"reasoning_content": text})
 
     def finish(self, choice: ChoiceResult, logprobs: JSON | None, return_token_ids: bool) -> str:
         delta: JSON = {}

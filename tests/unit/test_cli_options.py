@@ -162,3 +162,21 @@ def test_serve_record_into_a_file_or_another_models_recording_fails_before_the_m
         args = ["serve", "--model", "tiny-random", "--port", "0", "--record", str(record)]
         result = CliRunner().invoke(app, args, env={"COLUMNS": "1000"})
         assert result.exit_code == 2 and said in result.output, result.output
+
+
+@pytest.mark.parametrize("engine", ["embedded", "vllm"])
+def test_serve_takes_the_reasoning_parser(monkeypatch, engine):
+    """`engine.reasoning_parser` of a run config, for `serve` (it has no config file)."""
+    from agentscope_rft.engines import factory
+
+    built = []
+
+    def build(model, engine_config):
+        built.append(engine_config)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(factory, "build_engine", build)
+    args = ["serve", "--model", "tiny-random", "--engine", engine, "--reasoning-parser", "none"]
+    result = CliRunner().invoke(app, [*args, "--port", "0"], env={"COLUMNS": "1000"})
+    assert result.exit_code == 2 and "stop here" in result.output, result.output
+    assert [(c.type, c.reasoning_parser) for c in built] == [(engine, "none")]

@@ -161,3 +161,24 @@ def test_a_tokenizer_without_a_template_names_its_folder_and_the_fix():
         r"--chat-template`\)",
     ):
         ChatRenderer(tokenizer)
+
+
+async def test_a_template_that_refuses_the_messages_is_a_400_naming_its_reason(tiny_model_path):
+    """Qwen3's template raises "No user query found in messages." for a conversation without a
+    user turn: the engine answers 400 with that reason (before: a 500 with a traceback)."""
+    from agentscope_rft.engines.base import ChatRequest, EngineError
+    from agentscope_rft.engines.embedded import EmbeddedEngine
+    from agentscope_rft.types import SamplingParams
+
+    template = (
+        "{%- if messages[0].role != 'user' -%}"
+        "{{ raise_exception('No user query found in messages.') }}{%- endif -%}"
+        + ChatRenderer(load_tokenizer(resolve_model("tiny-random"))).chat_template
+    )
+    engine = EmbeddedEngine(tiny_model_path, chat_template=template)  # not started: renders only
+    request = ChatRequest(
+        messages=[{"role": "system", "content": "Be brief."}], sampling=SamplingParams()
+    )
+    with pytest.raises(EngineError, match="No user query found in messages") as caught:
+        [event async for event in engine.chat(request)]
+    assert caught.value.status == 400 and caught.value.param == "messages"
