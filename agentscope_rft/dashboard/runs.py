@@ -246,8 +246,21 @@ def summarize(ref: RunRef) -> dict[str, Any]:
 
 
 def run_status(path: Path, status: dict[str, Any], summary: dict[str, Any]) -> tuple[str, str]:
-    """(`running` | `finished` | `failed` | `stopped`, a short reason)."""
+    """(`running` | `finished` | `failed` | `stopped` | `recording` | `recorded`, a short reason).
+
+    `recording` / `recorded`: a folder of live traffic written by `serve --record` (no training
+    run: its state is whether episodes were written to it recently).
+    """
     total, done = summary.get("total_steps"), summary["steps_done"]
+    if summary.get("config", {}).get("recorded_by") and not status:
+        episodes = path / "rollouts.jsonl"
+        age = time.time() - episodes.stat().st_mtime if episodes.is_file() else None
+        if age is not None and age < STALE_AFTER_S:
+            return "recording", f"live traffic from `serve --record`: an episode {age:.0f} s ago"
+        return "recorded", (
+            "live traffic recorded by `serve --record`: rate its episodes, then train on them "
+            "with offline.format: review"
+        )
     if status.get("state") == "running":
         alive = _process_alive(status.get("pid"), status.get("host"))
         if alive is False:

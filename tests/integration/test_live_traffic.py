@@ -2,6 +2,8 @@
 dashboard reviews, and `train` with `offline.format: review` trains on them."""
 
 import json
+import os
+import time
 from pathlib import Path
 
 import httpx
@@ -12,7 +14,7 @@ import yaml
 from safetensors.torch import load_file
 
 from agentscope_rft.dashboard.episodes import check_review_targets, episode_detail, list_episodes
-from agentscope_rft.dashboard.runs import discover_runs
+from agentscope_rft.dashboard.runs import discover_runs, summarize
 from agentscope_rft.engines.embedded import EmbeddedEngine
 from agentscope_rft.gateway.live import LiveRecording, add_live_routes
 from agentscope_rft.gateway.recorder import CallRecorder
@@ -99,6 +101,10 @@ async def test_recorded_episodes_are_reviewed_and_trained_on(live, tmp_path, tin
     # the dashboard lists the folder as a run and accepts reviews of its episodes
     [ref] = discover_runs(tmp_path)
     assert list_episodes(ref)["total"] == 3
+    assert summarize(ref)["status"] == "recording"  # not "stopped", as a run without status
+    an_hour_ago = time.time() - 3600
+    os.utime(folder / "rollouts.jsonl", (an_hour_ago, an_hour_ago))
+    assert summarize(ref)["status"] == "recorded"
     detail = episode_detail(ref, "u1")  # decoded with the served model's tokenizer
     assert "".join(detail["samples"][0]["tokens"]).count("Say hi") == 1
     assert [r["reviewer"] for r in detail["reviews"]] == ["app"]
