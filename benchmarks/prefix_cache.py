@@ -75,7 +75,7 @@ def make_engine(name: str, model: Path, dtype: str) -> Engine:
     from agentscope_rft.engines.vllm import VLLMEngine
 
     return VLLMEngine(
-        model, dtype=dtype, enforce_eager=True, max_model_len=8192, kv_cache_space_gib=1.0
+        model, dtype=dtype, enforce_eager=True, max_model_len=8192, kv_cache_space_gib=1
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from agentscope_rft.config_base import Section
 
@@ -97,8 +97,21 @@ class VLLMEngineConfig(Section):
     """Weights and compute dtype of the vLLM server."""
     enforce_eager: bool = False
     """Skip CUDA graphs / torch.compile: much faster start-up, slower decoding."""
-    kv_cache_space_gib: float = Field(default=2.0, gt=0)
-    """KV cache size on CPU (`VLLM_CPU_KVCACHE_SPACE`)."""
+    kv_cache_space_gib: int = Field(default=2, ge=1)
+    """KV cache size on CPU in whole GiB (`VLLM_CPU_KVCACHE_SPACE`, which vLLM reads as an
+    integer)."""
+
+    @field_validator("kv_cache_space_gib", mode="before")
+    @classmethod
+    def _whole_gib(cls, value: object) -> object:
+        if isinstance(value, float) and not value.is_integer():
+            raise ValueError(
+                f"vLLM takes its CPU KV cache in whole GiB (VLLM_CPU_KVCACHE_SPACE is read as an "
+                f"integer: {value:g} would stop its server at start): use "
+                f"{max(1, round(value))}"
+            )
+        return value
+
     extra_args: list[str] = Field(default_factory=list)
     """More `vllm serve` arguments, passed through verbatim."""
     env: dict[str, str] = Field(default_factory=dict)

@@ -96,7 +96,7 @@ class VLLMEngine:
         max_model_len: int | None = None,
         enforce_eager: bool = False,
         seed: int = 0,
-        kv_cache_space_gib: float = 2.0,
+        kv_cache_space_gib: int = 2,
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         startup_timeout: float = 600.0,

@@ -62,7 +62,7 @@ class VLLMLaunch:
     max_lora_rank: int = 16
     max_loras: int = 2
     weight_transfer: str | None = None
-    kv_cache_space_gib: float = 2.0
+    kv_cache_space_gib: int = 2
     extra_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     gpu_memory_fraction: float | None = None
@@ -132,7 +132,7 @@ class VLLMLaunch:
         env = dict(os.environ if base is None else base)
         env.update(
             VLLM_SERVER_DEV_MODE="1",  # /pause, /resume, /collective_rpc, /reset_prefix_cache
-            VLLM_CPU_KVCACHE_SPACE=f"{self.kv_cache_space_gib:g}",
+            VLLM_CPU_KVCACHE_SPACE=str(int(self.kv_cache_space_gib)),
         )
         if ipc_dir is not None:
             ipc_dir.mkdir(parents=True, exist_ok=True)

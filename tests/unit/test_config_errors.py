@@ -194,3 +194,12 @@ def test_libyaml_reads_a_config_as_pyyaml_does(tmp_path, monkeypatch):
     file.write_text("run:\n\tsteps: 3\n")
     with pytest.raises(ConfigError, match="indent with spaces"):
         config_errors.read_config_file(file)
+
+
+def test_a_fractional_vllm_kv_cache_names_the_whole_gib_to_use(tmp_path):
+    # vLLM reads VLLM_CPU_KVCACHE_SPACE as an integer: 0.5 passed the config and killed the server.
+    message = error_of(tmp_path, GOOD + "engine: {type: vllm, kv_cache_space_gib: 0.5}\n")
+    assert "whole GiB" in message and message.endswith("use 1 (got 0.5; line 3)")
+    path = tmp_path / "run.yaml"
+    path.write_text(GOOD + "engine: {type: vllm, kv_cache_space_gib: 2.0}\n")
+    assert load_config(path).engine.kv_cache_space_gib == 2
