@@ -214,6 +214,10 @@ class ScriptedEngine:
     async def close(self) -> None:
         return None
 
+    def forget_rollout(self, rollout_id: str) -> None:
+        """Drop the rollout's turns kept for prompt-token reuse (it is closed: no more calls)."""
+        self.prompts.forget(rollout_id)
+
     def token_texts(self, token_ids: Sequence[int]) -> list[str]:
         return [token_text(self.tokenizer, t) for t in token_ids]
 

@@ -198,6 +198,18 @@ def check_engine(engine: Engine) -> None:
         check()
 
 
+def forget_rollout(engine: Engine, rollout_id: str) -> None:
+    """Let the engine drop what it keeps for a rollout's later calls (the sampled tokens a
+    continuing conversation reuses: `chat.PromptBuilder`), once the rollout is closed.
+
+    Example:
+        >>> forget_rollout(object(), "r1")  # an engine that keeps nothing per rollout
+    """
+    forget = getattr(engine, "forget_rollout", None)
+    if forget is not None:
+        forget(rollout_id)
+
+
 def engine_metrics(engine: Engine) -> dict[str, float]:
     """The engine's own counters (prefix cache hit rate, syncs, ...) under `engine/`, if any.
 

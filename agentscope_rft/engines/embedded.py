@@ -310,6 +310,10 @@ class EmbeddedEngine:
             await asyncio.to_thread(self._batcher.stop)
             self._batcher = None
 
+    def forget_rollout(self, rollout_id: str) -> None:
+        """Drop the rollout's turns kept for prompt-token reuse (it is closed: no more calls)."""
+        self.prompts.forget(rollout_id)
+
     def metrics(self) -> dict[str, float]:
         """Engine counters for monitoring, the prefix cache's (hit rate, evictions) included."""
         return self._running().metrics()

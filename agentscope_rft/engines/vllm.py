@@ -211,6 +211,10 @@ class VLLMEngine:
         weights and partly by the new ones (recorded with the version they were admitted under)."""
         return self.pool.mixed_policy_calls
 
+    def forget_rollout(self, rollout_id: str) -> None:
+        """Drop the rollout's turns kept for prompt-token reuse (it is closed: no more calls)."""
+        self.prompts.forget(rollout_id)
+
     def metrics(self) -> dict[str, float]:
         """Counters for monitoring: syncs, last sync seconds, crashes and restarts."""
         return {

@@ -49,6 +49,7 @@ from agentscope_rft.engines.base import (
     EngineError,
     PromptReady,
     ReasoningDelta,
+    forget_rollout,
 )
 from agentscope_rft.gateway.agent_name import AGENT_HEADER, decode_agent_name
 from agentscope_rft.gateway.metrics import (
@@ -190,6 +191,9 @@ async def close_rollout(
         logger.debug(
             "rollout %s closed (%s): %d late, %d aborted", rollout_id, reason, late, aborted
         )
+    # Its conversation is over: the engine's turns kept for its next call would only take memory
+    # (up to 4,096 finished conversations, with every prompt's token ids).
+    forget_rollout(state.engine, rollout_id)
     return RolloutClosure(rollout_id, late_calls=late, aborted_calls=aborted)
 
 

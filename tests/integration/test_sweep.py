@@ -21,8 +21,9 @@ STEPS = 4
 def sweep_command(model: str, tasks: Path, sweep: Path) -> list[str]:
     sets = [
         f"model.name_or_path={model}",
-        # ~1 s episodes: seed 1 is still running when its first checkpoint appears
-        f"workflow={ROOT / 'tests/integration/toy_app.py'}:slow",
+        # Episodes of 0.25 s: after its first checkpoint seed 1 runs three more steps and their
+        # validations (each episode of them paused), seconds for the 0.2 s poll to find it
+        f"workflow={ROOT / 'tests/integration/toy_app.py'}:paused",
         f"tasks.train={tasks}",
         f"tasks.val={tasks}",  # (the same tasks: a warning says so)
         f"tasks.test={tasks}",

@@ -34,6 +34,15 @@ async def slow(task: dict, model) -> float:
     return await run(task, model)
 
 
+async def paused(task: dict, model) -> float:
+    """`run` after a short pause: a run of a few steps outlasts a poll for its first checkpoint
+    by seconds, without spending a second on each of its episodes."""
+    import asyncio
+
+    await asyncio.sleep(0.25)
+    return await run(task, model)
+
+
 _SERVER: list[object] = []
 
 
