@@ -102,6 +102,7 @@ async def test_without_prompt_reuse_each_turn_breaks_and_check_says_why():
     engine.prompts.reuse = False
     report = await check_workflow(run, {"id": "t"}, engine=engine, show=False)
     assert report.rollout.reward == 1.0 and len(report.samples) == 3
+    assert "; thinking: 'Now 5*4.'; text: ''" in report.render()
     [warning] = [w for w in report.warnings if "did not continue" in w]
     assert warning.startswith(
         "2 call(s) did not continue the previous one (completion_retokenized)"

@@ -347,6 +347,7 @@ function renderEpisode() {
       el("span", { class: "message-role" }, name ? `${role} (${name})` : role), text)),
     el("span", { class: "call-agent" }, c.agent || "-"),
     ` · ${c.prompt_tokens} prompt + ${c.completion_tokens} completion tokens · ${c.finish_reason} · policy v${c.policy_version}`,
+    c.reasoning ? el("div", { class: "call-reasoning" }, c.reasoning) : null,
     c.content ? el("div", { class: "call-content" }, c.content) : null,
     (c.tool_calls || []).map(([name, args]) => el("div", { class: "tool" }, `→ ${name}(${args})`)))));
   renderSamples();
