@@ -65,7 +65,9 @@ def lines(path):
     return [json.loads(x) for x in path.read_text().splitlines()]
 
 
-async def test_recorded_episodes_are_reviewed_and_trained_on(live, tmp_path, tiny_model_path):
+async def test_recorded_episodes_are_reviewed_and_trained_on(
+    live, tmp_path, tiny_model_path, caplog
+):
     from agentscope_rft.config import load_config
     from agentscope_rft.models import load_tokenizer
     from agentscope_rft.review.training import ReviewDataError, load_review_samples
@@ -122,7 +124,7 @@ async def test_recorded_episodes_are_reviewed_and_trained_on(live, tmp_path, tin
                 "run.mode=offline",
                 "offline.format=review",
                 f"offline.path={folder}",
-                "offline.batch_size=2",
+                "offline.batch_size=3",
                 "algorithm.objective=rl",
                 "trainer.dtype=float32",
                 "trainer.lr=1e-3",
@@ -136,8 +138,13 @@ async def test_recorded_episodes_are_reviewed_and_trained_on(live, tmp_path, tin
     # one episode per prompt: GRPO has no group to compare with; the run says so
     with pytest.raises(ReviewDataError, match="reinforce_plus_plus"):
         await train(config(), tmp_path / "trained")
-    metrics = await train(config("algorithm.advantage=reinforce_plus_plus"), tmp_path / "trained")
+    with caplog.at_level("INFO", logger="agentscope_rft.runtime.offline"):
+        metrics = await train(
+            config("algorithm.advantage=reinforce_plus_plus"), tmp_path / "trained"
+        )
     assert metrics["grad_norm"] > 0
+    # the batch counts groups (they stay whole), not samples
+    assert f"offline.batch_size 3 is more than the 2 rated groups of {folder}" in caplog.text
     before = load_file(Path(tiny_model_path) / "model.safetensors")
     after = load_file(tmp_path / "trained/checkpoints/step-000001/model/model.safetensors")
     assert any(not torch.equal(before[name], after[name]) for name in before)
