@@ -151,9 +151,11 @@ async def test_recorded_episodes_are_reviewed_and_trained_on(
 
 
 async def test_bad_calls_get_openai_errors_and_an_idle_rollout_is_written(
-    live, tmp_path, tiny_model_path
+    live, tmp_path, tiny_model_path, monkeypatch
 ):
     gateway = live
+    # the gateway remembers few closed ids: a written one stays refused once it is forgotten
+    monkeypatch.setattr("agentscope_rft.gateway.app.CLOSED_ROLLOUTS_KEPT", 1)
     unknown = await post(gateway, "/rollouts/nope/end", {})
     assert unknown.status_code == 404
     assert unknown.json()["error"]["code"] == "rollout_not_found"
@@ -176,6 +178,9 @@ async def test_bad_calls_get_openai_errors_and_an_idle_rollout_is_written(
     written = {e["rollout_id"]: e for e in lines(tmp_path / "traffic" / "rollouts.jsonl")}
     assert written["idle"]["ended"] == "age" and written["idle"]["reward"] is None
     assert gateway.recorder.calls("idle") == []
+    with pytest.raises(openai.APIStatusError, match="recorded in") as again:
+        await chat(gateway, "a", "a second episode under a written id")
+    assert again.value.status_code == 410
 
     # a crash mid-line: serve --record on the folder again drops the torn line, keeps the
     # episodes, and refuses a new episode under an id it holds
