@@ -14,7 +14,7 @@ import yaml
 from safetensors.torch import load_file
 
 from agentscope_rft.dashboard.episodes import check_review_targets, episode_detail, list_episodes
-from agentscope_rft.dashboard.runs import discover_runs, summarize
+from agentscope_rft.dashboard.runs import discover_runs, metrics_payload, summarize
 from agentscope_rft.engines.embedded import EmbeddedEngine
 from agentscope_rft.gateway.live import LiveRecording, add_live_routes
 from agentscope_rft.gateway.recorder import CallRecorder
@@ -107,6 +107,8 @@ async def test_recorded_episodes_are_reviewed_and_trained_on(
     an_hour_ago = time.time() - 3600
     os.utime(folder / "rollouts.jsonl", (an_hour_ago, an_hour_ago))
     assert summarize(ref)["status"] == "recorded"
+    # its Curves tab says why there are none (the metrics request failed: "no metrics yet")
+    assert metrics_payload(ref)["note"].startswith("live traffic recorded by `serve --record`")
     detail = episode_detail(ref, "u1")  # decoded with the served model's tokenizer
     assert "".join(detail["samples"][0]["tokens"]).count("Say hi") == 1
     assert [r["reviewer"] for r in detail["reviews"]] == ["app"]
