@@ -337,8 +337,8 @@ def _finite(value: Any) -> bool:
 
 
 RECORDING_NOTE = (
-    "live traffic recorded by `serve --record` trains nothing, so it has no curves: its "
-    "episodes are in the Episodes tab (rate them, then train with offline.format: review)"
+    "live traffic recorded by `serve --record` has no curves: rate its episodes (Episodes tab), "
+    "then train with offline.format: review"
 )
 
 
