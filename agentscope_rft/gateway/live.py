@@ -80,6 +80,7 @@ class LiveRecording:
 
     def __init__(self, folder: Path, model: str, chat_template: str | None = None) -> None:
         self.folder = folder
+        model = _model_name(model)
         if folder.exists() and not folder.is_dir():
             raise ValueError(f"--record {folder}: that is a file; give a folder")
         folder.mkdir(parents=True, exist_ok=True)
@@ -97,7 +98,7 @@ class LiveRecording:
                     f"--record {folder} is a run folder (its config.yaml is a run's), not a "
                     "recording: its episodes and live ones would mix; record to a new folder"
                 )
-            if earlier.get("name_or_path") != model:
+            if _model_name(str(earlier.get("name_or_path"))) != model:
                 raise ValueError(
                     f"--record {folder} holds episodes of model {earlier.get('name_or_path')!r}, "
                     f"not {model!r}: their tokens belong to that model; record to a new folder"
@@ -196,6 +197,13 @@ class LiveRecording:
             reviewer=APP_REVIEWER,
         )
         return self.reviews.append(review)
+
+
+def _model_name(model: str) -> str:
+    """A model folder as its absolute path (`serve` ran in some folder; the dashboard and a later
+    `serve --record` on the recording run elsewhere), a model name as given."""
+    path = Path(model).expanduser()
+    return str(path.resolve()) if path.is_dir() else model
 
 
 class _Written(Mapping[str, str]):

@@ -192,6 +192,13 @@ async def test_bad_calls_get_openai_errors_and_an_idle_rollout_is_written(
     assert again.episodes == {"a", "idle"}
     with pytest.raises(ValueError, match="record to a new folder"):
         LiveRecording(tmp_path / "traffic", "another-model")
+    # a model folder named from where serve runs is the same model, and is written absolute
+    # (the dashboard, elsewhere, could not load a relative one's tokenizer)
+    monkeypatch.chdir(Path(tiny_model_path).parent)
+    LiveRecording(tmp_path / "traffic", "./" + Path(tiny_model_path).name)
+    LiveRecording(tmp_path / "relative", "./" + Path(tiny_model_path).name)
+    written = yaml.safe_load((tmp_path / "relative" / "config.yaml").read_text())
+    assert written["model"]["name_or_path"] == str(Path(tiny_model_path).resolve())
 
 
 async def test_an_agentscope_tool_episode_is_one_sample_with_a_span_per_call(tmp_path):
