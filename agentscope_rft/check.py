@@ -106,10 +106,13 @@ class CheckReport:
         for i, call in enumerate(r.calls):
             tools = ", ".join(f"{t.name}({t.arguments})" for t in call.tool_calls) or "-"
             preview = (call.content or "").replace("\n", " ")[:100]
+            thinking = ""
+            if call.reasoning:
+                thinking = f"; thinking: {call.reasoning.replace(chr(10), ' ')[:100]!r}"
             lines.append(
                 f"  call {i} [{call.agent_name or '-'}] prompt {len(call.prompt_ids)} tokens "
                 f"({call.prompt_reused_tokens} reused), completion {len(call.completion_ids)}, "
-                f"{call.finish_reason}; tools: {tools}; text: {preview!r}"
+                f"{call.finish_reason}; tools: {tools}{thinking}; text: {preview!r}"
             )
         for s in self.samples:
             lines.append(

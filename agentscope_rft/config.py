@@ -243,7 +243,7 @@ class OfflineConfig(Section):
     its preferences and corrections as pairs, `rl` its rated groups with the reviewers'
     rewards; an exploring run's demonstrations are its corrections."""
     batch_size: int = Field(default=8, ge=1)
-    """Samples (SFT) or pairs (DPO) per step (all of them, when `path` holds fewer)."""
+    """Samples (SFT), pairs (DPO) or rated groups (review, rl) per step (all, when fewer)."""
     warmup_steps: int = Field(default=0, ge=0)
     """Exploring modes: train the run's first N steps on `offline.path` (SFT demonstrations,
     objective `sft`, `batch_size` per step) before it starts exploring: a warm start for a model

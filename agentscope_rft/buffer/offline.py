@@ -6,7 +6,8 @@ fine-tuning files), nothing else. TRL's `{"prompt": ..., "completion": ...}` lin
 or a list of messages) train the completion's assistant turns. DPO lines are `{"prompt":
 [messages] or a text, "chosen": <assistant message, a list of one, or a string>, "rejected": ...,
 "tools"?: [...]}`; only the final assistant turn of each side is trained. Conversations are
-rendered with the model's chat template through `ChatRenderer`, and tokenized as the engine
+rendered with the model's chat template through `ChatRenderer` (an assistant turn's
+`reasoning_content` as the `<think>` block it was written in), and tokenized as the engine
 tokenizes an episode (each assistant turn on its own, the text between turns on its own), so
 the ids are the ones a run's samples hold; assistant spans are found from rendered prefixes,
 which relies on the template being append-only (it is checked).
@@ -75,6 +76,8 @@ def _tools_field(record: JSON, where: str) -> list[JSON] | None:
 
 
 def _is_empty_turn(message: JSON) -> bool:
+    if _reasoning_of(message):
+        return False
     content = message.get("content")
     text = (
         "".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
@@ -84,6 +87,50 @@ def _is_empty_turn(message: JSON) -> bool:
     return not message.get("tool_calls") and (
         text is None or (isinstance(text, str) and not text.strip())
     )
+
+
+REASONING_FIELDS = ("reasoning_content", "reasoning")
+"""An assistant turn's thinking, as vLLM and DeepSeek name it (and Qwen3's template reads it)."""
+
+
+def _reasoning_of(message: JSON) -> str | None:
+    for field in REASONING_FIELDS:
+        if message.get(field) is not None:
+            return str(message[field])
+    return None
+
+
+def with_thinking(messages: Sequence[JSON]) -> list[JSON]:
+    """`messages` with each assistant turn's `reasoning_content` (or `reasoning`) put back in its
+    content as the model writes it, `<think>\n{reasoning}\n</think>\n\n{answer}` (Qwen3's template
+    renders a turn's `reasoning_content` so): the engine trains a reasoning model's sampled
+    thinking with its answer, and a template that reads only the content (or a template that
+    reads no thinking at all) would otherwise drop it and train answers without thinking.
+
+    Raises:
+        ChatFormatError: the thinking is not a string, or the content holds its own `</think>`.
+    """
+    out = []
+    for i, message in enumerate(messages):
+        reasoning = _reasoning_of(message)
+        if message.get("role") != "assistant" or reasoning is None:
+            out.append(message)
+            continue
+        field = next(f for f in REASONING_FIELDS if message.get(f) is not None)
+        if not isinstance(message[field], str):
+            raise ChatFormatError(f"messages[{i}].{field} must be a string (the turn's thinking)")
+        content = message.get("content") or ""
+        if isinstance(content, list):  # OpenAI content parts
+            content = "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+        if "</think>" in content:
+            raise ChatFormatError(
+                f"messages[{i}] has both {field} and a <think> block in its content: give the "
+                f"thinking once (drop {field}, or the <think>...</think> from the content)"
+            )
+        rest = {k: v for k, v in message.items() if k not in REASONING_FIELDS}
+        thought = reasoning.strip("\n")
+        out.append({**rest, "content": f"<think>\n{thought}\n</think>\n\n{content.lstrip()}"})
+    return out
 
 
 def _turns_field(record: JSON, field: str, role: str, where: str) -> list[JSON]:
@@ -159,8 +206,11 @@ def render_with_assistant_mask(
     positions `trained` (their text and end-of-turn token) and 0 elsewhere.
 
     The ids are the engine's for the same episode: each assistant turn (what the model
-    generates) is tokenized on its own, the text between turns (what the engine renders after a
-    reply) on its own, and the sample ends with the last reply's end-of-turn token. One pass over
+    generates) is tokenized on its own, as the template renders it when it is the last turn, the
+    text between turns (what the engine renders after a reply) on its own, and the sample ends
+    with the last reply's end-of-turn token. So a reasoning model's template, which drops the
+    thinking of earlier turns, gives the engine's sample: every turn keeps its thinking, as
+    `engine.reuse_prompt_tokens` keeps the sampled tokens in the next prompt. One pass over
     the whole text merged a reply's leading whitespace with the generation prompt's newline into
     other tokens, and the mask then dropped them.
 
@@ -168,8 +218,10 @@ def render_with_assistant_mask(
         >>> chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
         >>> ids, mask = render_with_assistant_mask(renderer, chat, None, [1])  # doctest: +SKIP
     """
-    text = renderer.render_text(messages, tools, add_generation_prompt=False)
-    spans: list[tuple[int, int, int]] = []  # (start, end, trained) of each generated turn
+    messages = with_thinking(messages)
+    eos = renderer.end_of_turn
+    pieces: list[tuple[str, int]] = []  # (text, trained) in order
+    last: int | None = None  # the previous assistant turn laid out as generated
     for index, message in enumerate(messages):
         if message.get("role") != "assistant":
             continue
@@ -178,25 +230,32 @@ def render_with_assistant_mask(
         except ChatFormatError:
             if index in trained:
                 raise
-            continue  # context rendered otherwise than when generated: tokenized with the rest
-        prefix = renderer.render_text(messages[: index + 1], tools, add_generation_prompt=False)
-        if not text.startswith(prefix[:end]):
-            if index in trained:
-                raise ChatFormatError(
-                    f"messages[{index}]: the chat template is not append-only here (a later "
-                    "message changes how this assistant turn is rendered)"
-                )
-            continue
-        spans.append((start, end, int(index in trained)))
+            continue  # context rendered otherwise than when generated: part of the next prompt
+        prompt = renderer.render_text(messages[:index], tools, add_generation_prompt=True)
+        if last is None:
+            between = prompt
+        else:  # as the engine continues a reply: the next prompt's text after its end of turn
+            before = renderer.render_text(messages[:last], tools, add_generation_prompt=False)
+            cut = prompt.find(eos, len(before)) if eos and prompt.startswith(before) else -1
+            if cut < 0:
+                if index in trained:
+                    raise ChatFormatError(
+                        f"messages[{index}]: the chat template is not append-only here (it "
+                        f"renders the history before messages[{last}] otherwise once that turn "
+                        "is answered), so the engine would not continue one sample either; "
+                        "split the conversation into one line per turn"
+                    )
+                continue
+            between = prompt[cut + len(eos) :]
+        turn = renderer.render_text(messages[: index + 1], tools, add_generation_prompt=False)
+        pieces += [(between, 0), (turn[start:end], int(index in trained))]
+        last = index
     token_ids: list[int] = []
     mask: list[int] = []
-    done = 0  # characters of `text` tokenized so far
-    for start, end, value in spans:  # what follows the last reply the engine never renders
-        for piece, piece_value in ((text[done:start], 0), (text[start:end], value)):
-            ids = renderer.encode(piece) if piece else []
-            token_ids += ids
-            mask += [piece_value] * len(ids)
-        done = end
+    for piece, value in pieces:  # what follows the last reply the engine never renders
+        ids = renderer.encode(piece) if piece else []
+        token_ids += ids
+        mask += [value] * len(ids)
     return token_ids, mask
 
 

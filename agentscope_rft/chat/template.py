@@ -91,7 +91,8 @@ def _canonical_arguments(arguments: Any, where: str) -> str:
 
 
 def normalize_messages(messages: Sequence[JSON]) -> list[JSON]:
-    """Return messages as `{role, content: str, tool_calls?}` for template rendering.
+    """Return messages as `{role, content: str, tool_calls?}` for template rendering (an
+    assistant message's thinking also as `reasoning` and `reasoning_content`).
 
     Raises:
         ChatFormatError: a message is malformed; the error names `messages[i]` and the field.
@@ -111,6 +112,8 @@ def normalize_messages(messages: Sequence[JSON]) -> list[JSON]:
         if role not in ("system", "user", "assistant", "tool"):
             raise ChatFormatError(f"{where}.role {role!r} is not one of system/user/assistant/tool")
         normalized: JSON = {"role": role, "content": _content_text(message.get("content"), where)}
+        if role == "assistant":
+            _add_reasoning(normalized, message, where)
         if role == "assistant" and message.get("tool_calls"):
             calls = []
             for j, call in enumerate(message["tool_calls"]):
@@ -132,6 +135,20 @@ def normalize_messages(messages: Sequence[JSON]) -> list[JSON]:
             normalized["tool_calls"] = calls
         out.append(normalized)
     return out
+
+
+def _add_reasoning(normalized: JSON, message: JSON, where: str) -> None:
+    """An assistant message's thinking (`reasoning`, or `reasoning_content` as the responses
+    carry it), as vLLM hands it to the template: as both names (Qwen3's template renders
+    `reasoning_content`; a template that reads neither renders the message without it)."""
+    for field in ("reasoning", "reasoning_content"):
+        value = message.get(field)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise ChatFormatError(f"{where}.{field} must be a string (the reply's thinking)")
+        normalized["reasoning"] = normalized["reasoning_content"] = value
+        return
 
 
 def normalize_tools(tools: Sequence[JSON] | None) -> list[JSON] | None:

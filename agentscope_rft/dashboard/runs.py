@@ -336,8 +336,17 @@ def _finite(value: Any) -> bool:
     return isinstance(value, int | float) and math.isfinite(value)
 
 
+RECORDING_NOTE = (
+    "live traffic recorded by `serve --record` has no curves: rate its episodes (Episodes tab), "
+    "then train with offline.format: review"
+)
+
+
 def metrics_payload(ref: RunRef) -> dict[str, Any]:
-    """Every metrics record and health event of a run, for the curves."""
+    """Every metrics record and health event of a run, for the curves (a recording of live
+    traffic has none, and a `note` that says so)."""
+    if not (ref.path / METRICS_FILE).exists() and flat_config(ref.path).get("recorded_by"):
+        return {"id": ref.id, "records": [], "health": [], "note": RECORDING_NOTE}
     records = metric_history(ref.path)
     return {
         "id": ref.id,

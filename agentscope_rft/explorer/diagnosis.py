@@ -163,6 +163,13 @@ def token_cap(rollouts: Sequence[Rollout]) -> Finding | None:
         if echo
         else ""
     )
+    thinking = sum(1 for c in capped if c.reasoning and not c.content and not c.tool_calls)
+    if thinking:
+        cause += (
+            f" ({thinking} of them cut inside their thinking, with no answer: a reasoning model "
+            "needs room to think and then answer, and an AgentScope agent given no answer asks "
+            "again with the same prompt, up to its `max_iters`)"
+        )
     return Finding(
         "token_cap",
         len(capped),

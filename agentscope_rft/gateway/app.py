@@ -30,7 +30,7 @@ import re
 import time
 import uuid
 import zlib
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -122,6 +122,9 @@ class GatewayState:
     """Requests in flight per rollout, so an ended episode's calls can be aborted."""
     closed: collections.OrderedDict[str, str] = field(default_factory=collections.OrderedDict)
     """Closed rollout ids and why (`timeout`, `finished`, ...): their new calls are refused."""
+    sealed: Mapping[str, str] = field(default_factory=dict)
+    """Rollout ids closed for good, beyond `closed`'s bound, and why (`serve --record`: every
+    episode written to its folder, which is written once)."""
 
     def close_rollout(self, rollout_id: str, reason: str) -> int:
         """Refuse the rollout's new calls and abort those in flight; returns how many."""
@@ -580,9 +583,10 @@ def create_app(state: GatewayState) -> FastAPI:
         _check_auth(state, request)
         if rollout_id is not None:
             _check_rollout_id(rollout_id)
-            if rollout_id in state.closed:
+            reason = state.closed.get(rollout_id) or state.sealed.get(rollout_id)
+            if reason is not None:
                 state.counters["requests_refused_closed"] += 1
-                raise closed_error(rollout_id, state.closed[rollout_id])
+                raise closed_error(rollout_id, reason)
         body = parse_request(await request.body())
         served = state.model_aliases | {state.engine.model_name}
         if rollout_id is None and body.model not in served:

@@ -28,6 +28,7 @@ import json
 import logging
 import math
 import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,6 @@ import yaml
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from agentscope_rft.dashboard.runs import read_jsonl
 from agentscope_rft.explorer.trajectory import build_samples
 from agentscope_rft.gateway.app import (
     GatewayState,
@@ -80,6 +80,7 @@ class LiveRecording:
 
     def __init__(self, folder: Path, model: str, chat_template: str | None = None) -> None:
         self.folder = folder
+        model = _model_name(model)
         if folder.exists() and not folder.is_dir():
             raise ValueError(f"--record {folder}: that is a file; give a folder")
         folder.mkdir(parents=True, exist_ok=True)
@@ -97,7 +98,7 @@ class LiveRecording:
                     f"--record {folder} is a run folder (its config.yaml is a run's), not a "
                     "recording: its episodes and live ones would mix; record to a new folder"
                 )
-            if earlier.get("name_or_path") != model:
+            if _model_name(str(earlier.get("name_or_path"))) != model:
                 raise ValueError(
                     f"--record {folder} holds episodes of model {earlier.get('name_or_path')!r}, "
                     f"not {model!r}: their tokens belong to that model; record to a new folder"
@@ -110,11 +111,7 @@ class LiveRecording:
             config.write_text(yaml.safe_dump(data, sort_keys=False))
         for name in (ROLLOUTS_FILE, SAMPLES_FILE):
             drop_partial_last_line(folder / name)
-        self.episodes = {
-            str(line["rollout_id"])
-            for line in read_jsonl(folder / ROLLOUTS_FILE)
-            if isinstance(line.get("rollout_id"), str)
-        }
+        self.episodes = _episode_ids(folder / ROLLOUTS_FILE)
         """Rollout ids written here (this and earlier `serve` processes)."""
         self.reviews = ReviewStore(folder)
         self._state: GatewayState | None = None
@@ -124,8 +121,9 @@ class LiveRecording:
         under the ids already written (an episode is written once)."""
         self._state = state
         state.recorder.on_evict = self._evicted
-        for rollout_id in self.episodes:
-            state.closed[rollout_id] = f"recorded in {self.folder}"
+        # Every id written, however many: the gateway's own closed ids are bounded, and an id
+        # it forgot would otherwise record a second episode under it.
+        state.sealed = _Written(self.episodes, f"recorded in {self.folder}")
 
     def flush(self) -> int:
         """Write every rollout still open (`serve` stopping); returns how many."""
@@ -199,6 +197,48 @@ class LiveRecording:
             reviewer=APP_REVIEWER,
         )
         return self.reviews.append(review)
+
+
+def _model_name(model: str) -> str:
+    """A model folder as its absolute path (`serve` ran in some folder; the dashboard and a later
+    `serve --record` on the recording run elsewhere), a model name as given."""
+    path = Path(model).expanduser()
+    return str(path.resolve()) if path.is_dir() else model
+
+
+class _Written(Mapping[str, str]):
+    """The written rollout ids (a live view of the set), each closed for `reason`."""
+
+    def __init__(self, ids: set[str], reason: str) -> None:
+        self._ids, self._reason = ids, reason
+
+    def __getitem__(self, rollout_id: str) -> str:
+        if rollout_id not in self._ids:
+            raise KeyError(rollout_id)
+        return self._reason
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
+def _episode_ids(path: Path) -> set[str]:
+    """The rollout ids of a `rollouts.jsonl`, read a line at a time (a long recording's file
+    is not held in memory); a torn or foreign line is skipped."""
+    ids: set[str] = set()
+    if not path.is_file():
+        return ids
+    with path.open(encoding="utf-8", errors="replace") as handle:
+        for text in handle:
+            try:
+                line = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(line, dict) and isinstance(line.get("rollout_id"), str):
+                ids.add(line["rollout_id"])
+    return ids
 
 
 def task_key(task: JSON, calls: list[Call]) -> str:

@@ -260,6 +260,7 @@ def rollout_line(step: int, phase: str, rollout: Rollout) -> dict[str, Any]:
                 "completion_tokens": len(call.completion_ids),
                 "finish_reason": call.finish_reason,
                 "content": call.content,
+                "reasoning": _cut(call.reasoning) if call.reasoning else None,
                 "tool_calls": [[t.name, t.arguments] for t in call.tool_calls],
                 "policy_version": call.policy_version,
                 "messages": messages,
@@ -301,11 +302,16 @@ def _message_row(message: JSON) -> list[str]:
         content = "".join(
             str(part.get("text", "")) if isinstance(part, dict) else str(part) for part in content
         )
-    text = "" if content is None else str(content)
-    if len(text) > MESSAGE_CHARS:
-        half = MESSAGE_CHARS // 2
-        text = f"{text[:half]} [... {len(text) - MESSAGE_CHARS} characters ...] {text[-half:]}"
+    text = _cut("" if content is None else str(content))
     return [str(message.get("role", "")), str(message.get("name") or ""), text]
+
+
+def _cut(text: str) -> str:
+    """`text`, its middle elided beyond `MESSAGE_CHARS` characters."""
+    if len(text) <= MESSAGE_CHARS:
+        return text
+    half = MESSAGE_CHARS // 2
+    return f"{text[:half]} [... {len(text) - MESSAGE_CHARS} characters ...] {text[-half:]}"
 
 
 def write_state(run_dir: Path, state: dict[str, Any]) -> None:

@@ -8,12 +8,15 @@ import logging
 import random
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentscope_rft.chat.template import ChatRenderer
 from agentscope_rft.config import EXPLORING_MODES, RunConfig
 from agentscope_rft.models import load_tokenizer, resolve_model
 from agentscope_rft.types import Sample
+
+if TYPE_CHECKING:
+    from agentscope_rft.review.training import ReviewUse
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +54,8 @@ def offline_batches(
         units = load_offline_units(config)
     if config.offline.batch_size > len(units):
         unit = "pairs" if config.algorithm.objective == "dpo" else "samples"
+        if config.offline.format == "review" and _review_use(config) == "rewards":
+            unit = "rated groups"  # a group stays whole in a batch
         logger.info(
             "offline.batch_size %d is more than the %d %s of %s: each batch holds all %d",
             config.offline.batch_size,
@@ -107,7 +112,6 @@ def load_offline_units(config: RunConfig) -> dict[str, list[Sample]]:
     from agentscope_rft.review.training import (
         check_rated_groups,
         load_review_samples,
-        review_use,
     )
 
     assert config.offline.path is not None
@@ -118,8 +122,7 @@ def load_offline_units(config: RunConfig) -> dict[str, list[Sample]]:
         read_chat_template(config.model.chat_template),
     )
     if config.offline.format == "review":
-        exploring = config.run.mode in EXPLORING_MODES
-        use = review_use(config.algorithm.objective, exploring)
+        use = _review_use(config)
         samples = load_review_samples(
             config.offline.path, use, renderer.tokenizer, renderer.end_of_turn_id
         )
@@ -143,6 +146,12 @@ def load_offline_units(config: RunConfig) -> dict[str, list[Sample]]:
         )
     logger.info("offline data: %d %s from %s", len(units), what, config.offline.path)
     return units
+
+
+def _review_use(config: RunConfig) -> ReviewUse:
+    from agentscope_rft.review.training import review_use
+
+    return review_use(config.algorithm.objective, config.run.mode in EXPLORING_MODES)
 
 
 def _max_sample_tokens(config: RunConfig) -> tuple[int, str] | None:

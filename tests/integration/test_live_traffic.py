@@ -14,7 +14,7 @@ import yaml
 from safetensors.torch import load_file
 
 from agentscope_rft.dashboard.episodes import check_review_targets, episode_detail, list_episodes
-from agentscope_rft.dashboard.runs import discover_runs, summarize
+from agentscope_rft.dashboard.runs import discover_runs, metrics_payload, summarize
 from agentscope_rft.engines.embedded import EmbeddedEngine
 from agentscope_rft.gateway.live import LiveRecording, add_live_routes
 from agentscope_rft.gateway.recorder import CallRecorder
@@ -65,7 +65,9 @@ def lines(path):
     return [json.loads(x) for x in path.read_text().splitlines()]
 
 
-async def test_recorded_episodes_are_reviewed_and_trained_on(live, tmp_path, tiny_model_path):
+async def test_recorded_episodes_are_reviewed_and_trained_on(
+    live, tmp_path, tiny_model_path, caplog
+):
     from agentscope_rft.config import load_config
     from agentscope_rft.models import load_tokenizer
     from agentscope_rft.review.training import ReviewDataError, load_review_samples
@@ -105,6 +107,8 @@ async def test_recorded_episodes_are_reviewed_and_trained_on(live, tmp_path, tin
     an_hour_ago = time.time() - 3600
     os.utime(folder / "rollouts.jsonl", (an_hour_ago, an_hour_ago))
     assert summarize(ref)["status"] == "recorded"
+    # its Curves tab says why there are none (the metrics request failed: "no metrics yet")
+    assert metrics_payload(ref)["note"].startswith("live traffic recorded by `serve --record`")
     detail = episode_detail(ref, "u1")  # decoded with the served model's tokenizer
     assert "".join(detail["samples"][0]["tokens"]).count("Say hi") == 1
     assert [r["reviewer"] for r in detail["reviews"]] == ["app"]
@@ -122,7 +126,7 @@ async def test_recorded_episodes_are_reviewed_and_trained_on(live, tmp_path, tin
                 "run.mode=offline",
                 "offline.format=review",
                 f"offline.path={folder}",
-                "offline.batch_size=2",
+                "offline.batch_size=3",
                 "algorithm.objective=rl",
                 "trainer.dtype=float32",
                 "trainer.lr=1e-3",
@@ -136,17 +140,24 @@ async def test_recorded_episodes_are_reviewed_and_trained_on(live, tmp_path, tin
     # one episode per prompt: GRPO has no group to compare with; the run says so
     with pytest.raises(ReviewDataError, match="reinforce_plus_plus"):
         await train(config(), tmp_path / "trained")
-    metrics = await train(config("algorithm.advantage=reinforce_plus_plus"), tmp_path / "trained")
+    with caplog.at_level("INFO", logger="agentscope_rft.runtime.offline"):
+        metrics = await train(
+            config("algorithm.advantage=reinforce_plus_plus"), tmp_path / "trained"
+        )
     assert metrics["grad_norm"] > 0
+    # the batch counts groups (they stay whole), not samples
+    assert f"offline.batch_size 3 is more than the 2 rated groups of {folder}" in caplog.text
     before = load_file(Path(tiny_model_path) / "model.safetensors")
     after = load_file(tmp_path / "trained/checkpoints/step-000001/model/model.safetensors")
     assert any(not torch.equal(before[name], after[name]) for name in before)
 
 
 async def test_bad_calls_get_openai_errors_and_an_idle_rollout_is_written(
-    live, tmp_path, tiny_model_path
+    live, tmp_path, tiny_model_path, monkeypatch
 ):
     gateway = live
+    # the gateway remembers few closed ids: a written one stays refused once it is forgotten
+    monkeypatch.setattr("agentscope_rft.gateway.app.CLOSED_ROLLOUTS_KEPT", 1)
     unknown = await post(gateway, "/rollouts/nope/end", {})
     assert unknown.status_code == 404
     assert unknown.json()["error"]["code"] == "rollout_not_found"
@@ -169,6 +180,9 @@ async def test_bad_calls_get_openai_errors_and_an_idle_rollout_is_written(
     written = {e["rollout_id"]: e for e in lines(tmp_path / "traffic" / "rollouts.jsonl")}
     assert written["idle"]["ended"] == "age" and written["idle"]["reward"] is None
     assert gateway.recorder.calls("idle") == []
+    with pytest.raises(openai.APIStatusError, match="recorded in") as again:
+        await chat(gateway, "a", "a second episode under a written id")
+    assert again.value.status_code == 410
 
     # a crash mid-line: serve --record on the folder again drops the torn line, keeps the
     # episodes, and refuses a new episode under an id it holds
@@ -178,6 +192,13 @@ async def test_bad_calls_get_openai_errors_and_an_idle_rollout_is_written(
     assert again.episodes == {"a", "idle"}
     with pytest.raises(ValueError, match="record to a new folder"):
         LiveRecording(tmp_path / "traffic", "another-model")
+    # a model folder named from where serve runs is the same model, and is written absolute
+    # (the dashboard, elsewhere, could not load a relative one's tokenizer)
+    monkeypatch.chdir(Path(tiny_model_path).parent)
+    LiveRecording(tmp_path / "traffic", "./" + Path(tiny_model_path).name)
+    LiveRecording(tmp_path / "relative", "./" + Path(tiny_model_path).name)
+    written = yaml.safe_load((tmp_path / "relative" / "config.yaml").read_text())
+    assert written["model"]["name_or_path"] == str(Path(tiny_model_path).resolve())
 
 
 async def test_an_agentscope_tool_episode_is_one_sample_with_a_span_per_call(tmp_path):

@@ -102,6 +102,7 @@ async def test_without_prompt_reuse_each_turn_breaks_and_check_says_why():
     engine.prompts.reuse = False
     report = await check_workflow(run, {"id": "t"}, engine=engine, show=False)
     assert report.rollout.reward == 1.0 and len(report.samples) == 3
+    assert "; thinking: 'Now 5*4.'; text: ''" in report.render()
     [warning] = [w for w in report.warnings if "did not continue" in w]
     assert warning.startswith(
         "2 call(s) did not continue the previous one (completion_retokenized)"
@@ -136,3 +137,39 @@ async def test_chat_template_kwargs_turn_qwen3_thinking_off_and_bad_ones_are_nam
         "chat_template_kwargs: Value error, tools cannot be set here"
         in bad.json()["error"]["message"]
     )
+
+
+async def test_offline_sft_data_with_reasoning_content_is_the_engines_sample(tmp_path):
+    """A conversation written as SFT data (assistant turns' `reasoning_content`, as the gateway
+    returned them) tokenizes as the engine sampled and merged it: each turn keeps its thinking,
+    although the template drops earlier turns' thinking (it was refused, and a lone turn's
+    `reasoning_content` was dropped: SFT taught answers without thinking)."""
+    import json
+
+    import httpx
+
+    from agentscope_rft.buffer.offline import load_sft_samples
+    from agentscope_rft.chat.template import ChatRenderer
+
+    replies = iter(["<think>\nTwo and two.\n</think>\n\nFour.", "<think>\nB\n</think>\n\nSix."])
+    engine = ScriptedEngine(lambda m, t: next(replies), chat_template=QWEN3_LIKE)
+    messages: list[dict] = [{"role": "user", "content": "2+2?"}]
+    async with Gateway(engine) as gateway, httpx.AsyncClient() as http:
+        url = gateway.rollout_base_url("ep") + "/chat/completions"
+        for question in ("3+3?", None):
+            r = await http.post(url, json={"model": "m", "messages": messages})
+            messages.append(r.json()["choices"][0]["message"])
+            if question:
+                messages.append({"role": "user", "content": question})
+        calls = gateway.recorder.calls("ep")
+    assert messages[1] == {
+        "role": "assistant",
+        "content": "Four.",
+        "reasoning_content": "Two and two.",
+    }
+    [sample], _ = build_samples(Rollout("ep", "t", {}, calls=calls, reward=1.0))
+    data = tmp_path / "sft.jsonl"
+    data.write_text(json.dumps({"messages": messages}) + "\n")
+    [offline] = load_sft_samples(data, ChatRenderer(engine.tokenizer, QWEN3_LIKE))
+    assert offline.token_ids == sample.token_ids
+    assert offline.loss_mask == sample.loss_mask

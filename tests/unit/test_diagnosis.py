@@ -134,6 +134,14 @@ def test_token_cap_names_the_echo_when_capped_replies_copy_the_reminder():
     assert finding is not None and "gateway.runtime_state" in finding.message
 
 
+def test_token_cap_says_when_a_reasoning_model_was_cut_inside_its_thinking():
+    thinking = call("", finish="length")
+    thinking.reasoning = "Let me think about the bolts"
+    finding = token_cap([rollout([thinking, call(finish="length")])])
+    assert finding is not None and "(1 of them cut inside their thinking" in finding.message
+    assert "cut inside" not in token_cap([rollout([call(finish="length")])]).message
+
+
 def test_equal_rewards_fires_only_when_every_group_is_flat():
     flat = [rollout([call()], 0.0, "a"), rollout([call()], 0.0, "a")]
     flat += [rollout([call()], 1.0, "b"), rollout([call()], 1.0, "b")]

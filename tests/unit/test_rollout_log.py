@@ -46,3 +46,17 @@ def test_a_rewritten_history_logs_every_message_and_long_text_is_cut():
     assert [r[0] for r in rows[1]] == ["system", "user"]  # not a continuation: all of it
     text = rows[1][1][2]
     assert len(text) < MESSAGE_CHARS + 100 and "characters ...]" in text
+
+
+def test_a_reasoning_models_thinking_is_logged_beside_its_answer_and_cut_like_a_message():
+    from agentscope_rft.runtime.components import rollout_line
+    from agentscope_rft.types import Rollout
+
+    thinking = call("solver", [SYSTEM, USER], "4")
+    thinking.reasoning = "2+2 is " + "very " * MESSAGE_CHARS + "4."
+    plain = call("solver", [SYSTEM, USER, {"role": "user", "content": "and?"}], "done")
+    rollout = Rollout(rollout_id="e", task_id="t", task={}, calls=[thinking, plain], reward=1.0)
+    logged, after = rollout_line(0, "train", rollout)["calls"]
+    assert logged["content"] == "4" and logged["reasoning"].startswith("2+2 is very")
+    assert len(logged["reasoning"]) < MESSAGE_CHARS + 100 and logged["reasoning"].endswith("4.")
+    assert after["reasoning"] is None

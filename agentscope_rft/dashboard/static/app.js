@@ -219,6 +219,11 @@ function drawCurves() {
     { x: p.x, y: p.y - p.std }, { x: p.x, y: p.y + p.std }] : [p]).concat(l.raw));
   if (!all.length) {
     chart.append(svg("text", { x: 40, y: 60 }, metric ? `no values of ${metric} yet` : "no metrics yet"));
+    // Why, per run: a recording has no curves; a metrics file that does not read says so.
+    runs.forEach((run, i) => {
+      const why = state.metrics[run.id]?.note || state.metrics[run.id]?.error;
+      if (why) chart.append(svg("text", { x: 40, y: 90 + 22 * i }, `${run.id}: ${why}`));
+    });
     return;
   }
   const W = 960, H = 420, L = 60, R = 20, T = 16, B = 40;
@@ -347,6 +352,7 @@ function renderEpisode() {
       el("span", { class: "message-role" }, name ? `${role} (${name})` : role), text)),
     el("span", { class: "call-agent" }, c.agent || "-"),
     ` · ${c.prompt_tokens} prompt + ${c.completion_tokens} completion tokens · ${c.finish_reason} · policy v${c.policy_version}`,
+    c.reasoning ? el("div", { class: "call-reasoning" }, c.reasoning) : null,
     c.content ? el("div", { class: "call-content" }, c.content) : null,
     (c.tool_calls || []).map(([name, args]) => el("div", { class: "tool" }, `→ ${name}(${args})`)))));
   renderSamples();

@@ -296,3 +296,29 @@ def test_trl_prompt_completion_and_preference_rows(renderer: ChatRenderer, tmp_p
     assert [s.token_ids for s in samples[2:4]] == [s.token_ids for s in samples[0:2]]
     assert [s.token_ids for s in samples[4:6]] == [s.token_ids for s in samples[0:2]]
     assert [s.loss_mask for s in samples[4:6]] == [s.loss_mask for s in samples[0:2]]
+
+
+def test_a_dpo_responses_thinking_trains_and_thinking_given_twice_is_named(
+    renderer: ChatRenderer, tmp_path: Path
+) -> None:
+    """`reasoning_content` (or `reasoning`) is the turn's `<think>` block, as the model wrote it
+    (it was dropped: a template that reads no thinking trained the answer alone)."""
+    pairs = tmp_path / "pairs.jsonl"
+    pair = {
+        "prompt": "2+2?",
+        "chosen": {"role": "assistant", "content": "4", "reasoning_content": "\nTwo and two.\n"},
+        "rejected": {"role": "assistant", "content": "5", "reasoning": "Guess."},
+    }
+    pairs.write_text(json.dumps(pair) + "\n")
+    chosen, rejected = load_dpo_samples(pairs, renderer)
+    assert _trained_text(chosen, renderer) == ["<think>\nTwo and two.\n</think>\n\n4<|im_end|>"]
+    assert _trained_text(rejected, renderer) == ["<think>\nGuess.\n</think>\n\n5<|im_end|>"]
+    both = {"role": "assistant", "content": "<think>\nx\n</think>\n\n4", "reasoning": "x"}
+    data = tmp_path / "sft.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "2+2?"}, both]}) + "\n")
+    with pytest.raises(
+        OfflineDataError,
+        match=r"sft.jsonl:1: field 'messages': messages\[1\] "
+        "has both reasoning and a <think> block in its content",
+    ):
+        load_sft_samples(data, renderer)

@@ -41,6 +41,24 @@ def test_normalize_flattens_parts_and_canonicalizes_arguments():
     assert out[2]["content"] == ""
 
 
+def test_an_assistant_messages_thinking_reaches_the_template_as_vllm_hands_it():
+    """`reasoning_content` (what the gateway returns, so what an OpenAI client sends back) or
+    `reasoning`: Qwen3's template renders it; it was dropped, so the embedded engine rendered
+    another prompt than vLLM for the same request."""
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+        "{% if m.reasoning_content %}<think>\n{{ m.reasoning_content }}\n</think>\n\n{% endif %}"
+        "{{ m.content }}<|im_end|>\n{% endfor %}"
+    )
+    renderer = ChatRenderer(load_tokenizer(resolve_model("tiny-random")), template)
+    for field in ("reasoning_content", "reasoning"):
+        reply = {"role": "assistant", "content": "4", field: "Two and two."}
+        text = renderer.render_text([{"role": "user", "content": "2+2?"}, reply], None, False)
+        assert "<|im_start|>assistant\n<think>\nTwo and two.\n</think>\n\n4<|im_end|>" in text
+    with pytest.raises(ChatFormatError, match=r"messages\[0\]\.reasoning_content must be a str"):
+        normalize_messages([{"role": "assistant", "content": "4", "reasoning_content": 5}])
+
+
 @pytest.mark.parametrize(
     ("messages", "fragment"),
     [
