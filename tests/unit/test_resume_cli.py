@@ -27,18 +27,30 @@ def one_line(outcome: tuple[int, str]) -> str:
     return " ".join(output.split())  # the console wraps long lines
 
 
+# The command as `python -m agentscope_rft.cli` runs it; at exit, the heavy modules it imported.
+HEAVY_IMPORTS = (
+    "import atexit, runpy, sys\n"
+    "atexit.register(lambda: print('imported:', [m for m in ('torch', 'transformers') "
+    "if m in sys.modules], file=sys.stderr))\n"
+    "runpy.run_module('agentscope_rft.cli', run_name='__main__')\n"
+)
+
+
 def test_resume_of_a_missing_folder_says_so(tmp_path):
-    """The one real process here: the error is one line on stderr, no traceback."""
+    """The one real process here: the error is one line on stderr, no traceback, and it comes
+    before torch or transformers is imported (seconds a user waits, and a CI test too)."""
     env = {**os.environ, "COLUMNS": "1000"}  # long paths are not wrapped
     args = ["train", "--resume", str(tmp_path / "nope")]
     proc = subprocess.run(
-        [sys.executable, "-m", "agentscope_rft.cli", *args],
+        [sys.executable, "-c", HEAVY_IMPORTS, *args],
         capture_output=True,
         text=True,
         timeout=120,
         env=env,
     )
-    message = one_line((proc.returncode, proc.stderr))
+    *said, imported = proc.stderr.strip().splitlines()
+    assert imported == "imported: []", proc.stderr
+    message = one_line((proc.returncode, "\n".join(said)))
     assert "nope: no such folder" in message and "start a new run with --config" in message
     assert one_line(run_cli(*args[1:])) == message  # in-process, the same line
 
