@@ -67,7 +67,22 @@ def said(exc: BaseException) -> str:
     return summary if isinstance(summary, str) else str(exc)
 
 
-ConfigOption = Annotated[str | None, typer.Option("--config", "-c", help="Run config (YAML).")]
+def _config_file(config: str | None) -> str | None:
+    """`--config` names a file: said as it is parsed, before the config module loads torch."""
+    from pathlib import Path
+
+    from agentscope_rft.config_errors import config_file_problem
+
+    problem = config_file_problem(Path(config)) if config is not None else None
+    if problem:
+        raise fail(problem)
+    return config
+
+
+ConfigOption = Annotated[
+    str | None,
+    typer.Option("--config", "-c", help="Run config (YAML).", callback=_config_file),
+]
 SetOption = Annotated[
     list[str] | None,
     typer.Option("--set", help="Override a config value: key.path=value (repeatable)."),
