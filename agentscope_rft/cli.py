@@ -67,7 +67,22 @@ def said(exc: BaseException) -> str:
     return summary if isinstance(summary, str) else str(exc)
 
 
-ConfigOption = Annotated[str | None, typer.Option("--config", "-c", help="Run config (YAML).")]
+def _config_file(config: str | None) -> str | None:
+    """`--config` names a file: said as it is parsed, before the config module loads torch."""
+    from pathlib import Path
+
+    from agentscope_rft.config_errors import config_file_problem
+
+    problem = config_file_problem(Path(config)) if config is not None else None
+    if problem:
+        raise fail(problem)
+    return config
+
+
+ConfigOption = Annotated[
+    str | None,
+    typer.Option("--config", "-c", help="Run config (YAML).", callback=_config_file),
+]
 SetOption = Annotated[
     list[str] | None,
     typer.Option("--set", help="Override a config value: key.path=value (repeatable)."),
@@ -203,12 +218,17 @@ def train(
     `--resume runs/<name>` continues a sweep. `--fork-from runs/a --fork-step 16` starts a new
     run as `runs/a` was after step 16 (docs/lifecycle.md#forking-a-run).
     """
-    setup_logging(log_level)
     from pathlib import Path
 
-    from agentscope_rft.runtime.sweep import is_sweep
+    from agentscope_rft.config_paths import missing_run_folder
 
     fork = _fork_request(fork_from, fork_step, resume)
+    missing = missing_run_folder(Path(resume)) if resume is not None else None
+    if missing:  # said in a moment: the modules below load torch and transformers (seconds)
+        raise fail(missing)
+    setup_logging(log_level)
+    from agentscope_rft.runtime.sweep import is_sweep
+
     if seeds is not None or (resume is not None and is_sweep(Path(resume))):
         _train_sweep(config, set_ or [], resume, seeds, parallel, test, log_level, artefacts, fork)
         return

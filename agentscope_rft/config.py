@@ -25,6 +25,7 @@ from agentscope_rft.buffer.replay import replay_count
 from agentscope_rft.config_base import Section
 from agentscope_rft.config_errors import (
     ConfigError,
+    config_file_problem,
     read_config_file,
     top_level_problem,
     validation_message,
@@ -662,9 +663,9 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunCo
     lines: dict[Any, int] = {}
     if path is not None:
         file = Path(path)
-        if not file.is_file():
-            what = "is a folder, not a YAML file" if file.is_dir() else "does not exist"
-            raise ConfigError(f"config file {file} {what}")
+        problem = config_file_problem(file)
+        if problem is not None:
+            raise ConfigError(problem)
         data, lines = read_config_file(file)
         problem = top_level_problem(file, data)
         if problem is not None and not (data is None and overrides):

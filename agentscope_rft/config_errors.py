@@ -24,6 +24,22 @@ class ConfigError(ValueError):
     """A config file or override that does not validate (names the file, key and fix)."""
 
 
+def config_file_problem(file: Path) -> str | None:
+    """Why `file` cannot be read as a config (None: it is a file).
+
+    Cheap on purpose: the CLI asks as it parses `--config`, before the config and training
+    modules (torch) import.
+
+    Example:
+        >>> config_file_problem(Path("nope.yaml"))
+        'config file nope.yaml does not exist'
+    """
+    if file.is_file():
+        return None
+    what = "is a folder, not a YAML file" if file.is_dir() else "does not exist"
+    return f"config file {file} {what}"
+
+
 def read_config_file(file: Path) -> tuple[Any, dict[KeyPath, int]]:
     """The YAML data of a config file and the line (1-based) of each key in it.
 

@@ -149,3 +149,20 @@ def relative_file_keys(data: dict[str, Any], base: Path, root: Path) -> dict[str
         return os.path.relpath(parts[0], base) + parts[1]
 
     return _map_file_keys(data, relative)
+
+
+def missing_run_folder(run_dir: Path) -> str | None:
+    """What is wrong with `--resume run_dir` when the folder is not there (None: it is).
+
+    Cheap on purpose: the CLI asks before it imports the config and training modules (torch).
+
+    Example:
+        >>> missing_run_folder(Path("runs/nope")).startswith("--resume runs/nope: no such folder")
+        True
+    """
+    if run_dir.is_dir():
+        return None
+    return (
+        f"--resume {run_dir}: no such folder; give a run's folder (runs/<name>), or start a "
+        "new run with --config"
+    )

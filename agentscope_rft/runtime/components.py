@@ -362,13 +362,12 @@ def drop_checkpoints_after(run_dir: Path, step: int) -> None:
 
 def load_resumed_config(run_dir: Path, overrides: list[str]) -> RunConfig:
     from agentscope_rft.config import load_config
+    from agentscope_rft.config_paths import missing_run_folder
 
     config_file = run_dir / "config.yaml"
-    if not run_dir.is_dir():
-        raise RunFolderError(
-            f"--resume {run_dir}: no such folder; give a run's folder (runs/<name>), or start a "
-            "new run with --config"
-        )
+    missing = missing_run_folder(run_dir)
+    if missing:
+        raise RunFolderError(missing)
     if not config_file.is_file():
         raise ConfigError(f"{run_dir} has no config.yaml to resume with")
     return load_config(config_file, overrides)

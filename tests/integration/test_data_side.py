@@ -16,6 +16,9 @@ from agentscope_rft.data.operators import Episode, Group, Pipeline
 from agentscope_rft.runtime.local import train
 from agentscope_rft.types import Sample
 
+# The shared engines' gateways serve on the session's event loop (tests/integration/conftest.py).
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
 APP = "tests/integration/toy_app.py:run"
 
 

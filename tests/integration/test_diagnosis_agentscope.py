@@ -15,6 +15,9 @@ import agentscope_rft
 from agentscope_rft.gateway.runtime_state import FROZEN_TIME
 from agentscope_rft.testing import ScriptedEngine
 
+# The shared engines' gateways serve on the session's event loop (tests/integration/conftest.py).
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "examples" / "inventory" / "app.py") + ":run"
 TASK = json.loads((ROOT / "examples" / "inventory" / "tasks_val.jsonl").read_text().splitlines()[0])

@@ -15,6 +15,9 @@ from agentscope_rft.types import RolloutStatus
 
 from . import calc_app
 
+# The shared engines' gateways serve on the session's event loop (tests/integration/conftest.py).
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
 
 @agentscope_rft.workflow
 async def calc_workflow(task, model):

@@ -10,6 +10,9 @@ import pytest
 from agentscope_rft.engines.embedded import EmbeddedEngine
 from agentscope_rft.gateway.server import Gateway
 
+# The shared engines' gateways serve on the session's event loop (tests/integration/conftest.py).
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
 HI = [{"role": "user", "content": "Say hi"}]
 
 

@@ -10,6 +10,9 @@ from agentscope_rft.integration.agentscope import RolloutScope, rollout_scope
 
 from . import calc_app
 
+# The shared engines' gateways serve on the session's event loop (tests/integration/conftest.py).
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
 
 @pytest.mark.parametrize("stream", [False, True], ids=["non-streaming", "streaming"])
 async def test_tool_loop_completes_and_calls_are_exact(calc_gateway, stream):

@@ -5,6 +5,7 @@ import asyncio
 import logging
 import time
 
+import pytest
 from agentscope.agent import Agent, InjectionConfig
 from agentscope.message import UserMsg
 
@@ -12,6 +13,9 @@ import agentscope_rft
 from agentscope_rft.explorer.explorer import EpisodeSettings, Explorer, ExploreResult
 from agentscope_rft.explorer.loop_monitor import BLOCK_THRESHOLD, LoopMonitor
 from agentscope_rft.explorer.tasks import load_tasks
+
+# The shared engines' gateways serve on the session's event loop (tests/integration/conftest.py).
+pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 BLOCK = 2.0
 

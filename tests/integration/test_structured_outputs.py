@@ -16,6 +16,9 @@ from agentscope_rft.data.judges import GroupJudge, JudgeClient
 from agentscope_rft.data.operators import Episode, Group
 from agentscope_rft.types import Sample
 
+# The shared engines' gateways serve on the session's event loop (tests/integration/conftest.py).
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -38,6 +41,7 @@ def unattributed(gateway) -> openai.AsyncOpenAI:
 
 async def test_json_schema_output_always_validates_batched_with_free_requests(tiny_gateway):
     client = unattributed(tiny_gateway)
+    constrained_before = tiny_gateway.engine.metrics()["constrained_tokens"]  # a shared engine
 
     def constrained(seed: int, temperature: float, n: int = 1):
         return client.chat.completions.create(
@@ -63,7 +67,7 @@ async def test_json_schema_output_always_validates_batched_with_free_requests(ti
     # the unconstrained requests in the same batches are free text (the random model's noise)
     free_texts = [r.choices[0].message.content or "" for r in replies[5:]]
     assert not all(_parses(text) for text in free_texts)
-    assert tiny_gateway.engine.metrics()["constrained_tokens"] > 0
+    assert tiny_gateway.engine.metrics()["constrained_tokens"] > constrained_before
 
 
 def _parses(text: str) -> bool:
@@ -192,7 +196,7 @@ ADD = {
     ],
 )  # fmt: skip
 async def test_a_training_call_that_forces_a_tool_is_sampled_as_auto_and_counted(
-    tiny_gateway, asked, attributed, sampled
+    tiny_gateway, asked, attributed, sampled, monkeypatch
 ):
     engine = tiny_gateway.state.engine
     seen = []
@@ -202,7 +206,7 @@ async def test_a_training_call_that_forces_a_tool_is_sampled_as_auto_and_counted
         seen.append(request.tool_choice)
         return chat(request)
 
-    engine.chat = spy
+    monkeypatch.setattr(engine, "chat", spy)  # the engine is shared: undone after the test
     base = tiny_gateway.rollout_base_url("r1") if attributed else tiny_gateway.base_url
     client = openai.AsyncOpenAI(base_url=base, api_key="unused", max_retries=0)
     await client.chat.completions.create(

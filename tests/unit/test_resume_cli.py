@@ -1,4 +1,5 @@
-"""`train --resume` given what it cannot use: one line that names the problem and the fix."""
+"""`train --resume` (or `--config`) given what it cannot use: one line that names the problem and
+the fix."""
 
 import os
 import subprocess
@@ -27,20 +28,48 @@ def one_line(outcome: tuple[int, str]) -> str:
     return " ".join(output.split())  # the console wraps long lines
 
 
-def test_resume_of_a_missing_folder_says_so(tmp_path):
-    """The one real process here: the error is one line on stderr, no traceback."""
+# The command as `python -m agentscope_rft.cli` runs it; at exit, the heavy modules it imported.
+HEAVY_IMPORTS = (
+    "import atexit, runpy, sys\n"
+    "atexit.register(lambda: print('imported:', [m for m in ('torch', 'transformers') "
+    "if m in sys.modules], file=sys.stderr))\n"
+    "runpy.run_module('agentscope_rft.cli', run_name='__main__')\n"
+)
+
+
+def run_process(*args: str) -> tuple[str, str]:
+    """`python -m agentscope_rft.cli ARGS` (expected to fail): what it said, one line, and the
+    heavy modules it imported."""
     env = {**os.environ, "COLUMNS": "1000"}  # long paths are not wrapped
-    args = ["train", "--resume", str(tmp_path / "nope")]
     proc = subprocess.run(
-        [sys.executable, "-m", "agentscope_rft.cli", *args],
+        [sys.executable, "-c", HEAVY_IMPORTS, *args],
         capture_output=True,
         text=True,
         timeout=120,
         env=env,
     )
-    message = one_line((proc.returncode, proc.stderr))
+    *said, imported = proc.stderr.strip().splitlines()
+    return one_line((proc.returncode, "\n".join(said))), imported
+
+
+def test_resume_of_a_missing_folder_says_so(tmp_path):
+    """The error is one line on stderr, no traceback, and it comes before torch or transformers
+    is imported (seconds a user waits, and a CI test too)."""
+    args = ["train", "--resume", str(tmp_path / "nope")]
+    message, imported = run_process(*args)
+    assert imported == "imported: []", message
     assert "nope: no such folder" in message and "start a new run with --config" in message
     assert one_line(run_cli(*args[1:])) == message  # in-process, the same line
+
+
+def test_a_config_that_is_no_file_is_said_before_torch_imports(tmp_path):
+    message, imported = run_process("train", "--config", str(tmp_path / "nope.yaml"))
+    assert imported == "imported: []", message
+    assert message == f"error: config file {tmp_path / 'nope.yaml'} does not exist"
+    folder = one_line(run_cli("--config", str(tmp_path)))
+    assert folder == f"error: config file {tmp_path} is a folder, not a YAML file"
+    result = CliRunner().invoke(app, ["explore", "--config", str(tmp_path / "x.yml")])
+    assert one_line((result.exit_code, result.output)).endswith("x.yml does not exist")
 
 
 def test_a_config_given_with_resume_must_match_the_runs_own(tmp_path):

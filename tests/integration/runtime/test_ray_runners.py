@@ -18,6 +18,9 @@ from agentscope_rft.runtime.ray.pool import RayRunnerPool
 from agentscope_rft.runtime.ray.process import RunnerSpec
 from agentscope_rft.types import RolloutStatus
 
+# The shared engines' gateways serve on the session's event loop (tests/integration/conftest.py).
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
 APP = str(Path(__file__).with_name("ray_apps.py")) + ":run"
 WORKFLOW = load_workflow(APP)
 RUNTIME_ENV = {"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[3])}}
