@@ -1,0 +1,67 @@
+"""`runtime/disk.py`: which failures are a full disk, and what a checkpoint cut short leaves."""
+
+from __future__ import annotations
+
+import errno
+import sqlite3
+
+import pytest
+
+from agentscope_rft.runtime import disk
+from agentscope_rft.runtime.components import write_state
+from agentscope_rft.runtime.disk import DiskFullError, is_disk_full, saving_checkpoint
+
+
+def test_a_full_disk_is_known_by_its_errno_its_words_or_an_error_it_came_from():
+    assert is_disk_full(OSError(errno.ENOSPC, "No space left on device"))
+    assert is_disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"))
+    assert is_disk_full(sqlite3.OperationalError("database or disk is full"))
+    assert is_disk_full(RuntimeError("I/O error: No space left on device (os error 28)"))
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as exc:
+            raise RuntimeError("writing the batch failed") from exc
+    except RuntimeError as chained:
+        assert is_disk_full(chained)
+    assert not is_disk_full(PermissionError(errno.EACCES, "Permission denied"))
+    assert not is_disk_full(RuntimeError("unexpected pos 576 vs 534"))
+
+
+def test_a_save_failing_on_a_full_disk_without_saying_so_is_a_full_disk(tmp_path, monkeypatch):
+    """torch.save reports a full disk as `unexpected pos ...`: the free space tells."""
+    run_dir = tmp_path / "run"
+    whole = run_dir / "checkpoints" / "step-000002"
+    whole.mkdir(parents=True)
+    (whole / "trainer.pt").write_bytes(b"\0" * 3000)
+    (whole / "run_state.json").write_text("{}")
+    write_state(run_dir, {"step": 2})
+    target = run_dir / "checkpoints" / "step-000004"
+    monkeypatch.setattr(disk, "free_bytes", lambda path: 1000)  # less than LOW_SPACE
+    with pytest.raises(DiskFullError) as error, saving_checkpoint(run_dir, target, 3):
+        target.mkdir()
+        (target / "trainer.pt").write_bytes(b"\0" * 500)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+    assert not target.exists() and (whole / "trainer.pt").is_file()
+    message = str(error.value)
+    assert "a checkpoint of this run takes 3.0 KB" in message  # the whole one's size
+    assert "resume from step 2 (state.json)" in message
+    assert "run.keep_checkpoints: 3; the disk holds 4 while a new one is saved" in message
+
+
+def test_a_save_failing_for_another_reason_keeps_its_error_and_its_folder(tmp_path, monkeypatch):
+    target = tmp_path / "run" / "checkpoints" / "step-000001"
+    monkeypatch.setattr(disk, "free_bytes", lambda path: 10**12)
+    with pytest.raises(PermissionError), saving_checkpoint(target.parents[1], target, 2):
+        target.mkdir(parents=True)
+        raise PermissionError(errno.EACCES, "Permission denied")
+    assert target.is_dir()
+
+
+def test_the_first_checkpoint_on_a_full_disk_says_there_is_nothing_to_resume(tmp_path):
+    run_dir = tmp_path / "run"
+    target = run_dir / "checkpoints" / "step-000001"
+    nothing = r"no checkpoint was saved before it.*overwrite"
+    with pytest.raises(DiskFullError, match=nothing), saving_checkpoint(run_dir, target, 2):
+        target.mkdir(parents=True)
+        raise OSError(errno.ENOSPC, "No space left on device")
