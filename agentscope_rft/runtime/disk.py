@@ -163,3 +163,24 @@ def disk_full_error(run_dir: Path, exc: BaseException) -> DiskFullError:
         "room (fewer run.keep_checkpoints, other runs' folders deleted, or the run folder moved "
         f"to a disk with room), then `agentscope-rft train --resume {run_dir}`"
     )
+
+
+def write_failure(exc: OSError, source: Path) -> str:
+    """Why copying the folder `source` failed, in one line: the first error of a `copytree`
+    (not the list of every file's), and on a full disk what the copy takes and what to do.
+
+    Example:
+        >>> write_failure(OSError(errno.EACCES, "Permission denied"), Path("m"))
+        'Permission denied'
+    """
+    errors = exc.args[0] if isinstance(exc, shutil.Error) and exc.args else None
+    if isinstance(errors, list) and errors and len(errors[0]) == 3:
+        why = str(errors[0][2])
+    else:
+        why = exc.strerror or str(exc)
+    if not is_disk_full(exc):
+        return why
+    return (
+        f"{why} (the copy takes {size_text(folder_bytes(source))}); nothing was left there: "
+        "make room, or give --out a folder on a disk with room"
+    )
