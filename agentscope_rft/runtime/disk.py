@@ -12,9 +12,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from agentscope_rft.buffer.base import BufferFormatError
+from agentscope_rft.buffer.config import BufferConfig
+from agentscope_rft.buffer.schema import to_url
 from agentscope_rft.runtime.best import RUN_STATE_FILE
 from agentscope_rft.runtime.components import STATE_FILE, RunFolderError, read_state
 
@@ -147,22 +150,55 @@ def _checkpoint_full(run_dir: Path, target: Path, keep: int, written: int) -> st
     )
 
 
-def disk_full_error(run_dir: Path, exc: BaseException) -> DiskFullError:
-    """The `DiskFullError` of a write into the run folder `run_dir` that found the disk full.
+def disk_full_error(
+    run_dir: Path, exc: BaseException, others: Mapping[Path, str] | None = None
+) -> DiskFullError:
+    """The `DiskFullError` of a run (folder `run_dir`) whose write `exc` found a disk full: the
+    disk named is the one of the file written (the error's, else the one of `others` (files
+    outside the run folder, by the setting that names them) or `run_dir` with no room left).
 
     Example:
-        >>> raise disk_full_error(run_dir, exc) from exc  # doctest: +SKIP
+        >>> error = disk_full_error(run_dir, exc, {Path("/d/b.db"): "buffer.url"})  # doctest: +SKIP
     """
-    filename = getattr(exc, "filename", None)
-    where = f"writing {filename}" if filename else "writing into it"
-    usage = disk_usage(run_dir)
-    space = f" (a disk of {size_text(usage[1])}, {size_text(usage[0])} free)" if usage else ""
-    return DiskFullError(
-        f"no space left on the disk of {run_dir}{space} while {where}: {exc}. What was written "
-        "before is intact (a torn last line of a .jsonl file is skipped by its readers). Make "
-        "room (fewer run.keep_checkpoints, other runs' folders deleted, or the run folder moved "
-        f"to a disk with room), then `agentscope-rft train --resume {run_dir}`"
+    filenames = [Path(f) for f in _filenames(exc)]
+    full = next(
+        (p for p in (*filenames, *(others or {}), run_dir) if (free_bytes(p) or 0) < LOW_SPACE),
+        None,
     )
+    where = full or (filenames[0] if filenames else run_dir)
+    usage = disk_usage(where)
+    space = f" (a disk of {size_text(usage[1])}, {size_text(usage[0])} free)" if usage else ""
+    resume = (
+        f"`agentscope-rft train --resume {run_dir}`"
+        if (run_dir / STATE_FILE).is_file()
+        else "start the run again (--set run.overwrite=true: it saved no checkpoint yet)"
+    )
+    if where != run_dir and run_dir not in where.parents:
+        named = others.get(where) if others else None
+        setting = f" and point {named} at it" if named else ""
+        return DiskFullError(
+            f"no space left on the disk of {where}{space}: {exc}. The run folder {run_dir} is "
+            f"intact: make room there, or move {where.name} to a disk with room{setting}, then "
+            f"{resume}"
+        )
+    return DiskFullError(
+        f"no space left on the disk of {run_dir}{space}: {exc}. What was written before is "
+        "intact (a torn last line of a .jsonl file is skipped by its readers). Make room (fewer "
+        "run.keep_checkpoints, other runs' folders deleted, or the run folder moved to a disk "
+        f"with room), then {resume}"
+    )
+
+
+def _filenames(exc: BaseException) -> Iterator[str]:
+    """The files named by `exc` and the errors it came from."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        for name in (getattr(current, "filename", None), getattr(current, "filename2", None)):
+            if isinstance(name, str) and name:
+                yield name
+        current = current.__cause__ or current.__context__
 
 
 def write_failure(exc: OSError, source: Path) -> str:
@@ -184,3 +220,22 @@ def write_failure(exc: OSError, source: Path) -> str:
         f"{why} (the copy takes {size_text(folder_bytes(source))}); nothing was left there: "
         "make room, or give --out a folder on a disk with room"
     )
+
+
+def sqlite_files(buffer: BufferConfig) -> dict[Path, str]:
+    """The SQLite file of a `sql` buffer given a `url` (which may be on another disk than the
+    run folder); none for another buffer or database.
+
+    Example:
+        >>> sqlite_files(BufferConfig(type="sql", url="sqlite:////data/buffer.db"))
+        {PosixPath('/data/buffer.db'): 'buffer.url'}
+    """
+    if buffer.type != "sql" or buffer.url is None:
+        return {}
+    try:
+        url = to_url(buffer.url)
+    except BufferFormatError:
+        return {}
+    if url.get_backend_name() != "sqlite" or not url.database:
+        return {}
+    return {Path(url.database): "buffer.url"}

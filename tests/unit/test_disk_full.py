@@ -7,6 +7,7 @@ import sqlite3
 
 import pytest
 
+from agentscope_rft.buffer.config import BufferConfig
 from agentscope_rft.runtime import disk
 from agentscope_rft.runtime.components import write_state
 from agentscope_rft.runtime.disk import DiskFullError, is_disk_full, saving_checkpoint
@@ -65,3 +66,34 @@ def test_the_first_checkpoint_on_a_full_disk_says_there_is_nothing_to_resume(tmp
     with pytest.raises(DiskFullError, match=nothing), saving_checkpoint(run_dir, target, 2):
         target.mkdir(parents=True)
         raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_outside_the_run_folder_is_named_with_the_setting_that_put_it_there(
+    tmp_path, monkeypatch
+):
+    """The buffer's SQLite file on another disk: the run folder's disk was blamed."""
+    run_dir, buffer_file = tmp_path / "run", tmp_path / "data" / "buffer.db"
+    run_dir.mkdir()
+    monkeypatch.setattr(disk, "free_bytes", lambda path: 0 if path == buffer_file else 10**12)
+    monkeypatch.setattr(disk, "disk_usage", lambda path: (0, 10**9))
+    full = sqlite3.OperationalError("database or disk is full")  # no errno, no file name
+    others = disk.sqlite_files(BufferConfig(type="sql", url=f"sqlite:///{buffer_file}"))
+    message = str(disk.disk_full_error(run_dir, full, others))
+    assert message.startswith(f"no space left on the disk of {buffer_file} (a disk of 1.0 GB, ")
+    assert f"The run folder {run_dir} is intact" in message
+    assert "move buffer.db to a disk with room and point buffer.url at it" in message
+    assert "start the run again (--set run.overwrite=true" in message  # no state.json yet
+    write_state(run_dir, {"step": 3})
+    assert f"`agentscope-rft train --resume {run_dir}`" in str(
+        disk.disk_full_error(run_dir, full, others)
+    )
+
+
+def test_a_full_disk_under_the_run_folder_names_the_run_folder_and_its_fixes(tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    monkeypatch.setattr(disk, "free_bytes", lambda path: 0)
+    full = OSError(errno.ENOSPC, "No space left on device", str(run_dir / "metrics.jsonl"))
+    message = str(disk.disk_full_error(run_dir, full, {tmp_path / "b.db": "buffer.url"}))
+    assert message.startswith(f"no space left on the disk of {run_dir} (")
+    assert "fewer run.keep_checkpoints" in message and "buffer.url" not in message
