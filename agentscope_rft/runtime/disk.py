@@ -106,6 +106,8 @@ def saving_checkpoint(run_dir: Path, target: Path, keep_checkpoints: int) -> Ite
         >>> with saving_checkpoint(run_dir, target, keep_checkpoints=2):  # doctest: +SKIP
         ...     trainer.save(target)
     """
+    if not run_dir.is_dir():  # (saving would make it again, holding this checkpoint alone)
+        raise folder_gone(run_dir)
     try:
         yield
     except Exception as exc:
@@ -160,12 +162,12 @@ def disk_full_error(
     Example:
         >>> error = disk_full_error(run_dir, exc, {Path("/d/b.db"): "buffer.url"})  # doctest: +SKIP
     """
-    filenames = [Path(f) for f in _filenames(exc)]
+    named = [Path(f) for f in filenames(exc)]
     full = next(
-        (p for p in (*filenames, *(others or {}), run_dir) if (free_bytes(p) or 0) < LOW_SPACE),
+        (p for p in (*named, *(others or {}), run_dir) if (free_bytes(p) or 0) < LOW_SPACE),
         None,
     )
-    where = full or (filenames[0] if filenames else run_dir)
+    where = full or (named[0] if named else run_dir)
     usage = disk_usage(where)
     space = f" (a disk of {size_text(usage[1])}, {size_text(usage[0])} free)" if usage else ""
     resume = (
@@ -174,8 +176,8 @@ def disk_full_error(
         else "start the run again (--set run.overwrite=true: it saved no checkpoint yet)"
     )
     if where != run_dir and run_dir not in where.parents:
-        named = others.get(where) if others else None
-        setting = f" and point {named} at it" if named else ""
+        name = others.get(where) if others else None
+        setting = f" and point {name} at it" if name else ""
         return DiskFullError(
             f"no space left on the disk of {where}{space}: {exc}. The run folder {run_dir} is "
             f"intact: make room there, or move {where.name} to a disk with room{setting}, then "
@@ -189,8 +191,13 @@ def disk_full_error(
     )
 
 
-def _filenames(exc: BaseException) -> Iterator[str]:
-    """The files named by `exc` and the errors it came from."""
+def filenames(exc: BaseException) -> Iterator[str]:
+    """The files named by `exc` and the errors it came from.
+
+    Example:
+        >>> list(filenames(FileNotFoundError(2, "No such file or directory", "runs/a/x.jsonl")))
+        ['runs/a/x.jsonl']
+    """
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
@@ -239,3 +246,17 @@ def sqlite_files(buffer: BufferConfig) -> dict[Path, str]:
     if url.get_backend_name() != "sqlite" or not url.database:
         return {}
     return {Path(url.database): "buffer.url"}
+
+
+def folder_gone(run_dir: Path) -> RunFolderError:
+    """The error of a run whose folder was deleted (or its disk unmounted) while it ran.
+
+    Example:
+        >>> if not run_dir.is_dir():  # doctest: +SKIP
+        ...     raise folder_gone(run_dir)
+    """
+    return RunFolderError(
+        f"the run folder {run_dir} is gone (deleted, moved, or its disk unmounted while the run "
+        "wrote to it): the run cannot go on without it. Put it back and `agentscope-rft train "
+        f"--resume {run_dir}`, or start the run again"
+    )

@@ -21,7 +21,14 @@ from agentscope_rft.explorer.explorer import EpisodeSettings, Explorer, ExploreR
 from agentscope_rft.explorer.runner import EpisodeRunner, ModelSettings
 from agentscope_rft.gateway.server import Gateway
 from agentscope_rft.runtime.deterministic import deterministic_config
-from agentscope_rft.runtime.disk import DiskFullError, disk_full_error, is_disk_full, sqlite_files
+from agentscope_rft.runtime.disk import (
+    DiskFullError,
+    disk_full_error,
+    filenames,
+    folder_gone,
+    is_disk_full,
+    sqlite_files,
+)
 from agentscope_rft.runtime.memory import apply_allocator, limit_kernel_cache
 from agentscope_rft.runtime.preflight import Checked, preflight
 from agentscope_rft.runtime.signals import RunStop
@@ -62,6 +69,8 @@ async def train(
     except DiskFullError:
         raise
     except Exception as exc:
+        if not run_dir.is_dir() and any(run_dir in Path(f).parents for f in filenames(exc)):
+            raise folder_gone(run_dir) from exc
         if is_disk_full(exc):  # a metrics line, a rollout, the buffer: named, not a traceback
             raise disk_full_error(run_dir, exc, sqlite_files(config.buffer)) from exc
         raise

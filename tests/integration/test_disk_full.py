@@ -84,3 +84,52 @@ async def test_a_metrics_line_that_fills_the_disk_names_the_run_folder_and_the_f
         await train(config(tiny_model_path, url, run_dir, 2), run_dir)
     assert str(run_dir) in str(stopped.value)
     assert [r.step for r in read_metrics(run_dir / "metrics.jsonl")] == [0]  # torn line skipped
+
+
+async def test_a_run_folder_deleted_mid_run_stops_the_run_rather_than_making_it_again(
+    tiny_model_path, tmp_path, monkeypatch
+):
+    """Saving a checkpoint made the deleted folder again (checkpoints/ alone, beside a state.json
+    naming it), and the run went on writing its metrics into the deleted files."""
+    import shutil
+
+    from agentscope_rft.runtime.components import RunFolderError
+
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    await fill(url, 2)
+    run_dir = tmp_path / "run"
+    step = TorchTrainer.step
+
+    def step_then_gone(self, samples, number):
+        if number == 1:
+            shutil.rmtree(run_dir)
+        return step(self, samples, number)
+
+    monkeypatch.setattr(TorchTrainer, "step", step_then_gone)
+    with pytest.raises(RunFolderError, match=rf"the run folder {run_dir} is gone \(deleted"):
+        await train(config(tiny_model_path, url, run_dir, 2), run_dir)
+    assert not run_dir.exists()
+
+
+async def test_a_write_into_a_deleted_run_folder_names_the_folder(tmp_path, monkeypatch):
+    import shutil
+
+    from agentscope_rft.runtime import local
+    from agentscope_rft.runtime.components import RunFolderError
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+
+    class Gone:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        async def run(self):
+            shutil.rmtree(run_dir)
+            raise FileNotFoundError(2, "No such file or directory", str(run_dir / "x.jsonl"))
+
+    monkeypatch.setattr(local, "TrainingRun", Gone)
+    monkeypatch.setattr(local, "preflight", lambda config: None)
+    cfg = config("unused-model", f"sqlite:///{tmp_path / 'b.db'}", run_dir, 1)
+    with pytest.raises(RunFolderError, match=r"is gone .* Put it back and `agentscope-rft train"):
+        await train(cfg, run_dir)
