@@ -260,3 +260,18 @@ def folder_gone(run_dir: Path) -> RunFolderError:
         "wrote to it): the run cannot go on without it. Put it back and `agentscope-rft train "
         f"--resume {run_dir}`, or start the run again"
     )
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Write `path` whole or not at all: a reader, or a full disk, never leaves half of it (nor
+    the temporary file it is written to first).
+
+    Example:
+        >>> replace_text(sweep_dir / "summary.md", table)  # doctest: +SKIP
+    """
+    partial = path.with_name(path.name + ".tmp")
+    try:
+        partial.write_text(text)
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
