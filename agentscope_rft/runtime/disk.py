@@ -275,3 +275,17 @@ def replace_text(path: Path, text: str) -> None:
         partial.replace(path)
     finally:
         partial.unlink(missing_ok=True)
+
+
+def explore_disk_full(out_dir: Path, exc: BaseException) -> DiskFullError:
+    """The `DiskFullError` of an `explore` into `out_dir` whose write found the disk full.
+
+    Example:
+        >>> raise explore_disk_full(Path("runs/x/explore-test"), exc) from exc  # doctest: +SKIP
+    """
+    usage = disk_usage(out_dir)
+    space = f" (a disk of {size_text(usage[1])}, {size_text(usage[0])} free)" if usage else ""
+    return DiskFullError(
+        f"no space left on the disk of {out_dir}{space}: {exc}. Make room, or explore into a "
+        "folder on a disk with room (--set run.dir=<folder>), and run the command again"
+    )

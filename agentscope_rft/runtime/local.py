@@ -20,9 +20,9 @@ from agentscope_rft.engines.base import Engine
 from agentscope_rft.explorer.explorer import EpisodeSettings, Explorer, ExploreResult
 from agentscope_rft.explorer.runner import EpisodeRunner, ModelSettings
 from agentscope_rft.gateway.server import Gateway
+from agentscope_rft.runtime.components import RunFolderError
 from agentscope_rft.runtime.deterministic import deterministic_config
 from agentscope_rft.runtime.disk import (
-    DiskFullError,
     disk_full_error,
     filenames,
     folder_gone,
@@ -66,7 +66,7 @@ async def train(
         if config.runtime.type == "local":
             return await TrainingRun(config, run_dir, resume, stop, checked, ray_runtime=None).run()
         return await _train_on_ray(config, run_dir, resume, stop, checked)
-    except DiskFullError:
+    except RunFolderError:  # (a full disk said so already)
         raise
     except Exception as exc:
         if not run_dir.is_dir() and any(run_dir in Path(f).parents for f in filenames(exc)):

@@ -133,3 +133,25 @@ async def test_a_write_into_a_deleted_run_folder_names_the_folder(tmp_path, monk
     cfg = config("unused-model", f"sqlite:///{tmp_path / 'b.db'}", run_dir, 1)
     with pytest.raises(RunFolderError, match=r"is gone .* Put it back and `agentscope-rft train"):
         await train(cfg, run_dir)
+
+
+async def test_a_run_folder_refused_for_a_full_disk_is_said_once(tmp_path, monkeypatch):
+    from agentscope_rft.runtime import local
+    from agentscope_rft.runtime.components import RunFolderError, unwritable
+
+    run_dir = tmp_path / "run"
+    refused = unwritable(run_dir, OSError(errno.ENOSPC, "No space left on device"))
+
+    class Refused:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        async def run(self):
+            raise refused
+
+    monkeypatch.setattr(local, "TrainingRun", Refused)
+    monkeypatch.setattr(local, "preflight", lambda config: None)
+    cfg = config("unused-model", f"sqlite:///{tmp_path / 'b.db'}", run_dir, 1)
+    with pytest.raises(RunFolderError) as error:
+        await train(cfg, run_dir)
+    assert error.value is refused  # not wrapped in a second full-disk message

@@ -52,6 +52,7 @@ def test_a_save_failing_on_a_full_disk_without_saying_so_is_a_full_disk(tmp_path
 
 def test_a_save_failing_for_another_reason_keeps_its_error_and_its_folder(tmp_path, monkeypatch):
     target = tmp_path / "run" / "checkpoints" / "step-000001"
+    target.parents[1].mkdir()
     monkeypatch.setattr(disk, "free_bytes", lambda path: 10**12)
     with pytest.raises(PermissionError), saving_checkpoint(target.parents[1], target, 2):
         target.mkdir(parents=True)
@@ -61,6 +62,7 @@ def test_a_save_failing_for_another_reason_keeps_its_error_and_its_folder(tmp_pa
 
 def test_the_first_checkpoint_on_a_full_disk_says_there_is_nothing_to_resume(tmp_path):
     run_dir = tmp_path / "run"
+    run_dir.mkdir()
     target = run_dir / "checkpoints" / "step-000001"
     nothing = r"no checkpoint was saved before it.*overwrite"
     with pytest.raises(DiskFullError, match=nothing), saving_checkpoint(run_dir, target, 2):
@@ -97,3 +99,43 @@ def test_a_full_disk_under_the_run_folder_names_the_run_folder_and_its_fixes(tmp
     message = str(disk.disk_full_error(run_dir, full, {tmp_path / "b.db": "buffer.url"}))
     assert message.startswith(f"no space left on the disk of {run_dir} (")
     assert "fewer run.keep_checkpoints" in message and "buffer.url" not in message
+
+
+async def test_explore_on_a_full_disk_is_one_error_naming_its_folder(tmp_path, monkeypatch):
+    """`explore` ended in an OSError traceback (and a 0-byte config.yaml) on a full disk."""
+    import json
+    from pathlib import Path
+
+    from agentscope_rft.config import load_config
+    from agentscope_rft.runtime import explore
+    from agentscope_rft.runtime.components import RunFolderError
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "t0", "prompt": "Hi"}) + "\n")
+    app = Path(__file__).parents[1] / "integration" / "toy_app.py"
+    config = load_config(
+        None, [f"workflow={app}:run", f"tasks.train={tasks}", "model.name_or_path=m"]
+    )
+    out_dir = tmp_path / "run" / "explore-train"
+    write_text = Path.write_text
+
+    def full(path: Path, text: str, *args, **kwargs) -> int:
+        write_text(path, text[:5], *args, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(RunFolderError) as refused:
+        await explore.explore(config, out_dir)
+    assert str(refused.value) == (
+        f"cannot write the run folder {out_dir}: No space left on device. Give the run a folder "
+        "this user can write on a disk with room (--set run.dir=<folder>)"
+    )
+    assert list(out_dir.iterdir()) == []  # no cut config.yaml
+    monkeypatch.undo()
+
+    async def fills_up(*args, **kwargs):  # later: a results line, the buffer
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(explore, "_explore", fills_up)
+    with pytest.raises(DiskFullError, match=rf"no space left on the disk of {out_dir} \(a disk"):
+        await explore.explore(config, out_dir)
