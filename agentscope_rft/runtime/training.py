@@ -633,14 +633,14 @@ class TrainingRun:
         # run_state.json marks a whole checkpoint: a step saved again (redone after a resume)
         # drops the one of the earlier attempt first, so a kill while saving leaves no mark
         (target / RUN_STATE_FILE).unlink(missing_ok=True)
-        saved: dict[str, Any] = {"step": done, "health": self.rollback.to_dict()}
-        if self.offline is not None:  # resume trains on from the first unit not yet trained
-            saved |= self.offline.state()
-        if self.sampler is not None:  # resume re-explores from the first batch not yet trained
-            saved["sampler"] = self.sampler_states.get(done, self.sampler.state_dict())
         with saving_checkpoint(self.run_dir, target, self.config.run.keep_checkpoints):
             await in_own_thread(self.trainer.save, target)
             await in_own_thread(self._export_hf, target / "model")
+            saved: dict[str, Any] = {"step": done, "health": self.rollback.to_dict()}
+            if self.offline is not None:  # resume trains on from the first unit not yet trained
+                saved |= self.offline.state()
+            if self.sampler is not None:  # resume re-explores from the first batch not yet trained
+                saved["sampler"] = self.sampler_states.get(done, self.sampler.state_dict())
             write_json(target / RUN_STATE_FILE, saved)  # whole or absent, even if killed
         return saved
 
