@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import shutil
+import traceback
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -33,6 +34,16 @@ class DiskFullError(RunFolderError):
     """The disk (or quota) of a run folder filled up while the run wrote to it."""
 
 
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and the exceptions it was raised from (or while handling)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
 def is_disk_full(exc: BaseException) -> bool:
     """Whether `exc`, or an exception it was raised from, is the disk or the quota being full.
 
@@ -40,16 +51,11 @@ def is_disk_full(exc: BaseException) -> bool:
         >>> is_disk_full(OSError(errno.ENOSPC, "No space left on device"))
         True
     """
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in FULL_ERRNOS:
-            return True
-        if any(text in str(current).lower() for text in FULL_TEXTS):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+    return any(
+        (isinstance(error, OSError) and error.errno in FULL_ERRNOS)
+        or any(text in str(error).lower() for text in FULL_TEXTS)
+        for error in _chain(exc)
+    )
 
 
 def disk_usage(path: Path) -> tuple[int, int] | None:
@@ -115,6 +121,10 @@ def saving_checkpoint(run_dir: Path, target: Path, keep_checkpoints: int) -> Ite
         if not (is_disk_full(exc) or (free is not None and free < LOW_SPACE)):
             raise
         written = folder_bytes(target)
+        # The writer that failed (torch.save's) holds its file open from the traceback's frames:
+        # the space comes back only once it is closed, and the run's last writes need it.
+        for error in _chain(exc):
+            traceback.clear_frames(error.__traceback__)
         # run_state.json comes last, so this folder is no whole checkpoint; it holds the space
         shutil.rmtree(target, ignore_errors=True)
         raise DiskFullError(_checkpoint_full(run_dir, target, keep_checkpoints, written)) from exc
@@ -198,14 +208,10 @@ def filenames(exc: BaseException) -> Iterator[str]:
         >>> list(filenames(FileNotFoundError(2, "No such file or directory", "runs/a/x.jsonl")))
         ['runs/a/x.jsonl']
     """
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        for name in (getattr(current, "filename", None), getattr(current, "filename2", None)):
+    for error in _chain(exc):
+        for name in (getattr(error, "filename", None), getattr(error, "filename2", None)):
             if isinstance(name, str) and name:
                 yield name
-        current = current.__cause__ or current.__context__
 
 
 def write_failure(exc: OSError, source: Path) -> str:

@@ -139,3 +139,29 @@ async def test_explore_on_a_full_disk_is_one_error_naming_its_folder(tmp_path, m
     monkeypatch.setattr(explore, "_explore", fills_up)
     with pytest.raises(DiskFullError, match=rf"no space left on the disk of {out_dir} \(a disk"):
         await explore.explore(config, out_dir)
+
+
+def test_a_checkpoint_cut_off_by_a_full_disk_gives_back_what_its_writer_held(tmp_path):
+    """torch.save's writer stayed open in the traceback's frames: the deleted checkpoint's space
+    came back only after the run, so status.json could not record how it ended."""
+    import weakref
+
+    run_dir = tmp_path / "run"
+    target = run_dir / "checkpoints" / "step-000001"
+    target.mkdir(parents=True)
+    held: list[weakref.ref] = []
+
+    def save_until_full() -> None:
+        handle = (target / "trainer.pt").open("wb")
+        held.append(weakref.ref(handle))
+        handle.write(b"\0" * 100)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    try:  # (not pytest.raises: it lets the frames go itself)
+        with saving_checkpoint(run_dir, target, 2):
+            save_until_full()
+    except DiskFullError as error:
+        stopped = error
+    assert isinstance(stopped.__cause__, OSError)
+    assert held[0]() is None  # closed and gone, though the error is still at hand
+    assert not target.exists()
