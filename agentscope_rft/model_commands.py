@@ -169,6 +169,7 @@ def export_command(
     """
     from agentscope_rft.cli import console, fail, said
     from agentscope_rft.runtime.best import CheckpointNotFoundError, resolve_checkpoint
+    from agentscope_rft.runtime.disk import write_failure
     from agentscope_rft.runtime.export import export_model_folder
     from agentscope_rft.trainers.checkpoint import DTYPES
 
@@ -184,7 +185,7 @@ def export_command(
     try:
         written = export_model_folder(source, target, dtype)
     except OSError as exc:  # a path under a file, no space left: no half-copied model is left
-        raise fail(f"cannot write {target}: {exc.strerror or exc}") from exc
+        raise fail(f"cannot write {target}: {write_failure(exc, source)}") from exc
     except ValueError as exc:
         raise fail(str(exc)) from exc
     name = str(written).removeprefix("torch.")

@@ -146,6 +146,11 @@ def export_samples(
                 handle.write("\n")
                 count += 1
         os.replace(partial, out)
+    except OSError as exc:  # a full disk: named, and no half file left (below)
+        raise ValueError(
+            f"cannot write {out}: {exc.strerror or exc} after {count} samples; nothing was "
+            "left there: make room, or give --out a file on a disk with room"
+        ) from exc
     finally:
         partial.unlink(missing_ok=True)
     return count

@@ -160,10 +160,12 @@ def create_buffer_engine(
         _check_schema(engine, where, create)
     except sa_exc.DatabaseError as err:
         engine.dispose()
-        raise BufferFormatError(
-            f"{where}: cannot open the buffer ({err.orig}); point the buffer url at a buffer "
-            "database or a new file"
-        ) from err
+        fix = (
+            "make room on its disk, or point the buffer url at a file on a disk with room"
+            if "disk is full" in str(err.orig)
+            else "point the buffer url at a buffer database or a new file"
+        )
+        raise BufferFormatError(f"{where}: cannot open the buffer ({err.orig}); {fix}") from err
     except BaseException:
         engine.dispose()
         raise

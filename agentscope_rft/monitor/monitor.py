@@ -168,6 +168,9 @@ class Monitor:
         """
         try:
             return plot_run(self.run_dir)
+        except OSError as exc:  # a full disk: the run's own writes say so
+            logger.warning("no reward curve: cannot write it: %s", exc)
+            return None
         except MetricsFileError as exc:
             # Once per run: steps without rewards (an offline run, warm-up steps) come in rows.
             log = logger.debug if self._plot_warned else logger.warning
@@ -184,8 +187,14 @@ class Monitor:
         if self._closed:
             return
         self._closed = True
-        self._writer.close()
-        run_ended(self.run_dir, self._status, (self._error or "failed") if failed else None)
+        try:
+            self._writer.close()
+            run_ended(self.run_dir, self._status, (self._error or "failed") if failed else None)
+        except OSError as exc:
+            if not failed:
+                raise
+            # (a full disk that ended the run fails these too: its error is the one to show)
+            logger.warning("%s: could not record the run's end: %s", self.run_dir, exc)
         try:
             path = self.plot()
             if path is not None:

@@ -247,8 +247,12 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     out = out if out is not None else metrics_path.parent / REWARD_CURVE_FILE
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.partial")
-    figure.savefig(partial, format="png")
-    os.replace(partial, out)
+    try:
+        figure.savefig(partial, format="png")
+        os.replace(partial, out)
+    except BaseException:
+        partial.unlink(missing_ok=True)  # (a full disk: no empty file left behind)
+        raise
     return out
 
 

@@ -98,9 +98,13 @@ class BestCheckpoint:
         folder = self.run_dir / "checkpoints" / BEST_DIR
         staging = folder.with_name(BEST_DIR + ".tmp")
         shutil.rmtree(staging, ignore_errors=True)
-        export(staging / "model")
         record = {"step": step, "metric": self.metric, "value": float(value), "mode": self.mode}
-        (staging / BEST_FILE).write_text(json.dumps(record))
+        try:
+            export(staging / "model")
+            (staging / BEST_FILE).write_text(json.dumps(record))
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)  # (a full disk: a half model holds it)
+            raise
         # Swap whole folders, so a crash leaves the old best or the new one, never half of one.
         old = folder.with_name(BEST_DIR + ".old")
         shutil.rmtree(old, ignore_errors=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -50,14 +51,28 @@ def prepare_run_dir(config: RunConfig, run_dir: Path, *, resume: bool) -> RunFol
     lock = RunFolderLock(run_dir)
     try:
         _check_run_dir(config, run_dir, resume=resume)
+        # (every resume writes it again: a kill mid-write must leave the old one, not half of it)
+        partial = run_dir / "config.yaml.tmp"
+        try:
+            partial.write_text(dump_config(config))
+            partial.replace(run_dir / "config.yaml")
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                partial.unlink(missing_ok=True)
+            raise unwritable(run_dir, exc) from exc
     except BaseException:
         lock.release()
         raise
-    # (every resume writes it again: a kill mid-write must leave the old one, not half of it)
-    partial = run_dir / "config.yaml.tmp"
-    partial.write_text(dump_config(config))
-    partial.replace(run_dir / "config.yaml")
     return lock
+
+
+def unwritable(run_dir: Path, exc: OSError) -> RunFolderError:
+    """The error of a run folder that cannot be written (a read-only or full disk, no
+    permission), found before any work."""
+    return RunFolderError(
+        f"cannot write the run folder {run_dir}: {exc.strerror or exc}. Give the run a folder "
+        "this user can write on a disk with room (--set run.dir=<folder>)"
+    )
 
 
 class RunFolderLock:
@@ -66,7 +81,10 @@ class RunFolderLock:
     folder would interleave its steps with the first's."""
 
     def __init__(self, run_dir: Path) -> None:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise unwritable(run_dir, exc) from exc
         self._fd: int | None = os.open(run_dir, os.O_RDONLY)  # not inherited by children
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

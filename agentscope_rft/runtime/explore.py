@@ -38,10 +38,13 @@ from agentscope_rft.explorer.trajectory import TrajectoryStats
 from agentscope_rft.gateway.server import Gateway
 from agentscope_rft.runtime.components import (
     RolloutLog,
+    RunFolderError,
     episode_settings,
     max_tokens_per_call,
     sampling_rules,
+    unwritable,
 )
+from agentscope_rft.runtime.disk import explore_disk_full, is_disk_full, replace_text
 from agentscope_rft.runtime.memory import apply_allocator, limit_kernel_cache
 from agentscope_rft.runtime.signals import RunStop, RunStopped, Stopping
 from agentscope_rft.types import Rollout
@@ -157,15 +160,20 @@ async def explore(
     stop = stop or RunStop()
     apply_allocator(config.run.allocator)  # before the model allocates
     limit_kernel_cache()
-    if config.runtime.type == "local":
-        return await _explore(config, out_dir, split, limit, group_size, stop, None)
-    from agentscope_rft.runtime.ray import RayRuntime
-
-    ray_runtime = await asyncio.to_thread(RayRuntime, config)
     try:
-        return await _explore(config, out_dir, split, limit, group_size, stop, ray_runtime)
-    finally:
-        ray_runtime.close()
+        if config.runtime.type == "local":
+            return await _explore(config, out_dir, split, limit, group_size, stop, None)
+        from agentscope_rft.runtime.ray import RayRuntime
+
+        ray_runtime = await asyncio.to_thread(RayRuntime, config)
+        try:
+            return await _explore(config, out_dir, split, limit, group_size, stop, ray_runtime)
+        finally:
+            ray_runtime.close()
+    except Exception as exc:
+        if is_disk_full(exc) and not isinstance(exc, RunFolderError):  # (said already)
+            raise explore_disk_full(out_dir, exc) from exc
+        raise
 
 
 async def _explore(
@@ -182,9 +190,12 @@ async def _explore(
     groups = group_size or (
         config.explorer.group_size if split == "train" else config.explorer.eval_group_size
     )
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        replace_text(out_dir / "config.yaml", dump_config(config))
+    except OSError as exc:  # a read-only or full disk: before the model loads
+        raise unwritable(out_dir, exc) from exc
     warn_second_look(out_dir, split, config.model.name_or_path)
-    (out_dir / "config.yaml").write_text(dump_config(config))
     buffer_config = config.buffer
     if buffer_config.type == "memory":
         logger.info(

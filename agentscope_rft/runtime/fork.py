@@ -237,8 +237,12 @@ def rewind_step_logs(run_dir: Path, step: int) -> None:
         if not path.is_file():
             continue
         partial = path.with_name(f"{name}.rewind")
-        _cut_lines(path, partial, step)
-        os.replace(partial, path)
+        try:
+            _cut_lines(path, partial, step)
+            os.replace(partial, path)
+        except BaseException:
+            partial.unlink(missing_ok=True)  # (a full disk: a half copy would hold the space)
+            raise
 
 
 def _json_lines(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:

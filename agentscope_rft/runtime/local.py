@@ -20,7 +20,15 @@ from agentscope_rft.engines.base import Engine
 from agentscope_rft.explorer.explorer import EpisodeSettings, Explorer, ExploreResult
 from agentscope_rft.explorer.runner import EpisodeRunner, ModelSettings
 from agentscope_rft.gateway.server import Gateway
+from agentscope_rft.runtime.components import RunFolderError
 from agentscope_rft.runtime.deterministic import deterministic_config
+from agentscope_rft.runtime.disk import (
+    disk_full_error,
+    filenames,
+    folder_gone,
+    is_disk_full,
+    sqlite_files,
+)
 from agentscope_rft.runtime.memory import apply_allocator, limit_kernel_cache
 from agentscope_rft.runtime.preflight import Checked, preflight
 from agentscope_rft.runtime.signals import RunStop
@@ -54,8 +62,23 @@ async def train(
     checked = checked or preflight(config)  # everything checkable, before anything loads
     apply_allocator(config.run.allocator)  # before the model and the trainer allocate
     limit_kernel_cache()
-    if config.runtime.type == "local":
-        return await TrainingRun(config, run_dir, resume, stop, checked, ray_runtime=None).run()
+    try:
+        if config.runtime.type == "local":
+            return await TrainingRun(config, run_dir, resume, stop, checked, ray_runtime=None).run()
+        return await _train_on_ray(config, run_dir, resume, stop, checked)
+    except RunFolderError:  # (a full disk said so already)
+        raise
+    except Exception as exc:
+        if not run_dir.is_dir() and any(run_dir in Path(f).parents for f in filenames(exc)):
+            raise folder_gone(run_dir) from exc
+        if is_disk_full(exc):  # a metrics line, a rollout, the buffer: named, not a traceback
+            raise disk_full_error(run_dir, exc, sqlite_files(config.buffer)) from exc
+        raise
+
+
+async def _train_on_ray(
+    config: RunConfig, run_dir: Path, resume: bool, stop: RunStop, checked: Checked
+) -> dict[str, float]:
     from agentscope_rft.runtime.ray import RayRuntime
 
     # Joined (or started) and checked before any work, so the trainer's Ray ranks join it too.

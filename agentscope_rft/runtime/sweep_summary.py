@@ -30,6 +30,7 @@ from agentscope_rft.runtime.best import (
     metric_names,
 )
 from agentscope_rft.runtime.components import CHECKPOINTS, STATE_FILE, checkpoint_dir, read_state
+from agentscope_rft.runtime.disk import replace_text
 from agentscope_rft.runtime.sweep import (
     BASELINE_DIR,
     BEST_TEST_DIR,
@@ -202,11 +203,16 @@ def summarize(sweep_dir: Path, *, test: bool = False) -> dict[str, Any]:
     if tested:
         names = sorted({k for t in tested for k in t if isinstance(t[k], (int, float))})
         summary["test"] = {k: spread([t[k] for t in tested if k in t]) for k in names}
-    tmp = sweep_dir / (SUMMARY_JSON + ".tmp")
-    tmp.write_text(json.dumps(summary, indent=1))
-    tmp.replace(sweep_dir / SUMMARY_JSON)
-    (sweep_dir / SUMMARY_MD).write_text(markdown_table(summary))
-    plot_seeds(summary, sweep_dir / SEEDS_PLOT)
+    try:  # each file whole, the new or the old (a full disk must not cut a committed table)
+        replace_text(sweep_dir / SUMMARY_JSON, json.dumps(summary, indent=1))
+        replace_text(sweep_dir / SUMMARY_MD, markdown_table(summary))
+        plot_seeds(summary, sweep_dir / SEEDS_PLOT)
+    except OSError as exc:
+        raise SweepError(
+            f"cannot write the summary into {sweep_dir}: {exc.strerror or exc}; each of its files "
+            "is whole (the new one or the one before): make room, or summarize a copy of the "
+            "sweep on a disk with room"
+        ) from exc
     return summary
 
 
@@ -402,6 +408,9 @@ def plot_seeds(summary: dict[str, Any], path: Path) -> Path | None:
     axes.grid(alpha=0.3)
     axes.legend(fontsize="small")
     partial = path.with_name(path.name + f".{os.getpid()}.partial")
-    figure.savefig(partial, format="png")
-    partial.replace(path)
+    try:
+        figure.savefig(partial, format="png")
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
     return path

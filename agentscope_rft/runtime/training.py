@@ -57,6 +57,7 @@ from agentscope_rft.runtime.components import (
     write_state,
 )
 from agentscope_rft.runtime.deterministic import ordered
+from agentscope_rft.runtime.disk import saving_checkpoint
 from agentscope_rft.runtime.fork import rewind_step_logs
 from agentscope_rft.runtime.gpus import room_for_training
 from agentscope_rft.runtime.memory import (
@@ -600,15 +601,16 @@ class TrainingRun(RunRollbacks):
         # run_state.json marks a whole checkpoint: a step saved again (redone after a resume)
         # drops the one of the earlier attempt first, so a kill while saving leaves no mark
         (target / RUN_STATE_FILE).unlink(missing_ok=True)
-        await in_own_thread(self.trainer.save, target)
-        await in_own_thread(self._export_hf, target / "model")
-        saved: dict[str, Any] = {"step": done, "health": self.rollback.to_dict()}
-        saved["unhealthy_steps"] = self.health.marks()  # (streaks not fired yet: no event)
-        if self.offline is not None:  # resume trains on from the first unit not yet trained
-            saved |= self.offline.state()
-        if self.sampler is not None:  # resume re-explores from the first batch not yet trained
-            saved["sampler"] = self.sampler_states.get(done, self.sampler.state_dict())
-        write_json(target / RUN_STATE_FILE, saved)  # whole or absent, even if killed
+        with saving_checkpoint(self.run_dir, target, self.config.run.keep_checkpoints):
+            await in_own_thread(self.trainer.save, target)
+            await in_own_thread(self._export_hf, target / "model")
+            saved: dict[str, Any] = {"step": done, "health": self.rollback.to_dict()}
+            saved["unhealthy_steps"] = self.health.marks()  # (streaks not fired yet: no event)
+            if self.offline is not None:  # resume trains on from the first unit not yet trained
+                saved |= self.offline.state()
+            if self.sampler is not None:  # resume re-explores from the first batch not yet trained
+                saved["sampler"] = self.sampler_states.get(done, self.sampler.state_dict())
+            write_json(target / RUN_STATE_FILE, saved)  # whole or absent, even if killed
         return saved
 
     def _commit(self, saved: dict[str, Any]) -> None:

@@ -180,3 +180,34 @@ def test_serve_takes_the_reasoning_parser(monkeypatch, engine):
     result = CliRunner().invoke(app, [*args, "--port", "0"], env={"COLUMNS": "1000"})
     assert result.exit_code == 2 and "stop here" in result.output, result.output
     assert [(c.type, c.reasoning_parser) for c in built] == [(engine, "none")]
+
+
+def test_export_to_a_full_disk_is_one_line_with_the_size_and_leaves_nothing(tmp_path, monkeypatch):
+    """copytree's error listed every file it could not copy, as a Python list."""
+    import errno
+    import shutil
+
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("config.json", "tokenizer.json", "model.safetensors"):
+        (model / name).write_text("x" * 1000)
+    copyfile = shutil.copyfile
+    copied: list[str] = []
+
+    def until_full(src, dst, **kwargs):
+        if copied:
+            raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+        copied.append(src)
+        return copyfile(src, dst, **kwargs)
+
+    monkeypatch.setattr(shutil, "copyfile", until_full)
+    out = tmp_path / "exported"
+    result = CliRunner().invoke(app, ["export", str(model), "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    line = " ".join(result.output.split())
+    assert line.startswith(f"error: cannot write {out}: [Errno 28] No space left on device: ")
+    assert line.endswith(
+        "(the copy takes 3.0 KB); nothing was left there: make room, or give --out a folder on "
+        "a disk with room"
+    )
+    assert "[(" not in line and not out.exists()

@@ -220,3 +220,24 @@ def test_a_sweep_forks_each_seed_from_the_same_seed(tmp_path):
         open_sweep(config(tmp_path / "b"), tmp_path / "b", [2], fork=(src, 4))
     with pytest.raises(SweepError, match="not a seed sweep"):
         open_sweep(config(tmp_path / "c"), tmp_path / "c", [0], fork=(src / "seed-0", 4))
+
+
+def test_a_resume_on_a_full_disk_keeps_the_step_logs_and_no_half_copy(tmp_path, monkeypatch):
+    """Cutting the records of lost steps copies each log: a full disk left the half copy."""
+    import errno
+
+    from agentscope_rft.runtime import fork
+
+    lines = "".join(json.dumps({"step": s, "x": "y" * 50}) + "\n" for s in range(4))
+    (tmp_path / "rollouts.jsonl").write_text(lines)
+    cut_lines = fork._cut_lines
+
+    def until_full(path: Path, out: Path, step: int) -> None:
+        cut_lines(path, out, step)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(fork, "_cut_lines", until_full)
+    with pytest.raises(OSError, match="No space left"):
+        fork.rewind_step_logs(tmp_path, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rollouts.jsonl"]
+    assert (tmp_path / "rollouts.jsonl").read_text() == lines

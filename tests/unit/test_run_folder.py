@@ -100,3 +100,38 @@ def test_a_resume_killed_while_saving_the_config_keeps_the_runs_config(tmp_path,
         prepare_run_dir(CONFIG, run_dir, resume=True)
     monkeypatch.undo()
     assert (run_dir / "config.yaml").read_text() == saved
+
+
+@pytest.mark.parametrize(
+    ("fails", "error"),
+    [
+        ("mkdir", OSError(30, "Read-only file system")),  # a new folder on a read-only disk
+        ("write_text", OSError(30, "Read-only file system")),  # an existing one
+        ("write_text", OSError(28, "No space left on device")),
+        ("write_text", PermissionError(13, "Permission denied")),  # another user's folder
+    ],
+)
+def test_a_run_folder_that_cannot_be_written_is_named_before_any_work(
+    tmp_path, monkeypatch, fails, error
+):
+    from pathlib import Path
+
+    run_dir = tmp_path / "run"
+    if fails == "write_text":
+        run_dir.mkdir()
+
+    def cannot(path: Path, *args, **kwargs) -> None:
+        if fails == "write_text":  # half a file, as a full disk leaves it
+            (run_dir / "config.yaml.tmp").open("a").close()
+        raise error
+
+    monkeypatch.setattr(Path, fails, cannot)
+    with pytest.raises(RunFolderError) as refused:
+        prepare_run_dir(CONFIG, run_dir, resume=False)
+    monkeypatch.undo()
+    assert str(refused.value) == (
+        f"cannot write the run folder {run_dir}: {error.strerror}. Give the run a folder this "
+        "user can write on a disk with room (--set run.dir=<folder>)"
+    )
+    assert not (run_dir / "config.yaml.tmp").exists()
+    prepare_run_dir(CONFIG, run_dir, resume=False).release()  # not left locked

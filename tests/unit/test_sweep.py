@@ -603,3 +603,31 @@ def test_an_untrained_baseline_of_another_model_is_refused_not_shown_as_the_floo
     (baseline / "config.yaml").write_text("model:\n  name_or_path: other-model\n")
     with pytest.raises(SweepError, match=r"is of other-model, not of this sweep's my-model"):
         evaluate_untrained(sweep)
+
+
+def test_a_summary_on_a_full_disk_is_a_sweep_error_and_keeps_each_file_whole(tmp_path, monkeypatch):
+    """A full disk while writing summary.md cut the committed table to nothing (a traceback)."""
+    import errno
+
+    sweep = tmp_path / "sweep"
+    open_sweep(config(tmp_path), sweep, [0])
+    write_run(sweep / "seed-0", [val(0, 0.1), val(2, 0.5)], 2)
+    data = read_sweep(sweep)
+    data["status"] = {"0": "done"}
+    (sweep / "sweep.json").write_text(json.dumps(data))
+    summarize(sweep)
+    before = {p.name: p.read_bytes() for p in sweep.iterdir() if p.is_file()}
+    write_text = Path.write_text
+
+    def until_full(path: Path, text: str, *args, **kwargs) -> int:
+        if path.name.startswith("summary.md"):
+            write_text(path, text[:10], *args, **kwargs)  # what fitted
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write_text(path, text, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", until_full)
+    with pytest.raises(SweepError, match=rf"cannot write the summary into {sweep}: No space left"):
+        summarize(sweep)
+    monkeypatch.undo()
+    after = {p.name: p.read_bytes() for p in sweep.iterdir() if p.is_file()}
+    assert after == before  # summary.json again the same; summary.md the one before; no .tmp

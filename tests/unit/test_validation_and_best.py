@@ -294,3 +294,21 @@ def test_the_test_slice_is_spread_over_a_file_ordered_by_dataset(tmp_path, tiny_
         ],
     )
     assert [t.id for t in preflight(config).eval_tasks] == ["nq0", "nq3", "hotpotqa0", "hotpotqa3"]
+
+
+def test_a_best_checkpoint_cut_off_by_a_full_disk_leaves_the_old_best_and_no_half_copy(tmp_path):
+    import errno
+
+    best = BestCheckpoint(tmp_path, "val/success_rate", "max")
+    assert best.consider(0, {"success_rate": 0.2}, export_to)
+
+    def export_until_full(folder: Path) -> None:
+        export_to(folder)
+        (folder / "model.safetensors").write_bytes(b"\0" * 100)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        best.consider(4, {"success_rate": 0.9}, export_until_full)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["best"]
+    assert read_best(tmp_path)["step"] == 0
+    assert json.loads((tmp_path / "checkpoints" / "best" / "best.json").read_text())["step"] == 0

@@ -260,3 +260,33 @@ async def test_an_import_looks_samples_up_by_an_index(filled: Path, tmp_path: Pa
         ).all()
     engine.dispose()
     assert "ix_buffer_samples_rollout_id" in " ".join(str(row) for row in plan)
+
+
+def test_cli_export_to_a_full_disk_is_one_clear_line_and_keeps_the_previous_export(
+    filled: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk mid-export was an OSError traceback."""
+    import errno
+
+    from agentscope_rft.buffer import export
+
+    out = tmp_path / "samples.jsonl"
+    out.write_text("the export of yesterday\n")
+    to_json = export.sample_to_json
+    written: list[int] = []
+
+    def until_full(sample, names):
+        if len(written) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written.append(1)
+        return to_json(sample, names)
+
+    monkeypatch.setattr(export, "sample_to_json", until_full)
+    result = runner.invoke(buffer_app, ["export", "--url", str(filled), "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert " ".join(result.output.split()) == (
+        f"error: cannot write {out}: No space left on device after 2 samples; nothing was left "
+        "there: make room, or give --out a file on a disk with room"
+    )
+    assert out.read_text() == "the export of yesterday\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["buffer.db", "samples.jsonl"]

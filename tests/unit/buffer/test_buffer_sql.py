@@ -44,6 +44,29 @@ def test_a_file_that_is_not_a_database_is_named(tmp_path: Path) -> None:
     assert path.read_text().startswith("these are my notes")  # untouched
 
 
+def test_a_buffer_on_a_full_disk_says_to_make_room_not_to_pick_another_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk while creating the buffer told the user to point the url at a database."""
+    from sqlalchemy import exc as sa_exc
+
+    from agentscope_rft.buffer import schema
+
+    def full(engine, where, create):
+        raise sa_exc.OperationalError(
+            "CREATE TABLE", None, sqlite3.OperationalError("database or disk is full")
+        )
+
+    monkeypatch.setattr(schema, "_check_schema", full)
+    path = tmp_path / "buffer.db"
+    with pytest.raises(BufferFormatError) as error:
+        SQLBuffer(path)
+    assert str(error.value) == (
+        f"{path}: cannot open the buffer (database or disk is full); make room on its disk, or "
+        "point the buffer url at a file on a disk with room"
+    )
+
+
 def test_a_buffer_of_another_schema_version_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "buffer.db"
     SQLBuffer(path)

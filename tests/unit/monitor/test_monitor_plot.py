@@ -174,3 +174,30 @@ def test_monitor_rejects_bad_input(tmp_path: Path) -> None:
             monitor.log(1, {"step": 3})
         monitor.log(np.int64(2), {"reward/mean": np.float32(0.5)})
     assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 1
+
+
+def test_a_full_disk_at_close_leaves_the_runs_own_error_and_no_partial_plot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The disk that stopped the run is full still when the monitor closes: writing status.json
+    and the reward curve fail too, and must not put their error in place of the run's."""
+    import errno
+
+    from matplotlib.figure import Figure
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def savefig_until_full(self: Figure, path: Path, **kwargs: object) -> None:
+        Path(path).write_bytes(b"\x89PNG")  # the start of the file, then no room
+        full()
+
+    cfg = MonitorConfig(tensorboard=False, console=False)
+    monitor = Monitor(tmp_path, cfg, run_name="t", resolved_config={})
+    with pytest.raises(KeyError, match="the run's own"), monitor:
+        monitor.log(1, {"reward/mean": 0.5})
+        monkeypatch.setattr("agentscope_rft.monitor.monitor.run_ended", full)
+        monkeypatch.setattr(Figure, "savefig", savefig_until_full)
+        raise KeyError("the run's own")
+    assert not list(tmp_path.glob(".*partial"))
+    assert "could not record the run's end" in caplog.text and "no reward curve" in caplog.text
