@@ -398,6 +398,11 @@ class SQLBuffer:
         return await asyncio.to_thread(self._requeue_after, step)
 
     def _requeue_after(self, step: int) -> int:
+        return self._release_after(step, PENDING)
+
+    def _release_after(self, step: int, state: str) -> int:
+        """Put the groups consumed or dropped by steps after `step` in `state` (pending: a resume
+        trains them again; dropped: a rollback abandoned them); returns their samples."""
         g = groups_table.c
         taken = sa.and_(g.state.in_((CONSUMED, DROPPED)), g.step > step)
         with self._engine.begin() as conn:
@@ -409,7 +414,7 @@ class SQLBuffer:
             conn.execute(
                 sa.update(groups_table)
                 .where(taken)
-                .values(state=PENDING, step=None, updated_at=time.time())
+                .values(state=state, step=None, updated_at=time.time())
             )
         return int(count)
 
@@ -420,19 +425,7 @@ class SQLBuffer:
         return await asyncio.to_thread(self._abandon_after, step)
 
     def _abandon_after(self, step: int) -> int:
-        g = groups_table.c
-        taken = sa.and_(g.state.in_((CONSUMED, DROPPED)), g.step > step)
-        with self._engine.begin() as conn:
-            conn.execute(sa.delete(replays_table).where(replays_table.c.step > step))
-            count = conn.execute(
-                sa.select(sa.func.coalesce(sa.func.sum(g.num_samples), 0)).where(taken)
-            ).scalar_one()
-            conn.execute(
-                sa.update(groups_table)
-                .where(taken)
-                .values(state=DROPPED, step=None, updated_at=time.time())
-            )
-        return int(count)
+        return self._release_after(step, DROPPED)
 
     async def discard_pending(self) -> int:
         """Mark every pending group dropped (a resumed run re-explores them); returns samples."""

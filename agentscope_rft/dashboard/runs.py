@@ -11,6 +11,7 @@ import math
 import os
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -133,9 +134,13 @@ def read_json(path: Path) -> Any:
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """The JSON objects of a JSONL file; a torn last line and non-object lines are skipped."""
+    return list(iter_jsonl(path))
+
+
+def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """`read_jsonl` a line at a time (a long file is not held in memory)."""
     if not path.is_file():
-        return []
-    out: list[dict[str, Any]] = []
+        return
     with path.open(encoding="utf-8", errors="replace") as handle:
         for line in handle:
             try:
@@ -143,8 +148,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
             except ValueError:
                 continue
             if isinstance(record, dict):
-                out.append(record)
-    return out
+                yield record
 
 
 def metric_history(path: Path) -> list[MetricRecord]:

@@ -36,6 +36,7 @@ import yaml
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from agentscope_rft.dashboard.runs import iter_jsonl
 from agentscope_rft.explorer.trajectory import build_samples
 from agentscope_rft.gateway.app import (
     GatewayState,
@@ -227,18 +228,9 @@ class _Written(Mapping[str, str]):
 def _episode_ids(path: Path) -> set[str]:
     """The rollout ids of a `rollouts.jsonl`, read a line at a time (a long recording's file
     is not held in memory); a torn or foreign line is skipped."""
-    ids: set[str] = set()
-    if not path.is_file():
-        return ids
-    with path.open(encoding="utf-8", errors="replace") as handle:
-        for text in handle:
-            try:
-                line = json.loads(text)
-            except ValueError:
-                continue
-            if isinstance(line, dict) and isinstance(line.get("rollout_id"), str):
-                ids.add(line["rollout_id"])
-    return ids
+    return {
+        line["rollout_id"] for line in iter_jsonl(path) if isinstance(line.get("rollout_id"), str)
+    }
 
 
 def task_key(task: JSON, calls: list[Call]) -> str:
