@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from agentscope_rft.explorer.tasks import Task, TaskSetError
+from agentscope_rft.files import replace_text
 
 STATS_FILE = "task_stats.json"
 """Per-task statistics, rewritten after every explored step."""
@@ -468,7 +469,6 @@ def _rng_from_json(data: Sequence[Any]) -> tuple[Any, ...]:
 
 def write_task_stats(run_dir: Path, selector: TaskSelector, step: int) -> None:
     """Write `task_stats.json` (atomically): the step and one object per task."""
-    path = run_dir / STATS_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"step": step, "tasks": selector.task_stats()}, indent=1))
-    tmp.replace(path)
+    replace_text(
+        run_dir / STATS_FILE, json.dumps({"step": step, "tasks": selector.task_stats()}, indent=1)
+    )

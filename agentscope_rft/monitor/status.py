@@ -15,14 +15,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentscope_rft.files import replace_text
+
 STATUS_FILE = "status.json"
 
 
 def write_status(run_dir: Path, status: dict[str, Any]) -> None:
     """Replace `status.json` atomically (a reader never sees half a file)."""
-    tmp = run_dir / (STATUS_FILE + ".tmp")
-    tmp.write_text(json.dumps(status, indent=1))
-    tmp.replace(run_dir / STATUS_FILE)
+    replace_text(run_dir / STATUS_FILE, json.dumps(status, indent=1))
 
 
 def run_started(run_dir: Path, steps: int | None) -> dict[str, Any]:

@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentscope_rft.files import replace_text
+
 logger = logging.getLogger(__name__)
 
 BEST_FILE = "best.json"
@@ -294,9 +296,7 @@ def metric_label(metric: str | Sequence[str]) -> str:
 
 
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(dict(data)))
-    tmp.replace(path)
+    replace_text(path, json.dumps(dict(data)))
 
 
 def read_best(run_dir: Path) -> dict[str, Any] | None:

@@ -20,6 +20,7 @@ from agentscope_rft.explorer.explorer import (
     ExploreResult,
     default_max_tokens_per_call,
 )
+from agentscope_rft.files import replace_text
 from agentscope_rft.monitor.records import drop_partial_last_line
 from agentscope_rft.runtime.best import RUN_STATE_FILE
 from agentscope_rft.types import JSON, Call, Rollout
@@ -333,9 +334,7 @@ def _cut(text: str) -> str:
 
 
 def write_state(run_dir: Path, state: dict[str, Any]) -> None:
-    tmp = run_dir / (STATE_FILE + ".tmp")
-    tmp.write_text(json.dumps(state, indent=1))
-    tmp.replace(run_dir / STATE_FILE)
+    replace_text(run_dir / STATE_FILE, json.dumps(state, indent=1))
 
 
 def read_state(run_dir: Path) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from agentscope_rft.explorer.explorer import Explorer, ExploreResult, stratum_me
 from agentscope_rft.explorer.runner import ModelSettings
 from agentscope_rft.explorer.tasks import Task, load_tasks, stratified_slice
 from agentscope_rft.explorer.trajectory import TrajectoryStats
+from agentscope_rft.files import replace_text
 from agentscope_rft.gateway.server import Gateway
 from agentscope_rft.runtime.components import (
     RolloutLog,
@@ -44,7 +45,7 @@ from agentscope_rft.runtime.components import (
     sampling_rules,
     unwritable,
 )
-from agentscope_rft.runtime.disk import explore_disk_full, is_disk_full, replace_text
+from agentscope_rft.runtime.disk import explore_disk_full, is_disk_full
 from agentscope_rft.runtime.memory import apply_allocator, limit_kernel_cache
 from agentscope_rft.runtime.signals import RunStop, RunStopped, Stopping
 from agentscope_rft.types import Rollout

@@ -36,6 +36,7 @@ from types import FrameType
 from typing import Any
 
 from agentscope_rft.config import RunConfig, dump_config
+from agentscope_rft.files import replace_text
 from agentscope_rft.runtime.signals import EXIT_STOPPED
 
 # (not imported from runtime.components: that imports the explorer, AgentScope and transformers,
@@ -134,9 +135,7 @@ def read_sweep(sweep_dir: Path) -> dict[str, Any]:
 
 def write_sweep(sweep_dir: Path, data: dict[str, Any]) -> None:
     """Replace `sweep.json` atomically (a reader never sees half a file)."""
-    tmp = sweep_dir / (SWEEP_FILE + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(sweep_dir / SWEEP_FILE)
+    replace_text(sweep_dir / SWEEP_FILE, json.dumps(data, indent=1))
 
 
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:

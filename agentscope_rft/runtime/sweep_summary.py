@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agentscope_rft.files import replace_text
 from agentscope_rft.monitor.records import METRICS_FILE, per_step, read_metrics, surviving_history
 from agentscope_rft.runtime.best import (
     BEST_DIR,
@@ -30,7 +31,6 @@ from agentscope_rft.runtime.best import (
     metric_names,
 )
 from agentscope_rft.runtime.components import CHECKPOINTS, STATE_FILE, checkpoint_dir, read_state
-from agentscope_rft.runtime.disk import replace_text
 from agentscope_rft.runtime.sweep import (
     BASELINE_DIR,
     BEST_TEST_DIR,
