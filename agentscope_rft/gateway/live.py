@@ -82,6 +82,8 @@ class LiveRecording:
     def __init__(self, folder: Path, model: str, chat_template: str | None = None) -> None:
         self.folder = folder
         model = _model_name(model)
+        if chat_template and chat_template.endswith(".jinja") and Path(chat_template).is_file():
+            chat_template = Path(chat_template).read_text()  # the text: the folder may move
         if folder.exists() and not folder.is_dir():
             raise ValueError(f"--record {folder}: that is a file; give a folder")
         folder.mkdir(parents=True, exist_ok=True)
@@ -104,6 +106,15 @@ class LiveRecording:
                     f"--record {folder} holds episodes of model {earlier.get('name_or_path')!r}, "
                     f"not {model!r}: their tokens belong to that model; record to a new folder"
                 )
+            if earlier.get("chat_template") != chat_template:
+                raise ValueError(
+                    f"--record {folder} holds episodes served with "
+                    + ("another --chat-template" if earlier.get("chat_template") else "the "
+                       "model's own chat template")
+                    + " (its config.yaml's model.chat_template): their prompts were rendered "
+                    "with it, and one folder of two templates would describe half its episodes "
+                    "wrongly; serve with the same template, or record to a new folder"
+                )  # fmt: skip
         else:
             data = {
                 "model": {"name_or_path": model, "chat_template": chat_template},

@@ -154,10 +154,17 @@ def test_serve_record_into_a_file_or_another_models_recording_fails_before_the_m
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text("model: {name_or_path: tiny-random}\nrun: {steps: 2}\n")
+    templated = tmp_path / "templated"  # the same model, served with another template
+    templated.mkdir()
+    (templated / "config.yaml").write_text(
+        "model: {name_or_path: tiny-random, chat_template: '{{ messages }}'}\n"
+        "recorded_by: agentscope-rft serve --record\n"
+    )
     for record, said in (
         (tmp_path / "file", "that is a file"),
         (other, "some-other-model"),
         (run, "is a run folder"),
+        (templated, "another --chat-template"),
     ):
         args = ["serve", "--model", "tiny-random", "--port", "0", "--record", str(record)]
         result = CliRunner().invoke(app, args, env={"COLUMNS": "1000"})
